@@ -1,0 +1,1 @@
+"""scaleflu.experiments."""
