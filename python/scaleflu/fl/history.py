@@ -1,0 +1,431 @@
+"""Training history for unlearning: per-round participants, data sizes, updates, global models.
+
+Rounds are numbered as in the paper, ``t = 1..T``. ``global_model(t)`` is Theta[t], the model
+*broadcast at the start* of round t (``global_model(1)`` is the initial model and
+``global_model(T + 1) == final_model()`` the model after the last round). The update of client
+n in round t is ``Theta_{n,E}[t] - Theta[t]`` over every floating-point state-dict entry
+(parameters and float buffers such as BatchNorm running statistics; integer buffers are left
+out), so its local model is ``global_model(t) + client_update(t, n)``.
+
+AoI bookkeeping (GUIDE 3.3): every sensitivity layer l is cut into groups j
+(:func:`scaleflu.fl.models.parameter_groups`). A group counts as updated in round t when
+``max |Theta[t+1] - Theta[t]|`` over its entries exceeds the tolerance; its last-update time is
+then round t and, in seconds, the simulated link clock when the broadcast of Theta[t+1]
+finished. The link model is ``bytes / goodput + latency`` per transfer. Round 0 is the
+broadcast of the initial model Theta[1]; round t >= 1 costs one upload of the model per
+participant (when ``count_uplink``) plus one broadcast of Theta[t+1]. The per-group maximum
+changes are kept per round, so the tolerance can be changed after the fact.
+
+On disk (``run_dir/history``): ``history.sqlite`` holds the metadata; tensors are safetensors
+files, ``global_{t:05d}.safetensors`` (always float32, always kept) and
+``updates_{t:05d}.safetensors`` (keys ``"<client>/<name>"``, float16 when ``fp16``; only the
+last ``keep_rounds`` rounds are kept when that is set). A round is committed to SQLite after
+its files are written; files of uncommitted rounds are removed when the store is opened, so a
+crash mid-round leaves the store at its last completed round.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS rounds (
+    round INTEGER PRIMARY KEY,
+    participants TEXT NOT NULL,
+    data_sizes TEXT NOT NULL,
+    metrics TEXT NOT NULL,
+    wall_s REAL NOT NULL,
+    link_s REAL NOT NULL,
+    cum_link_s REAL NOT NULL,
+    bytes INTEGER NOT NULL,
+    updates_kept INTEGER NOT NULL,
+    recorded_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS group_change (
+    round INTEGER NOT NULL,
+    layer TEXT NOT NULL,
+    grp INTEGER NOT NULL,
+    max_abs REAL NOT NULL,
+    PRIMARY KEY (round, layer, grp)
+);
+"""
+
+
+@dataclass(frozen=True)
+class LinkModel:
+    """Simulated link: a transfer of ``b`` bytes takes ``b / goodput + latency`` seconds."""
+
+    goodput: float = 5.7e6 / 8  # bytes per second (about 5.7 Mbit/s, GUIDE 5)
+    latency: float = 0.01  # seconds per transfer
+    count_uplink: bool = True  # charge each participant's upload to the round
+
+    def seconds(self, nbytes: int) -> float:
+        """Seconds to move ``nbytes`` over the link."""
+        return nbytes / self.goodput + self.latency
+
+
+def float_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The floating-point entries of a state dict (what updates and aggregation cover)."""
+    return {k: v for k, v in state.items() if torch.is_floating_point(v)}
+
+
+def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
+    """Bytes of a state dict's float entries sent as float32 (the broadcast size)."""
+    return sum(v.numel() * 4 for v in float_entries(state).values())
+
+
+class HistoryStore:
+    """SQLite + safetensors record of a FedAvg run (see the module docstring for the layout)."""
+
+    def __init__(
+        self,
+        run_dir: str | Path,
+        keep_rounds: int | None = None,
+        fp16: bool = False,
+        groups: Mapping[str, list[tuple[int, int]]] | None = None,
+        link: LinkModel | None = None,
+        update_tol: float = 0.0,
+    ) -> None:
+        """Open (or create) the store under ``run_dir/history``; settings persist in SQLite."""
+        if keep_rounds is not None and keep_rounds < 1:
+            raise ValueError(f"keep_rounds must be >= 1 or None, got {keep_rounds}")
+        self.dir = Path(run_dir) / "history"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self.dir / "history.sqlite")
+        self._db.executescript(_SCHEMA)
+        meta = self._meta()
+        if "schema" not in meta:
+            self._set_meta(
+                schema=SCHEMA_VERSION,
+                keep_rounds=keep_rounds,
+                fp16=fp16,
+                groups={k: [list(g) for g in v] for k, v in (groups or {}).items()},
+                layers=list((groups or {}).keys()),
+                link=vars(link or LinkModel()),
+                update_tol=update_tol,
+                initial_link_s=None,
+            )
+            meta = self._meta()
+        elif groups is not None and list(groups) != meta["layers"]:
+            raise ValueError("history store was created with different layers/groups")
+        self.keep_rounds: int | None = meta["keep_rounds"]
+        self.fp16: bool = bool(meta["fp16"])
+        self.layers: list[str] = list(meta["layers"])
+        self.groups: dict[str, list[tuple[int, int]]] = {
+            k: [(int(a), int(b)) for a, b in v] for k, v in meta["groups"].items()
+        }
+        self.link = LinkModel(**meta["link"])
+        self.update_tol = float(meta["update_tol"])
+        self._cleanup_uncommitted()
+
+    # -- low level -------------------------------------------------------------------------
+
+    def _meta(self) -> dict[str, Any]:
+        rows = self._db.execute("SELECT key, value FROM meta").fetchall()
+        return {k: json.loads(v) for k, v in rows}
+
+    def _set_meta(self, **items: Any) -> None:
+        with self._db:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                [(k, json.dumps(v)) for k, v in items.items()],
+            )
+
+    def _global_path(self, t: int) -> Path:
+        return self.dir / f"global_{t:05d}.safetensors"
+
+    def _updates_path(self, t: int) -> Path:
+        return self.dir / f"updates_{t:05d}.safetensors"
+
+    @staticmethod
+    def _save(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+        tmp.replace(path)
+
+    @staticmethod
+    def _load(path: Path, prefix: str | None = None) -> dict[str, torch.Tensor]:
+        out: dict[str, torch.Tensor] = {}
+        with safe_open(str(path), framework="pt") as fh:
+            for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if prefix is None:
+                    out[key] = fh.get_tensor(key)
+                elif key.startswith(prefix):
+                    out[key[len(prefix) :]] = fh.get_tensor(key)
+        return out
+
+    def _cleanup_uncommitted(self) -> None:
+        last = self.last_completed_round()
+        has_initial = self._meta().get("initial_link_s") is not None
+        for path in list(self.dir.glob("*.tmp")):
+            path.unlink()
+        for path in self.dir.glob("global_*.safetensors"):
+            t = int(path.stem.split("_")[1])
+            if t > last + 1 or (t == 1 and not has_initial and last == 0):
+                path.unlink()
+        for path in self.dir.glob("updates_*.safetensors"):
+            if int(path.stem.split("_")[1]) > last:
+                path.unlink()
+
+    def close(self) -> None:
+        """Close the SQLite connection."""
+        self._db.close()
+
+    def __enter__(self) -> HistoryStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def record_initial(self, global_state: Mapping[str, torch.Tensor]) -> None:
+        """Store the initial model Theta[1] and charge its broadcast (round 0) to the link."""
+        self._save(
+            {k: v.float() if v.is_floating_point() else v for k, v in global_state.items()},
+            self._global_path(1),
+        )
+        self._set_meta(initial_link_s=self.link.seconds(state_bytes(global_state)))
+
+    def record_round(
+        self,
+        t: int,
+        participants: Iterable[int],
+        data_sizes: Mapping[int, int],
+        client_states: Mapping[int, Mapping[str, torch.Tensor]],
+        new_global: Mapping[str, torch.Tensor],
+        metrics: Mapping[str, Any] | None = None,
+        wall_s: float = 0.0,
+    ) -> dict[str, float]:
+        """Record round t: local models Theta_{n,E}[t] (stored as updates) and Theta[t+1].
+
+        Returns the round's link accounting ``{"link_s", "cum_link_s", "bytes"}``.
+        """
+        last = self.last_completed_round()
+        if t != last + 1:
+            raise ValueError(f"round {t} recorded out of order (last completed is {last})")
+        if self._meta().get("initial_link_s") is None:
+            raise RuntimeError("record_initial() must be called before the first round")
+        participants = [int(n) for n in participants]
+        start = self.global_model(t)
+        updates: dict[str, torch.Tensor] = {}
+        dtype = torch.float16 if self.fp16 else torch.float32
+        for n in participants:
+            local = float_entries(client_states[n])
+            for k, v in local.items():
+                updates[f"{n}/{k}"] = (v.detach().float() - start[k]).to(dtype)
+        new_global = {
+            k: v.detach().float() if v.is_floating_point() else v.detach()
+            for k, v in new_global.items()
+        }
+        changes = []
+        for layer, groups in self.groups.items():
+            delta = (new_global[layer] - start[layer]).abs().flatten()
+            for j, (a, b) in enumerate(groups):
+                changes.append((t, layer, j, float(delta[a:b].max())))
+        model_bytes = state_bytes(new_global)
+        link_s = self.link.seconds(model_bytes)
+        nbytes = model_bytes
+        if self.link.count_uplink:
+            link_s += len(participants) * self.link.seconds(model_bytes)
+            nbytes += len(participants) * model_bytes
+        cum = self.cumulative_link_seconds(last) + link_s
+        if updates:
+            self._save(updates, self._updates_path(t))
+        self._save(new_global, self._global_path(t + 1))
+        with self._db:
+            self._db.execute(
+                "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    t,
+                    json.dumps(participants),
+                    json.dumps({str(n): int(data_sizes[n]) for n in participants}),
+                    json.dumps(dict(metrics or {})),
+                    float(wall_s),
+                    link_s,
+                    cum,
+                    nbytes,
+                    1 if updates else 0,
+                    time.time(),
+                ),
+            )
+            self._db.executemany("INSERT INTO group_change VALUES (?, ?, ?, ?)", changes)
+        self._apply_retention(t)
+        return {"link_s": link_s, "cum_link_s": cum, "bytes": float(nbytes)}
+
+    def _apply_retention(self, t: int) -> None:
+        if self.keep_rounds is None:
+            return
+        old = [
+            r
+            for (r,) in self._db.execute(
+                "SELECT round FROM rounds WHERE updates_kept = 1 AND round <= ?",
+                (t - self.keep_rounds,),
+            )
+        ]
+        for r in old:
+            self._updates_path(r).unlink(missing_ok=True)
+        if old:
+            with self._db:
+                self._db.executemany(
+                    "UPDATE rounds SET updates_kept = 0 WHERE round = ?", [(r,) for r in old]
+                )
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def rounds(self) -> list[int]:
+        """Completed rounds, ascending."""
+        return [r for (r,) in self._db.execute("SELECT round FROM rounds ORDER BY round")]
+
+    def last_completed_round(self) -> int:
+        """The last completed round (0 when none)."""
+        (r,) = self._db.execute("SELECT COALESCE(MAX(round), 0) FROM rounds").fetchone()
+        return int(r)
+
+    def _row(self, t: int, cols: str) -> tuple[Any, ...]:
+        row = self._db.execute(f"SELECT {cols} FROM rounds WHERE round = ?", (t,)).fetchone()
+        if row is None:
+            raise KeyError(
+                f"round {t} not in history (completed: 1..{self.last_completed_round()})"
+            )
+        return row
+
+    def participants(self, t: int) -> list[int]:
+        """Clients C[t] that took part in round t."""
+        return json.loads(self._row(t, "participants")[0])
+
+    def data_sizes(self, t: int) -> dict[int, int]:
+        """M_n of the participants of round t."""
+        return {int(k): v for k, v in json.loads(self._row(t, "data_sizes")[0]).items()}
+
+    def metrics(self, t: int) -> dict[str, Any]:
+        """Metrics recorded for round t (test accuracy and loss, ...)."""
+        return json.loads(self._row(t, "metrics")[0])
+
+    def round_info(self, t: int) -> dict[str, Any]:
+        """Everything about round t except tensors."""
+        cols = "participants, data_sizes, metrics, wall_s, link_s, cum_link_s, bytes, updates_kept"
+        p, d, m, w, ls, cls, b, kept = self._row(t, cols)
+        return {
+            "round": t,
+            "participants": json.loads(p),
+            "data_sizes": {int(k): v for k, v in json.loads(d).items()},
+            "metrics": json.loads(m),
+            "wall_s": w,
+            "link_s": ls,
+            "cum_link_s": cls,
+            "bytes": b,
+            "updates_kept": bool(kept),
+        }
+
+    def client_rounds(self, n: int) -> list[int]:
+        """Rounds in which client n took part."""
+        return [t for t in self.rounds() if n in self.participants(t)]
+
+    def has_updates(self, t: int) -> bool:
+        """Whether round t's client updates are still stored (see ``keep_rounds``)."""
+        return bool(self._row(t, "updates_kept")[0])
+
+    def client_updates(self, t: int) -> dict[int, dict[str, torch.Tensor]]:
+        """All participants' updates Theta_{n,E}[t] - Theta[t] of round t (float32)."""
+        if not self.has_updates(t):
+            raise KeyError(
+                f"client updates of round {t} were dropped (keep_rounds={self.keep_rounds})"
+            )
+        flat = self._load(self._updates_path(t))
+        out: dict[int, dict[str, torch.Tensor]] = {n: {} for n in self.participants(t)}
+        for key, v in flat.items():
+            n, name = key.split("/", 1)
+            out[int(n)][name] = v.float()
+        return out
+
+    def client_update(self, t: int, n: int) -> dict[str, torch.Tensor]:
+        """Update Theta_{n,E}[t] - Theta[t] of client n in round t (float32)."""
+        if n not in self.participants(t):
+            raise KeyError(f"client {n} did not take part in round {t}")
+        if not self.has_updates(t):
+            raise KeyError(
+                f"client updates of round {t} were dropped (keep_rounds={self.keep_rounds})"
+            )
+        return {k: v.float() for k, v in self._load(self._updates_path(t), f"{n}/").items()}
+
+    def client_model(self, t: int, n: int) -> dict[str, torch.Tensor]:
+        """Local model Theta_{n,E}[t] = Theta[t] + update (integer buffers from Theta[t])."""
+        state = self.global_model(t)
+        for k, v in self.client_update(t, n).items():
+            state[k] = state[k] + v
+        return state
+
+    def global_model(self, t: int) -> dict[str, torch.Tensor]:
+        """Theta[t], the global model at the start of round t (t = last + 1: the final one)."""
+        path = self._global_path(t)
+        if not 1 <= t <= self.last_completed_round() + 1 or not path.is_file():
+            raise KeyError(f"no global model for round {t}")
+        return self._load(path)
+
+    def final_model(self) -> dict[str, torch.Tensor]:
+        """The global model after the last completed round."""
+        return self.global_model(self.last_completed_round() + 1)
+
+    def link_seconds(self, t: int) -> float:
+        """Simulated link seconds of round t alone (0: the initial broadcast)."""
+        if t == 0:
+            return float(self._meta()["initial_link_s"] or 0.0)
+        return float(self._row(t, "link_s")[0])
+
+    def cumulative_link_seconds(self, t: int | None = None) -> float:
+        """Simulated link clock at the end of round t (default: the last completed round)."""
+        t = self.last_completed_round() if t is None else t
+        initial = float(self._meta()["initial_link_s"] or 0.0)
+        if t == 0:
+            return initial
+        return float(self._row(t, "cum_link_s")[0])
+
+    def group_changes(self, t: int) -> dict[tuple[str, int], float]:
+        """Max abs change of every parameter group (layer, j) in round t."""
+        rows = self._db.execute(
+            "SELECT layer, grp, max_abs FROM group_change WHERE round = ?", (t,)
+        ).fetchall()
+        return {(layer, int(j)): float(m) for layer, j, m in rows}
+
+    def group_last_update(
+        self, as_of: int | None = None, tol: float | None = None
+    ) -> dict[tuple[str, int], tuple[int, float]]:
+        """Per group (layer, j): (round, link seconds) of its last update up to round ``as_of``.
+
+        Groups never updated report round 0 and the end of the initial broadcast.
+        """
+        as_of = self.last_completed_round() if as_of is None else as_of
+        tol = self.update_tol if tol is None else tol
+        initial = self.cumulative_link_seconds(0)
+        out = {(layer, j): (0, initial) for layer, g in self.groups.items() for j in range(len(g))}
+        rows = self._db.execute(
+            "SELECT g.layer, g.grp, MAX(g.round) FROM group_change g "
+            "WHERE g.round <= ? AND g.max_abs > ? GROUP BY g.layer, g.grp",
+            (as_of, tol),
+        ).fetchall()
+        for layer, j, r in rows:
+            out[(layer, int(j))] = (int(r), self.cumulative_link_seconds(int(r)))
+        return out
+
+    def storage_bytes(self) -> dict[str, int]:
+        """Bytes on disk: ``globals``, ``updates``, ``sqlite`` and ``total``."""
+        glob = sum(p.stat().st_size for p in self.dir.glob("global_*.safetensors"))
+        upd = sum(p.stat().st_size for p in self.dir.glob("updates_*.safetensors"))
+        db = sum(p.stat().st_size for p in self.dir.glob("history.sqlite*"))
+        return {"globals": glob, "updates": upd, "sqlite": db, "total": glob + upd + db}
