@@ -1,0 +1,46 @@
+/* -*- c++ -*- */
+/*
+ * Copyright 2026 gr-scaleflu authors.
+ * SPDX-License-Identifier: GPL-3.0-or-later
+ */
+
+#ifndef INCLUDED_SCALEFLU_FRAME_PARSER_H
+#define INCLUDED_SCALEFLU_FRAME_PARSER_H
+
+#include <gnuradio/block.h>
+#include <gnuradio/scaleflu/api.h>
+#include <cstdint>
+
+namespace gr {
+namespace scaleflu {
+
+/*!
+ * \brief Raw frame PDUs in, CRC-checked and parsed frame PDUs out.
+ * \ingroup scaleflu
+ *
+ * \details
+ * Message port "in" takes PDUs whose bytes are one received frame (for example from
+ * pdu.tagged_stream_to_pdu after digital.ofdm_rx). Frames that fail any check (size,
+ * magic, version, length, CRC32, type, sequence) are dropped and counted; nothing
+ * off the air can crash the block. Accepted frames leave on "out" as PDUs whose
+ * metadata holds "type", "src", "dst", "msg_id", "seq", "count" and whose bytes are
+ * the payload. With \p node_id >= 0 only frames addressed to that node or to the
+ * broadcast address pass; -1 passes every frame.
+ */
+class SCALEFLU_API frame_parser : virtual public gr::block
+{
+public:
+    typedef std::shared_ptr<frame_parser> sptr;
+
+    static sptr make(int node_id = -1);
+
+    virtual uint64_t frames_ok() const = 0;
+    virtual uint64_t crc_errors() const = 0;
+    virtual uint64_t malformed() const = 0;
+    virtual uint64_t filtered() const = 0;
+};
+
+} // namespace scaleflu
+} // namespace gr
+
+#endif /* INCLUDED_SCALEFLU_FRAME_PARSER_H */
