@@ -39,7 +39,9 @@ def _read_file(path: Path) -> dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"config {path} must hold a mapping at top level, got {type(data).__name__}")
+        raise ConfigError(
+            f"config {path} must hold a mapping at top level, got {type(data).__name__}"
+        )
     return data
 
 
@@ -77,9 +79,7 @@ def parse_override(text: str) -> dict[str, Any]:
     return nested
 
 
-def load_config(
-    path: str | Path | None = None, overrides: Iterable[str] = ()
-) -> dict[str, Any]:
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> dict[str, Any]:
     """Defaults, merged with the file at ``path`` (YAML or TOML), then with each override."""
     cfg = default_config()
     if path is not None:

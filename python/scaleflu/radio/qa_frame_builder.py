@@ -71,7 +71,9 @@ class qa_frame_builder(gr_unittest.TestCase):  # noqa: N801 - GNU Radio QA namin
         # bare PDUs get consecutive automatic message ids and are one-fragment messages
         second = data[lengths[0] : lengths[0] + lengths[1]]
         third = data[lengths[0] + lengths[1] :]
-        self.assertEqual(int.from_bytes(third[8:12], "big"), int.from_bytes(second[8:12], "big") + 1)
+        self.assertEqual(
+            int.from_bytes(third[8:12], "big"), int.from_bytes(second[8:12], "big") + 1
+        )
         self.assertEqual(int.from_bytes(second[16:20], "big"), 1)
         self.assertEqual(builder.frames_built(), 3)
         self.assertEqual(builder.frames_dropped(), 0)

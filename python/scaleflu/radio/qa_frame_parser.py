@@ -43,15 +43,23 @@ class qa_frame_parser(gr_unittest.TestCase):  # noqa: N801 - GNU Radio QA naming
         parser = scaleflu.frame_parser(node_id=3)
         out = self.run_frames(
             parser,
-            [raw_pdu(good), raw_pdu(bytes(flipped)), raw_pdu(b"SF\x01"), raw_pdu(other_node),
-             raw_pdu(bcast), pmt.intern("junk")],
+            [
+                raw_pdu(good),
+                raw_pdu(bytes(flipped)),
+                raw_pdu(b"SF\x01"),
+                raw_pdu(other_node),
+                raw_pdu(bcast),
+                pmt.intern("junk"),
+            ],
         )
         self.assertEqual(len(out), 2)
         meta, vec = pmt.car(out[0]), pmt.cdr(out[0])
         self.assertEqual(bytes(pmt.u8vector_elements(vec)), b"tensor bytes")
         field = lambda k: pmt.to_long(pmt.dict_ref(meta, pmt.intern(k), pmt.PMT_NIL))  # noqa: E731
-        self.assertEqual([field(k) for k in ("type", "src", "dst", "msg_id", "seq", "count")],
-                         [0, 7, 3, 1234, 5, 9])
+        self.assertEqual(
+            [field(k) for k in ("type", "src", "dst", "msg_id", "seq", "count")],
+            [0, 7, 3, 1234, 5, 9],
+        )
         self.assertEqual(parser.frames_ok(), 2)
         self.assertEqual(parser.crc_errors(), 1)
         self.assertEqual(parser.malformed(), 2)

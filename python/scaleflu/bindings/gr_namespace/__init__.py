@@ -10,7 +10,7 @@ try:
     from .scaleflu_python import *  # noqa: F401,F403
 except ImportError:
     dirname, filename = os.path.split(os.path.abspath(__file__))
-    __path__.append(os.path.join(dirname, "bindings"))
+    __path__.append(os.path.join(dirname, "bindings"))  # noqa: F405
     from .scaleflu_python import *  # noqa: F401,F403
 
 try:

@@ -1,0 +1,40 @@
+# gr-scaleflu: the two front-door commands are `make demo` and `make test`.
+# Both run scripts/setup.sh first (idempotent: quick when everything is in place).
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+export GRC_BLOCKS_PATH := $(CURDIR)/$(VENV)/share/gnuradio/grc/blocks
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup demo test test-cpp test-py lint format bench clean
+
+setup:
+	@bash scripts/setup.sh
+
+## demo: the main job (see README)
+demo: setup
+	$(PY) apps/testbed.py $(ARGS)
+
+## test: C++ and gr_unittest QA (ctest), pytest, ruff
+test: setup lint test-cpp test-py
+
+test-cpp:
+	cd build && ctest --output-on-failure
+
+test-py:
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+format:
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+bench: setup
+	$(PY) benchmarks/link_bench.py
+	$(PY) benchmarks/fl_bench.py
+	$(PY) benchmarks/unlearn_bench.py
+
+clean:
+	rm -rf build

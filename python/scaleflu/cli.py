@@ -1,0 +1,121 @@
+"""The ``scaleflu`` command: one entry point, one sub-command per job.
+
+Sub-commands register themselves from their sub-packages (``add_<name>_parser``), so the
+list in ``scaleflu --help`` grows as parts of the product arrive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import yaml
+
+from . import __version__
+from .config import ConfigError, load_config
+from .log import setup_logging
+
+log = logging.getLogger("scaleflu")
+
+# (module, function that adds the sub-parser): each registers one or more sub-commands and
+# sets ``func`` on them. A module that is missing or fails to import is reported, not fatal.
+SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
+    ("scaleflu.fl.cli", "add_train_parser"),
+    ("scaleflu.unlearn.cli", "add_unlearn_parser"),
+    ("scaleflu.experiments.cli", "add_experiment_parser"),
+]
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    """The --config/--set pair every configurable sub-command accepts."""
+    p.add_argument("--config", "-c", help="YAML or TOML file over the Table I defaults")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one value, e.g. --set fl.lr=0.01 (repeatable)",
+    )
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    import platform
+
+    lines = [f"gr-scaleflu {__version__}", f"python {platform.python_version()}"]
+    for mod, attr in (("numpy", "__version__"), ("torch", "__version__")):
+        try:
+            lines.append(f"{mod} {getattr(importlib.import_module(mod), attr)}")
+        except ImportError:
+            lines.append(f"{mod}: not installed")
+    try:
+        from gnuradio import gr
+
+        lines.append(f"gnuradio {gr.version()}")
+        from gnuradio import scaleflu  # noqa: F401
+
+        lines.append("gnuradio.scaleflu blocks: importable")
+    except ImportError as exc:
+        lines.append(f"gnuradio / gnuradio.scaleflu: not importable ({exc})")
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser with every available sub-command."""
+    parser = argparse.ArgumentParser(
+        prog="scaleflu",
+        description="SCALE federated unlearning over GNU Radio OFDM links.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING, ...")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("config", help="print the resolved configuration")
+    add_config_args(p)
+    p.set_defaults(func=_cmd_config)
+
+    p = sub.add_parser("info", help="versions and what is importable here")
+    p.set_defaults(func=_cmd_info)
+
+    for module, fn in SUBCOMMAND_PROVIDERS:
+        try:
+            add: Callable[[Any], None] = getattr(importlib.import_module(module), fn)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module.startswith(exc.name):
+                continue  # that part of the product is not there yet
+            raise
+        add(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``scaleflu`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as exc:
+        log.error("configuration error: %s", exc)
+        return 2
+    except KeyboardInterrupt:
+        log.warning("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
