@@ -239,6 +239,23 @@ def download_file(url: str, dest: Path, md5: str) -> Path:
 # ----------------------------------------------------------------------------- data sets
 
 
+# Parsed files, keyed by (path, size, mtime) of every file read: a run, its evaluation and its
+# unlearning in one process parse the (gzip) files once. Callers get clones.
+_PARSED: dict[tuple[Any, ...], tuple[ImageData, ImageData]] = {}
+
+
+def _file_key(paths: Sequence[Path]) -> tuple[Any, ...]:
+    return tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+
+
+def _cached(key: tuple[Any, ...], pair: tuple[ImageData, ImageData] | None = None) -> Any:
+    if pair is not None:
+        _PARSED.clear()  # keep one data set in memory at most
+        _PARSED[key] = pair
+    hit = _PARSED.get(key)
+    return None if hit is None else (hit[0].copy(), hit[1].copy())
+
+
 def load_fashion_mnist(
     root: str | Path | None = None, download: bool = False
 ) -> tuple[ImageData, ImageData]:
@@ -262,7 +279,12 @@ def load_fashion_mnist(
             "package dataset-fashion-mnist (files in /usr/share/datasets/fashion-mnist), point "
             "data.root at a folder holding them, or set data.download=true"
         )
-    arrays = {n: read_idx(find(n)) for n in FASHION_MNIST_FILES}  # type: ignore[arg-type]
+    files = {n: find(n) for n in FASHION_MNIST_FILES}
+    key = ("fashion_mnist", *_file_key(list(files.values())))  # type: ignore[arg-type]
+    hit = _cached(key)
+    if hit is not None:
+        return hit
+    arrays = {n: read_idx(p) for n, p in files.items()}  # type: ignore[arg-type]
     out = []
     for split in ("train", "t10k"):
         images = arrays[f"{split}-images-idx3-ubyte.gz"]
@@ -278,7 +300,7 @@ def load_fashion_mnist(
                 "fashion_mnist",
             )
         )
-    return out[0], out[1]
+    return _cached(key, (out[0], out[1]))
 
 
 def _extract_cifar(archive: Path, dest: Path) -> None:
@@ -320,6 +342,10 @@ def load_cifar100(
             f"{root}/cifar-100-binary.tar.gz from {CIFAR100_URL}); set data.root to their "
             "folder or data.download=true"
         )
+    key = ("cifar100", *_file_key([folder / "train.bin", folder / "test.bin"]))
+    hit = _cached(key)
+    if hit is not None:
+        return hit
     out = []
     for split in ("train", "test"):
         images, labels = read_cifar100_bin(folder / f"{split}.bin")
@@ -333,7 +359,7 @@ def load_cifar100(
                 "cifar100",
             )
         )
-    return out[0], out[1]
+    return _cached(key, (out[0], out[1]))
 
 
 def _subsample(data: ImageData, size: int | None, seed: int, tag: int) -> ImageData:

@@ -1,0 +1,283 @@
+"""FedAvg as in the paper (Sec. II): local minibatch SGD from Theta[t], aggregation weighted by M_n.
+
+Round t: the server samples ``clients_per_round`` clients C[t] (seeded by ``(seed, t)``); each
+starts from Theta[t] and runs E local epochs of minibatch SGD (learning rate eta, batch size B,
+optional momentum, fresh optimizer state every round; the client's samples are reshuffled every
+epoch from a generator seeded by ``(seed, t, n)``, the last batch of an epoch may be smaller).
+The server sets every floating-point state-dict entry (weights and BatchNorm running
+statistics alike) to ``sum_n M_n / sum_n' M_n' * Theta_{n,E}[t]``; integer buffers
+(``num_batches_tracked``) take the participants' maximum.
+
+Two interchangeable local trainers give the same models up to float rounding:
+
+* :class:`VmapTrainer` trains the selected clients together: their parameters are stacked and
+  one ``torch.func.vmap(grad(...))`` call makes the SGD step of minibatch k for every client
+  that has a k-th minibatch. Clients are sorted by number of minibatches, so the active ones
+  are a prefix of the stack; short last batches are padded and masked out of the loss. Used for
+  models without BatchNorm (padding would leak into batch statistics).
+* :class:`SequentialTrainer` trains one client after another with ``torch.optim.SGD``.
+
+Every random choice derives from ``(seed, round, client)``, never from a running generator, so
+a run resumed at round k gives the same model as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from scaleflu.fl.data import ImageData
+from scaleflu.fl.models import has_batchnorm
+
+log = logging.getLogger(__name__)
+
+State = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalConfig:
+    """Local training settings: E epochs, learning rate eta, batch size B, momentum."""
+
+    epochs: int
+    lr: float
+    batch_size: int
+    momentum: float = 0.0
+
+
+def derive_seed(*keys: int) -> int:
+    """A 63-bit seed derived from integer keys (e.g. seed, purpose, round, client)."""
+    state = np.random.SeedSequence([int(k) for k in keys]).generate_state(1, np.uint64)
+    return int(state[0]) >> 1
+
+
+def select_clients(seed: int, t: int, num_clients: int, per_round: int) -> list[int]:
+    """Clients C[t] of round t: ``per_round`` distinct clients, seeded by (seed, t), sorted."""
+    if not 1 <= per_round <= num_clients:
+        raise ValueError(f"clients_per_round {per_round} must be in 1..{num_clients}")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 1, t]))
+    return sorted(int(n) for n in rng.choice(num_clients, size=per_round, replace=False))
+
+
+def client_batches(
+    num_samples: int, epochs: int, batch_size: int, seed: int, t: int, n: int
+) -> list[np.ndarray]:
+    """Minibatches (positions into the client's sample list) for all E epochs of round t."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 2, t, n]))
+    out = []
+    for _ in range(epochs):
+        perm = rng.permutation(num_samples)
+        out.extend(perm[i : i + batch_size] for i in range(0, num_samples, batch_size))
+    return out
+
+
+class LocalTrainer(Protocol):
+    """Trains the selected clients of one round from the same global model."""
+
+    def train(
+        self, global_state: Mapping[str, torch.Tensor], clients: Sequence[int], t: int
+    ) -> dict[int, State]:
+        """Local models Theta_{n,E}[t] of ``clients`` after E epochs from ``global_state``."""
+        ...
+
+
+def train_client(
+    model: nn.Module,
+    global_state: Mapping[str, torch.Tensor],
+    indices: np.ndarray,
+    data: ImageData,
+    local: LocalConfig,
+    seed: int,
+    t: int,
+    n: int,
+) -> State:
+    """E local epochs of minibatch SGD for client n (the paper's local update) on ``model``."""
+    model.load_state_dict(global_state)
+    model.train()
+    torch.manual_seed(derive_seed(seed, 3, t, n))
+    opt = torch.optim.SGD(model.parameters(), lr=local.lr, momentum=local.momentum)
+    idx_all = torch.as_tensor(indices, dtype=torch.int64)
+    for pos in client_batches(len(indices), local.epochs, local.batch_size, seed, t, n):
+        idx = idx_all[torch.as_tensor(pos)]
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(data.inputs(idx)), data.labels[idx])
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class SequentialTrainer:
+    """Plain loop over clients with ``torch.optim.SGD`` (the reference and the BatchNorm path)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: ImageData,
+        parts: Sequence[np.ndarray],
+        local: LocalConfig,
+        seed: int,
+    ) -> None:
+        self.model, self.data, self.parts, self.local, self.seed = model, data, parts, local, seed
+
+    def train(
+        self, global_state: Mapping[str, torch.Tensor], clients: Sequence[int], t: int
+    ) -> dict[int, State]:
+        """Local models of ``clients`` trained one after another."""
+        return {
+            n: train_client(
+                self.model, global_state, self.parts[n], self.data, self.local, self.seed, t, n
+            )
+            for n in clients
+        }
+
+
+class VmapTrainer:
+    """All selected clients in one vmapped SGD step per minibatch index (no BatchNorm)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: ImageData,
+        parts: Sequence[np.ndarray],
+        local: LocalConfig,
+        seed: int,
+    ) -> None:
+        if has_batchnorm(model):
+            raise ValueError("VmapTrainer does not support BatchNorm models; use SequentialTrainer")
+        self.model, self.data, self.parts, self.local, self.seed = model, data, parts, local, seed
+        self._param_names = [k for k, _ in model.named_parameters()]
+
+        def loss_fn(
+            params: State, buffers: State, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor
+        ) -> torch.Tensor:
+            out = functional_call(self.model, (params, buffers), (x,))
+            per = F.cross_entropy(out, y, reduction="none")
+            return (per * mask).sum() / mask.sum()
+
+        self._step_grad = vmap(grad(loss_fn), in_dims=(0, None, 0, 0, 0), randomness="different")
+
+    def train(
+        self, global_state: Mapping[str, torch.Tensor], clients: Sequence[int], t: int
+    ) -> dict[int, State]:
+        """Local models of ``clients`` trained together with vmap."""
+        local, data = self.local, self.data
+        batches = {
+            n: client_batches(len(self.parts[n]), local.epochs, local.batch_size, self.seed, t, n)
+            for n in clients
+        }
+        order = sorted(clients, key=lambda n: (-len(batches[n]), n))
+        C, B = len(order), local.batch_size
+        steps = len(batches[order[0]])
+        params = {
+            k: global_state[k].detach().float().unsqueeze(0).repeat(C, *[1] * global_state[k].dim())
+            for k in self._param_names
+        }
+        buffers = {k: v.detach() for k, v in self.model.named_buffers()}
+        for k in buffers:
+            buffers[k] = global_state[k].detach()
+        momentum = {k: torch.zeros_like(v) for k, v in params.items()} if local.momentum else {}
+        parts = [torch.as_tensor(self.parts[n], dtype=torch.int64) for n in order]
+        n_batches = [len(batches[n]) for n in order]
+        self.model.train()
+        torch.manual_seed(derive_seed(self.seed, 4, t))
+        for k in range(steps):
+            a = sum(1 for nb in n_batches if nb > k)  # active clients: a prefix of ``order``
+            idx = torch.zeros((a, B), dtype=torch.int64)
+            mask = torch.zeros((a, B), dtype=torch.float32)
+            for i in range(a):
+                sel = parts[i][torch.as_tensor(batches[order[i]][k])]
+                idx[i, : len(sel)] = sel
+                mask[i, : len(sel)] = 1.0
+            flat = idx.flatten()
+            x = data.inputs(flat).view(a, B, *data.pixels.shape[1:])
+            y = data.labels[flat].view(a, B)
+            sub = {name: p[:a] for name, p in params.items()}
+            grads = self._step_grad(sub, buffers, x, y, mask)
+            with torch.no_grad():
+                for name, g in grads.items():
+                    if local.momentum:
+                        buf = momentum[name][:a]
+                        if k == 0:
+                            buf.copy_(g)
+                        else:
+                            buf.mul_(local.momentum).add_(g)
+                        g = buf
+                    params[name][:a].sub_(local.lr * g)
+        out: dict[int, State] = {}
+        for i, n in enumerate(order):
+            state = {k: v.detach().clone() for k, v in global_state.items()}
+            for name in self._param_names:
+                state[name] = params[name][i]
+            out[n] = state
+        return {n: out[n] for n in clients}
+
+
+def make_trainer(
+    kind: str,
+    model: nn.Module,
+    data: ImageData,
+    parts: Sequence[np.ndarray],
+    local: LocalConfig,
+    seed: int,
+) -> LocalTrainer:
+    """``auto`` (vmap unless the model has BatchNorm), ``vmap`` or ``sequential``."""
+    if kind == "auto":
+        kind = "sequential" if has_batchnorm(model) else "vmap"
+    if kind == "vmap":
+        return VmapTrainer(model, data, parts, local, seed)
+    if kind == "sequential":
+        return SequentialTrainer(model, data, parts, local, seed)
+    raise ValueError(f"unknown trainer {kind!r}; choose auto, vmap or sequential")
+
+
+def aggregate(states: Mapping[int, Mapping[str, torch.Tensor]], sizes: Mapping[int, int]) -> State:
+    """FedAvg: Theta[t+1] = sum_n M_n / sum_n' M_n' * Theta_{n,E}[t] over the participants."""
+    clients = list(states)
+    if not clients:
+        raise ValueError("cannot aggregate zero client models")
+    total = float(sum(sizes[n] for n in clients))
+    weights = torch.tensor([sizes[n] / total for n in clients], dtype=torch.float64)
+    out: State = {}
+    for key, ref in states[clients[0]].items():
+        if torch.is_floating_point(ref):
+            stacked = torch.stack([states[n][key].to(torch.float64) for n in clients])
+            w = weights.view(-1, *[1] * ref.dim())
+            out[key] = (stacked * w).sum(0).to(ref.dtype)
+        else:
+            out[key] = torch.stack([states[n][key] for n in clients]).max(0).values.clone()
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, data: ImageData, batch_size: int = 1000) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` on ``data`` (eval mode)."""
+    was_training = model.training
+    model.eval()
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(data), batch_size):
+        sl = slice(start, start + batch_size)
+        out = model(data.inputs(sl))
+        y = data.labels[sl]
+        loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
+        correct += int((out.argmax(1) == y).sum())
+    model.train(was_training)
+    n = max(len(data), 1)
+    return {"acc": correct / n, "loss": loss_sum / n}
+
+
+@torch.no_grad()
+def attack_success_rate(model: nn.Module, triggered: ImageData, target_label: int) -> float:
+    """Fraction of triggered inputs (true label != target) classified as the target label."""
+    model.eval()
+    hits = 0
+    for start in range(0, len(triggered), 1000):
+        out = model(triggered.inputs(slice(start, start + 1000)))
+        hits += int((out.argmax(1) == target_label).sum())
+    return hits / max(len(triggered), 1)

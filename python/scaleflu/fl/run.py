@@ -1,0 +1,466 @@
+"""Run API: validate a config, train FedAvg into a run directory, resume it, load it back.
+
+A run directory holds ``config.yaml`` (the resolved config), ``metrics.jsonl`` (one JSON line
+per round: round, test_acc, test_loss, asr when a backdoor is configured, participants, wall_s,
+link_s, cum_link_s, bytes), ``model.safetensors`` (the final global model), ``poison.json``
+(which training samples were poisoned) and ``history/`` (:class:`HistoryStore`).
+
+Everything random derives from ``seed``: the initial model from ``(seed, 0)``, partitions and
+poisoning from ``seed``, client selection and local shuffling from ``(seed, round[, client])``.
+Hence :func:`load_run` rebuilds data sets and partitions from the saved config alone, and a run
+stopped at any point resumes (``resume=True``) from its last completed round to the same model
+an uninterrupted run reaches.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from safetensors.torch import load_file, save_file
+from torch import nn
+from tqdm import tqdm
+
+from scaleflu.config import ConfigError, save_config
+from scaleflu.fl.data import (
+    DATASET_NAMES,
+    ImageData,
+    PoisonInfo,
+    apply_poison,
+    load_datasets,
+    make_partitions,
+    triggered_test_set,
+)
+from scaleflu.fl.fedavg import (
+    LocalConfig,
+    aggregate,
+    attack_success_rate,
+    derive_seed,
+    evaluate,
+    make_trainer,
+    select_clients,
+)
+from scaleflu.fl.history import HistoryStore, LinkModel
+from scaleflu.fl.models import MODEL_NAMES, build_model, layer_groups
+
+log = logging.getLogger(__name__)
+
+RoundCallback = Callable[[int, dict[str, Any]], None]
+
+# Keys that may differ between a run and its resumption (they do not change the model beyond
+# float rounding, or only extend the run).
+_RESUME_FREE = {
+    ("fl", "rounds"),
+    ("fl", "backend"),
+    ("fl", "ray_address"),
+    ("fl", "ray_num_cpus"),
+    ("fl", "ray_cpus_per_client"),
+    ("fl", "trainer"),
+    ("fl", "eval_batch_size"),
+    ("fl", "threads"),
+}
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            raise ConfigError(f"config is missing {dotted}")
+        node = node[part]
+    return node
+
+
+def _num(cfg: Mapping[str, Any], key: str) -> float:
+    v = _get(cfg, key)
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise ConfigError(f"{key} must be a number, got {v!r}")
+    return float(v)
+
+
+def _int(cfg: Mapping[str, Any], key: str, low: int | None = None, none_ok: bool = False) -> None:
+    v = _get(cfg, key)
+    if v is None and none_ok:
+        return
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise ConfigError(f"{key} must be an integer{' or null' if none_ok else ''}, got {v!r}")
+    if low is not None and v < low:
+        raise ConfigError(f"{key} must be >= {low}, got {v}")
+
+
+def _choice(cfg: Mapping[str, Any], key: str, options: Iterable[str]) -> None:
+    v = _get(cfg, key)
+    options = tuple(options)
+    if v not in options:
+        raise ConfigError(f"{key} must be one of {', '.join(options)}; got {v!r}")
+
+
+def _bool(cfg: Mapping[str, Any], key: str) -> None:
+    if not isinstance(_get(cfg, key), bool):
+        raise ConfigError(f"{key} must be true or false, got {_get(cfg, key)!r}")
+
+
+def validate_config(cfg: Mapping[str, Any]) -> None:
+    """Check the data/model/fl/history sections; raise ConfigError naming the bad key."""
+    _int(cfg, "seed", 0)
+    _choice(cfg, "data.dataset", DATASET_NAMES)
+    _int(cfg, "data.num_clients", 1)
+    _choice(cfg, "data.partition", ("iid", "dirichlet"))
+    if _num(cfg, "data.alpha") <= 0:
+        raise ConfigError(
+            f"data.alpha (Dirichlet concentration) must be > 0, got {cfg['data']['alpha']}"
+        )
+    _int(cfg, "data.train_subset", 1, none_ok=True)
+    _int(cfg, "data.test_subset", 1, none_ok=True)
+    _bool(cfg, "data.download")
+    n_clients = int(cfg["data"]["num_clients"])
+    for key in ("backdoor_fraction", "label_flip_fraction"):
+        f = _num(cfg, f"data.poison.{key}")
+        if not 0.0 <= f <= 1.0:
+            raise ConfigError(f"data.poison.{key} must be in [0, 1], got {f}")
+    for key in ("backdoor_clients", "label_flip_clients"):
+        clients = _get(cfg, f"data.poison.{key}") or []
+        if not isinstance(clients, list) or not all(
+            isinstance(c, int) and 0 <= c < n_clients for c in clients
+        ):
+            raise ConfigError(
+                f"data.poison.{key} must be a list of client ids in 0..{n_clients - 1}, "
+                f"got {clients!r}"
+            )
+    _int(cfg, "data.poison.target_label", 0)
+    _int(cfg, "data.poison.trigger_size", 1)
+    _choice(cfg, "model.name", MODEL_NAMES)
+    _int(cfg, "fl.rounds", 1)
+    _int(cfg, "fl.local_epochs", 1)
+    if _num(cfg, "fl.lr") <= 0:
+        raise ConfigError(f"fl.lr (learning rate eta) must be > 0, got {cfg['fl']['lr']}")
+    _int(cfg, "fl.batch_size", 1)
+    _int(cfg, "fl.clients_per_round", 1)
+    if cfg["fl"]["clients_per_round"] > n_clients:
+        raise ConfigError(
+            f"fl.clients_per_round ({cfg['fl']['clients_per_round']}) exceeds "
+            f"data.num_clients ({n_clients})"
+        )
+    mom = _num(cfg, "fl.momentum")
+    if not 0.0 <= mom < 1.0:
+        raise ConfigError(f"fl.momentum must be in [0, 1), got {mom}")
+    _choice(cfg, "fl.backend", ("local", "ray"))
+    _choice(cfg, "fl.trainer", ("auto", "vmap", "sequential"))
+    _int(cfg, "fl.eval_every", 1)
+    _int(cfg, "fl.eval_batch_size", 1)
+    _int(cfg, "fl.threads", 0)
+    _int(cfg, "fl.ray_num_cpus", 1, none_ok=True)
+    _int(cfg, "fl.ray_cpus_per_client", 1)
+    _int(cfg, "history.keep_rounds", 1, none_ok=True)
+    _bool(cfg, "history.fp16")
+    _bool(cfg, "history.count_uplink")
+    if _num(cfg, "history.link_goodput") <= 0:
+        raise ConfigError("history.link_goodput (bytes/s) must be > 0")
+    if _num(cfg, "history.link_latency") < 0:
+        raise ConfigError("history.link_latency must be >= 0")
+    if _num(cfg, "history.update_tol") < 0:
+        raise ConfigError("history.update_tol must be >= 0")
+    _int(cfg, "scale.groups_per_layer", 1)
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+@dataclass
+class FLSetup:
+    """Everything a run derives from its config: data, partitions, poisoning, initial model."""
+
+    cfg: dict[str, Any]
+    train: ImageData  # training set as the clients hold it (poisoned where configured)
+    clean_train: ImageData  # training set before poisoning
+    test: ImageData
+    parts: list[np.ndarray]  # client n's global training-sample indices
+    poison: PoisonInfo
+    triggered_test: ImageData | None  # attack-success set when a backdoor is configured
+    model: nn.Module  # holds the initial model Theta[1]
+
+    @property
+    def data_sizes(self) -> dict[int, int]:
+        """M_n of every client."""
+        return {n: len(p) for n, p in enumerate(self.parts)}
+
+    def model_args(self) -> tuple[str, int, int, int]:
+        """Arguments of :func:`build_model` for this run."""
+        return (
+            str(self.cfg["model"]["name"]),
+            self.train.num_classes,
+            self.train.in_channels,
+            self.train.image_size,
+        )
+
+    def new_model(self) -> nn.Module:
+        """A fresh model of this run's architecture (weights: the initial model)."""
+        model = build_model(*self.model_args())
+        model.load_state_dict(self.model.state_dict())
+        return model
+
+
+def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
+    """Validate ``cfg`` and rebuild data, partitions, poisoning and the initial model from it."""
+    cfg = dict(cfg)
+    validate_config(cfg)
+    seed = int(cfg["seed"])
+    clean, test = load_datasets(cfg["data"], seed)
+    parts = make_partitions(cfg["data"], clean.labels, seed)
+    train, poison = apply_poison(clean, parts, cfg["data"].get("poison"), seed)
+    triggered = None
+    if len(poison.backdoor_indices):
+        triggered = triggered_test_set(test, poison.target_label, poison.trigger_size)
+    torch.manual_seed(derive_seed(seed, 0))
+    model = build_model(
+        str(cfg["model"]["name"]), train.num_classes, train.in_channels, train.image_size
+    )
+    return FLSetup(cfg, train, clean, test, parts, poison, triggered, model)
+
+
+def open_history(cfg: Mapping[str, Any], run_dir: str | Path, model: nn.Module) -> HistoryStore:
+    """The run's history store with the config's retention, precision, groups and link model."""
+    h = cfg["history"]
+    link = LinkModel(float(h["link_goodput"]), float(h["link_latency"]), bool(h["count_uplink"]))
+    return HistoryStore(
+        run_dir,
+        keep_rounds=h["keep_rounds"],
+        fp16=bool(h["fp16"]),
+        groups=layer_groups(model, int(cfg["scale"]["groups_per_layer"])),
+        link=link,
+        update_tol=float(h["update_tol"]),
+    )
+
+
+# ----------------------------------------------------------------------------- training
+
+
+@dataclass
+class RunResult:
+    """Outcome of :func:`train`: the final model, per-round metrics and the history store."""
+
+    run_dir: Path
+    cfg: dict[str, Any]
+    model: nn.Module
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    history: HistoryStore | None = None
+
+    @property
+    def final_acc(self) -> float:
+        """Test accuracy after the last evaluated round (nan when none)."""
+        accs = [m["test_acc"] for m in self.metrics if m.get("test_acc") is not None]
+        return accs[-1] if accs else float("nan")
+
+
+def _diff_keys(a: Any, b: Any, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        out: list[tuple[str, ...]] = []
+        for k in set(a) | set(b):
+            out += _diff_keys(a.get(k), b.get(k), (*prefix, str(k)))
+        return out
+    return [] if a == b else [prefix]
+
+
+def metrics_from_history(history: HistoryStore, up_to: int | None = None) -> list[dict[str, Any]]:
+    """The metrics.jsonl rows of rounds 1..up_to rebuilt from the history store."""
+    up_to = history.last_completed_round() if up_to is None else up_to
+    rows = []
+    for t in history.rounds():
+        if t > up_to:
+            break
+        info = history.round_info(t)
+        row = {"round": t, **info["metrics"]}
+        row.update(
+            participants=info["participants"],
+            wall_s=info["wall_s"],
+            link_s=info["link_s"],
+            cum_link_s=info["cum_link_s"],
+            bytes=int(info["bytes"]),
+        )
+        rows.append(row)
+    return rows
+
+
+def _make_trainer(setup: FLSetup, model: nn.Module, local: LocalConfig) -> Any:
+    fl = setup.cfg["fl"]
+    seed = int(setup.cfg["seed"])
+    if fl["backend"] == "ray":
+        from scaleflu.fl.ray_backend import RayTrainer
+
+        return RayTrainer(
+            setup.model_args(),
+            setup.train,
+            setup.parts,
+            local,
+            seed,
+            address=fl["ray_address"],
+            num_cpus=fl["ray_num_cpus"],
+            cpus_per_client=int(fl["ray_cpus_per_client"]),
+        )
+    return make_trainer(fl["trainer"], model, setup.train, setup.parts, local, seed)
+
+
+def train(
+    cfg: Mapping[str, Any],
+    run_dir: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    callbacks: Iterable[RoundCallback] = (),
+) -> RunResult:
+    """Train FedAvg per ``cfg`` into ``run_dir`` (resuming its last completed round if asked)."""
+    cfg = dict(cfg)
+    validate_config(cfg)
+    run_dir = Path(run_dir)
+    saved_cfg_path = run_dir / "config.yaml"
+    if saved_cfg_path.is_file() and (run_dir / "history").is_dir():
+        if not resume:
+            raise ConfigError(f"run directory {run_dir} already holds a run; pass resume=True")
+        saved = yaml.safe_load(saved_cfg_path.read_text())
+        diff = [k for k in _diff_keys(saved, cfg) if k[:2] not in _RESUME_FREE]
+        if diff:
+            raise ConfigError(
+                "cannot resume with a different config; changed keys: "
+                + ", ".join(".".join(k) for k in sorted(diff))
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, saved_cfg_path)
+
+    setup = build_setup(cfg)
+    seed = int(cfg["seed"])
+    fl = cfg["fl"]
+    if int(fl["threads"]) > 0:
+        torch.set_num_threads(int(fl["threads"]))
+    model = setup.model
+    history = open_history(cfg, run_dir, model)
+    last = history.last_completed_round()
+    if last == 0:
+        history.record_initial(model.state_dict())
+    else:
+        log.info("resuming %s after round %d", run_dir, last)
+    global_state = history.global_model(last + 1)
+    model.load_state_dict(global_state)
+    metrics_path = run_dir / "metrics.jsonl"
+    metrics = metrics_from_history(history, last)
+    metrics_path.write_text("".join(json.dumps(r) + "\n" for r in metrics))
+
+    local = LocalConfig(
+        int(fl["local_epochs"]), float(fl["lr"]), int(fl["batch_size"]), float(fl["momentum"])
+    )
+    trainer = _make_trainer(setup, setup.new_model(), local)
+    sizes = setup.data_sizes
+    T = int(fl["rounds"])
+    target = setup.poison.target_label
+    bar = tqdm(
+        range(last + 1, T + 1),
+        desc="FedAvg",
+        unit="round",
+        disable=not progress,
+        initial=last,
+        total=T,
+    )
+    try:
+        for t in bar:
+            t0 = time.perf_counter()
+            clients = select_clients(seed, t, len(setup.parts), int(fl["clients_per_round"]))
+            states = trainer.train(global_state, clients, t)
+            global_state = aggregate(states, {n: sizes[n] for n in clients})
+            model.load_state_dict(global_state)
+            row: dict[str, Any] = {"round": t, "test_acc": None, "test_loss": None}
+            if t % int(fl["eval_every"]) == 0 or t == T:
+                ev = evaluate(model, setup.test, int(fl["eval_batch_size"]))
+                row["test_acc"], row["test_loss"] = ev["acc"], ev["loss"]
+                if setup.triggered_test is not None:
+                    row["asr"] = attack_success_rate(model, setup.triggered_test, target)
+            wall = time.perf_counter() - t0
+            link = history.record_round(
+                t,
+                clients,
+                {n: sizes[n] for n in clients},
+                states,
+                global_state,
+                {k: v for k, v in row.items() if k != "round"},
+                wall,
+            )
+            row.update(
+                participants=clients,
+                wall_s=wall,
+                link_s=link["link_s"],
+                cum_link_s=link["cum_link_s"],
+                bytes=int(link["bytes"]),
+            )
+            metrics.append(row)
+            with metrics_path.open("a") as fh:
+                fh.write(json.dumps(row) + "\n")
+            if row["test_acc"] is not None:
+                bar.set_postfix(acc=f"{row['test_acc']:.3f}")
+            for cb in callbacks:
+                cb(t, row)
+    finally:
+        if hasattr(trainer, "shutdown"):
+            trainer.shutdown()
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items()}, run_dir / "model.safetensors"
+    )
+    (run_dir / "poison.json").write_text(json.dumps(setup.poison.to_json()))
+    log.info("run %s done: %d rounds, final test acc %s", run_dir, T, metrics[-1].get("test_acc"))
+    return RunResult(run_dir, cfg, model, metrics, history)
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@dataclass
+class LoadedRun:
+    """A finished (or interrupted) run rebuilt from its directory."""
+
+    run_dir: Path
+    cfg: dict[str, Any]
+    setup: FLSetup  # data sets, partitions, poisoning; setup.model holds the initial model
+    model: nn.Module  # the final global model (the last completed round's)
+    history: HistoryStore
+    metrics: list[dict[str, Any]]
+
+    @property
+    def train(self) -> ImageData:
+        """Training set as the clients hold it."""
+        return self.setup.train
+
+    @property
+    def test(self) -> ImageData:
+        """Test set."""
+        return self.setup.test
+
+    @property
+    def parts(self) -> list[np.ndarray]:
+        """Client partitions (global training-sample indices)."""
+        return self.setup.parts
+
+
+def load_run(run_dir: str | Path) -> LoadedRun:
+    """Rebuild cfg, data, partitions and final model of a run directory, and open its history."""
+    run_dir = Path(run_dir)
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
+    cfg = yaml.safe_load(cfg_path.read_text())
+    setup = build_setup(cfg)
+    history = open_history(cfg, run_dir, setup.model)
+    model = setup.new_model()
+    final = run_dir / "model.safetensors"
+    last = history.last_completed_round()
+    if final.is_file() and last == int(cfg["fl"]["rounds"]):
+        model.load_state_dict(load_file(final))
+    elif last > 0 or (history.dir / "global_00001.safetensors").is_file():
+        model.load_state_dict(history.final_model())
+    metrics = metrics_from_history(history, last)
+    return LoadedRun(run_dir, cfg, setup, model, history, metrics)
