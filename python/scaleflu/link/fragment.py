@@ -121,7 +121,7 @@ class Reassembler:
         completed_ttl: float = DEFAULT_COMPLETED_TTL,
         clock: Callable[[], float] = time.monotonic,
         mtu: int = DEFAULT_MTU,
-        on_drop: Callable[[Key, str], None] | None = None,
+        on_drop: Callable[[Key, str, int], None] | None = None,
     ) -> None:
         if max_messages < 1 or max_bytes < 1 or timeout <= 0 or max_fragments < 1:
             raise ValueError("reassembler limits must be positive")
@@ -251,7 +251,7 @@ class Reassembler:
         if frame.count > self.max_fragments or est + (frame.count + 7) // 8 > self.max_bytes:
             self.stats.rejected += 1
             if self.on_drop:
-                self.on_drop(key, "too_large")
+                self.on_drop(key, "too_large", frame.count)
             return None
         while len(self._partials) >= self.max_messages:
             oldest = next(iter(self._partials))
@@ -280,9 +280,10 @@ class Reassembler:
 
     def _drop(self, key: Key, reason: str) -> None:
         logger.debug("dropping partial message %s: %s", key, reason)
+        count = self._partials[key].count
         self._remove(key)
         if self.on_drop:
-            self.on_drop(key, reason)
+            self.on_drop(key, reason, count)
 
     def _remember(self, key: Key, now: float) -> None:
         if self.completed_memory <= 0:
