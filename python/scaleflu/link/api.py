@@ -1,0 +1,321 @@
+"""The Link interface the apps use, a threaded ARQ link, and an in-memory simulated channel.
+
+``Link`` is what the FL apps talk to: ``send(peer, message, timeout)`` blocks until the message
+is delivered bit-exact or has failed, ``recv(timeout)`` returns the next (src, bytes). ``ArqLink``
+implements it over any frame transport: give it a ``transmit(bytes)`` callable and call
+``feed(raw)`` for each frame received; the GNU Radio back-ends in ``scaleflu.radio`` do exactly
+that with PDUs. ``MemoryChannel`` connects several ``MemoryLink`` endpoints in one process through
+a seeded ChannelModel (loss, bit flips, duplication, reordering, delay).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import heapq
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+from .arq import ArqConfig, ArqEndpoint, SendHandle, SendStatus
+from .sim import ChannelModel
+from .wire import Message, decode_message, encode_message
+
+logger = logging.getLogger(__name__)
+
+
+class LinkClosedError(RuntimeError):
+    """The link was closed."""
+
+
+@dataclass(frozen=True)
+class DeliveryResult:
+    """Outcome of a blocking send."""
+
+    status: SendStatus
+    reason: str
+    peer: int
+    msg_id: int
+    size: int
+    frames_sent: int
+    retransmissions: int
+    elapsed: float | None
+
+    @property
+    def ok(self) -> bool:
+        """True when the message was delivered."""
+        return self.status is SendStatus.DELIVERED
+
+    @classmethod
+    def from_handle(cls, h: SendHandle) -> DeliveryResult:
+        """Snapshot a finished (or abandoned) SendHandle."""
+        return cls(
+            h.status, h.reason, h.dst, h.msg_id, h.size, h.frames_sent, h.retransmissions, h.elapsed
+        )
+
+
+def message_bytes(message: bytes | bytearray | memoryview | Message, src: int, dst: int) -> bytes:
+    """Bytes to send: raw bytes as they are, a Message wire-encoded with sender/receiver set."""
+    if isinstance(message, Message):
+        return encode_message(dataclasses.replace(message, sender=src, receiver=dst))
+    return bytes(message)
+
+
+class Link(abc.ABC):
+    """A reliable message link between numbered nodes (what the FL apps program against)."""
+
+    node_id: int
+
+    @abc.abstractmethod
+    def send_async(
+        self, peer: int, message: bytes | Message, timeout: float | None = None
+    ) -> SendHandle:
+        """Start sending; the handle reports DELIVERED or FAILED (after ``timeout`` at most)."""
+
+    def send(
+        self, peer: int, message: bytes | Message, timeout: float | None = None
+    ) -> DeliveryResult:
+        """Send and block until the message is delivered or the send failed."""
+        handle = self.send_async(peer, message, timeout)
+        handle.wait()
+        return DeliveryResult.from_handle(handle)
+
+    @abc.abstractmethod
+    def recv(self, timeout: float | None = None) -> tuple[int, bytes] | None:
+        """Next delivered (src, payload), or None after ``timeout`` seconds (None = forever)."""
+
+    def recv_message(
+        self, timeout: float | None = None, reference: dict[str, Any] | None = None
+    ) -> tuple[int, Message] | None:
+        """Next delivered message decoded from the wire format (WireError if it is not one)."""
+        got = self.recv(timeout)
+        if got is None:
+            return None
+        return got[0], decode_message(got[1], reference=reference)
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Stop the link; pending sends fail with reason 'closed'."""
+
+    def __enter__(self) -> Link:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ArqLink(Link):
+    """Link over any frame transport: an ArqEndpoint driven by one timer thread under a lock.
+
+    ``transmit`` is called with the link's lock held and must not block for long nor call back
+    into the link (queue the frame, post a PDU). Call ``feed(raw)`` from any thread for each
+    frame received from the transport.
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        transmit: Callable[[bytes], None],
+        config: ArqConfig | None = None,
+        name: str | None = None,
+        **overrides: Any,
+    ) -> None:
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._inbox: queue.Queue[tuple[int, bytes]] = queue.Queue()
+        self._closed = False
+        self.endpoint = ArqEndpoint(
+            node_id,
+            transmit,
+            clock=time.monotonic,
+            config=config,
+            on_message=lambda src, payload: self._inbox.put((src, payload)),
+            **overrides,
+        )
+        self.node_id = node_id
+        self._thread = threading.Thread(
+            target=self._run, name=name or f"arq-link-{node_id}", daemon=True
+        )
+        self._thread.start()
+
+    def feed(self, raw: bytes) -> None:
+        """Hand one frame received from the transport to the endpoint (thread-safe)."""
+        with self._wake:
+            if self._closed:
+                return
+            self.endpoint.on_frame(raw)
+            self._wake.notify()
+
+    def send_async(
+        self, peer: int, message: bytes | Message, timeout: float | None = None
+    ) -> SendHandle:
+        """Start sending ``message`` to ``peer``; see Link.send_async."""
+        data = message_bytes(message, self.node_id, peer)
+        with self._wake:
+            if self._closed:
+                raise LinkClosedError("link is closed")
+            handle = self.endpoint.send(peer, data, deadline=timeout)
+            self._wake.notify()
+        return handle
+
+    def recv(self, timeout: float | None = None) -> tuple[int, bytes] | None:
+        """Next delivered (src, payload) or None after ``timeout``."""
+        if self._closed and self._inbox.empty():
+            raise LinkClosedError("link is closed")
+        try:
+            return self._inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def stats(self) -> dict[str, Any]:
+        """Snapshot of the ARQ and reassembly counters."""
+        with self._lock:
+            return {
+                "arq": self.endpoint.stats.as_dict(),
+                "reassembly": self.endpoint.reassembler.stats.as_dict(),
+            }
+
+    def close(self) -> None:
+        """Stop the timer thread and fail pending sends."""
+        with self._wake:
+            if self._closed:
+                return
+            self._closed = True
+            ep = self.endpoint
+            for o in list(ep._out.values()):
+                ep.cancel(o.handle, "closed")
+            self._wake.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        with self._wake:
+            while not self._closed:
+                try:
+                    self.endpoint.poll()
+                    deadline = self.endpoint.next_deadline()
+                except Exception:  # keep the link alive; the error is a bug worth a traceback
+                    logger.exception("ARQ poll failed")
+                    deadline = None
+                now = time.monotonic()
+                wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - now))
+                if wait > 0:
+                    self._wake.wait(wait)
+
+
+class MemoryChannel:
+    """Simulated shared medium between MemoryLinks in one process (seeded impairments)."""
+
+    def __init__(self, model: ChannelModel | None = None, seed: int = 0, **model_kw: Any) -> None:
+        if model is not None and model_kw:
+            raise ValueError("give a ChannelModel or its fields, not both")
+        self.model = model or ChannelModel(**model_kw)
+        self.rng = random.Random(seed)
+        self.frames_in = 0
+        self.frames_out = 0
+        self._links: dict[int, MemoryLink] = {}
+        self._events: list[tuple[float, int, int, bytes]] = []
+        self._n = 0
+        self._busy_until = 0.0
+        self._last_arrival: dict[tuple[int, int], float] = {}
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="memory-channel", daemon=True)
+        self._thread.start()
+
+    def attach(self, node_id: int, config: ArqConfig | None = None, **overrides: Any) -> MemoryLink:
+        """Create a MemoryLink for ``node_id`` on this channel."""
+        with self._cond:
+            if node_id in self._links:
+                raise ValueError(f"node {node_id} already attached")
+        link = MemoryLink(self, node_id, config=config, **overrides)
+        with self._cond:
+            self._links[node_id] = link
+        return link
+
+    def detach(self, node_id: int) -> None:
+        """Remove a node from the medium (frames to it are dropped)."""
+        with self._cond:
+            self._links.pop(node_id, None)
+
+    def transmit(self, src: int, raw: bytes) -> None:
+        """Put one frame on the medium: every other attached node may receive a copy."""
+        with self._cond:
+            if self._closed:
+                return
+            self.frames_in += 1
+            now = time.monotonic()
+            start = now
+            rate = self.model.rate_bytes_per_s
+            if rate:
+                start = max(now, self._busy_until) + len(raw) / rate
+                self._busy_until = start
+            for node in self._links:
+                if node == src:
+                    continue
+                for delay, data, held in self.model.impair(raw, self.rng):
+                    t = start + delay
+                    if not held:
+                        t = max(t, self._last_arrival.get((src, node), 0.0))
+                        self._last_arrival[(src, node)] = t
+                    self._n += 1
+                    heapq.heappush(self._events, (t, self._n, node, data))
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Close every attached link and stop the channel thread."""
+        for link in list(self._links.values()):
+            link.close()
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(timeout=5.0)
+
+    def __enter__(self) -> MemoryChannel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed:
+                    now = time.monotonic()
+                    if self._events and self._events[0][0] <= now:
+                        break
+                    wait = self._events[0][0] - now if self._events else None
+                    self._cond.wait(wait)
+                if self._closed:
+                    return
+                _, _, node, data = heapq.heappop(self._events)
+                link = self._links.get(node)
+                self.frames_out += 1
+            if link is not None:
+                link.feed(data)
+
+
+class MemoryLink(ArqLink):
+    """An ArqLink attached to a MemoryChannel."""
+
+    def __init__(
+        self, channel: MemoryChannel, node_id: int, config: ArqConfig | None = None, **kw: Any
+    ) -> None:
+        self.channel = channel
+        super().__init__(node_id, lambda raw: channel.transmit(node_id, raw), config=config, **kw)
+
+    def close(self) -> None:
+        """Close the link and detach it from the channel."""
+        super().close()
+        self.channel.detach(self.node_id)
