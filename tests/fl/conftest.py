@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import torch
 from scaleflu.config import load_config
 
 
@@ -27,3 +28,12 @@ def small_cfg() -> Callable[..., dict[str, Any]]:
         return load_config(None, [*base, *overrides])
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def _one_torch_thread() -> Iterator[None]:
+    """One intra-op thread: far faster for LeNet-sized work on a shared 2-core box."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

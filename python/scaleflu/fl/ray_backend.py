@@ -92,6 +92,7 @@ class RayTrainer:
         except ImportError as exc:  # pragma: no cover - depends on the environment
             raise RuntimeError("fl.backend=ray needs the ray package: pip install ray") from exc
         self._ray = ray
+        os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")  # CPU-only: no warning
         if not ray.is_initialized():
             if address:
                 ray.init(address=address, log_to_driver=False)
