@@ -269,6 +269,8 @@ def _encode_values(
         np.cumsum(sizes[:-1], out=starts[1:])
     maxabs = np.maximum.reduceat(np.abs(v), starts) if v.size else np.zeros(0)
     scales = (maxabs / 127.0).astype(np.float32)
+    # a scale that underflows float32 would zero its group: use the smallest subnormal instead
+    scales[(scales == 0) & (maxabs > 0)] = np.float32(2.0**-149)
     per_elem = np.repeat(scales.astype(np.float64), sizes)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(per_elem > 0, np.rint(v / per_elem), 0.0)
