@@ -1,0 +1,83 @@
+"""Link API over MemoryChannel: threaded ARQ delivering state dicts over lossy links."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from conftest import lenet_state_dict
+from scaleflu.link.api import DeliveryResult, LinkClosedError, MemoryChannel
+from scaleflu.link.arq import SendStatus
+from scaleflu.link.wire import Message, MessageType
+
+FAST = {"rate_bytes_per_s": 3e6, "min_rto": 0.02, "initial_rto": 0.1}
+
+
+@pytest.mark.parametrize("loss", [0.1, 0.2])
+def test_lenet_both_ways_bit_exact(loss: float) -> None:
+    with MemoryChannel(
+        loss=loss,
+        ber=1e-5,
+        duplicate=0.02,
+        reorder=0.02,
+        delay=0.002,
+        rate_bytes_per_s=4e6,
+        seed=int(loss * 100),
+    ) as ch:
+        server = ch.attach(0, **FAST)
+        robot = ch.attach(1, **FAST)
+        sd_down = lenet_state_dict(1)
+        sd_up = lenet_state_dict(2)
+        results: list[DeliveryResult] = []
+        up = threading.Thread(
+            target=lambda: results.append(
+                robot.send(0, Message(MessageType.UPDATE, tensors=sd_up, session=3), timeout=30)
+            )
+        )
+        up.start()
+        down = server.send(1, Message(MessageType.MODEL, tensors=sd_down, session=3), timeout=30)
+        up.join(timeout=40)
+        assert down.ok and results and results[0].ok, (down, results)
+        src, msg = robot.recv_message(timeout=5)
+        assert src == 0 and msg.type == MessageType.MODEL and msg.session == 3
+        assert msg.sender == 0 and msg.receiver == 1
+        assert all(msg.tensors[k].tobytes() == v.tobytes() for k, v in sd_down.items())
+        src, msg = server.recv_message(timeout=5)
+        assert src == 1 and msg.type == MessageType.UPDATE
+        assert all(msg.tensors[k].tobytes() == v.tobytes() for k, v in sd_up.items())
+        assert robot.recv(timeout=0.3) is None  # delivered exactly once
+        stats = robot.stats()
+        assert stats["arq"]["crc_errors"] + server.stats()["arq"]["crc_errors"] > 0
+        assert down.retransmissions > 0
+
+
+def test_deadline_to_absent_peer_fails() -> None:
+    with MemoryChannel(seed=0) as ch:
+        a = ch.attach(1, initial_rto=0.05)
+        t0 = time.monotonic()
+        res = a.send(9, b"anyone?", timeout=0.4)
+        assert res.status is SendStatus.FAILED and res.reason == "deadline"
+        assert 0.35 <= time.monotonic() - t0 < 2.0
+
+
+def test_close_fails_pending_and_refuses_new_sends() -> None:
+    ch = MemoryChannel(loss=1.0, seed=0)
+    a = ch.attach(1)
+    ch.attach(2)
+    h = a.send_async(2, b"x" * 10_000, timeout=60)
+    ch.close()
+    assert h.wait(2.0) and h.status is SendStatus.FAILED and h.reason == "closed"
+    with pytest.raises(LinkClosedError):
+        a.send_async(2, b"y")
+    with pytest.raises(LinkClosedError):
+        a.recv(timeout=0.01)
+
+
+def test_context_manager_and_recv_timeout() -> None:
+    with MemoryChannel(seed=0) as ch, ch.attach(1) as a, ch.attach(2) as b:
+        assert a.recv(timeout=0.05) is None
+        assert b.send(1, b"ping", timeout=5).ok
+        assert a.recv(timeout=1) == (2, b"ping")
+    with pytest.raises(ValueError):
+        MemoryChannel(model=ch.model, loss=0.1)

@@ -1,0 +1,302 @@
+"""Selective-repeat ARQ: ACK codec, delivery over lossy simulated links, failures, pacing."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+from conftest import lenet_state_dict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scaleflu.link.arq import (
+    ACK_HEADER,
+    AckInfo,
+    ArqEndpoint,
+    SendStatus,
+    ack_from_bitmap,
+    decode_ack,
+    encode_ack,
+)
+from scaleflu.link.frame import BROADCAST, FrameType, decode_frame, encode_frame
+from scaleflu.link.sim import ChannelModel, SimNetwork
+from scaleflu.link.wire import Encoding, decode_tensors, encode_tensors
+
+
+class FakeClock:
+    """Manually advanced clock."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+# ---------------------------------------------------------------------------------- ACK codec
+@settings(max_examples=300, deadline=None)
+@given(bits=st.lists(st.booleans(), min_size=1, max_size=300), max_bytes=st.integers(1, 40))
+def test_ack_from_bitmap_is_faithful(bits: list[bool], max_bytes: int) -> None:
+    count = len(bits)
+    full = bytearray((count + 7) // 8)
+    for i, b in enumerate(bits):
+        if b:
+            full[i >> 3] |= 0x80 >> (i & 7)
+    info = ack_from_bitmap(bytes(full), count, max_bytes)
+    assert decode_ack(encode_ack(info)) == info
+    assert len(info.bitmap) <= max_bytes
+    assert all(bits[: info.base])
+    assert info.base == count or not bits[info.base]
+    assert info.complete == all(bits)
+    for i in range(info.base, info.covered()):
+        j = i - info.base
+        assert bool(info.bitmap[j >> 3] & (0x80 >> (j & 7))) == bits[i]
+    if 8 * max_bytes >= count - info.base:  # no truncation: every received fragment reported
+        assert not any(bits[info.covered() :])
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"",
+        ACK_HEADER.pack(2, 5, 0, 0),  # unknown flag
+        ACK_HEADER.pack(0, 5, 0, 1),  # bitmap length mismatch
+        ACK_HEADER.pack(0, 0, 0, 0),  # count 0
+        ACK_HEADER.pack(0, 5, 6, 0),  # base > count
+        ACK_HEADER.pack(1, 5, 4, 0),  # complete with base != count
+        ACK_HEADER.pack(0, 5, 0, 1) + b"\xff",  # bits beyond count
+    ],
+)
+def test_malformed_ack_rejected(payload: bytes) -> None:
+    with pytest.raises(ValueError):
+        decode_ack(payload)
+
+
+# ------------------------------------------------------------------------ delivery over loss
+def _lenet_bytes(seed: int) -> tuple[dict, bytes]:
+    sd = lenet_state_dict(seed)
+    return sd, encode_tensors(sd, encoding=Encoding.RAW)
+
+
+@pytest.mark.parametrize(("loss", "seed"), [(0.1, 1), (0.1, 2), (0.2, 3), (0.2, 4)])
+def test_lenet_state_dict_bit_exact_over_lossy_link(loss: float, seed: int) -> None:
+    model = ChannelModel(
+        loss=loss,
+        ber=1e-5,
+        duplicate=0.03,
+        reorder=0.03,
+        delay=0.002,
+        jitter=0.001,
+        rate_bytes_per_s=700e3,
+    )
+    net = SimNetwork(model, seed=seed)
+    a = net.add_endpoint(1, rate_bytes_per_s=650e3)
+    b = net.add_endpoint(2, rate_bytes_per_s=650e3)
+    sd_a, data_a = _lenet_bytes(seed)
+    sd_b, data_b = _lenet_bytes(seed + 100)
+    ha = a.send(2, data_a)
+    hb = b.send(1, data_b)  # both directions at once: ACKs share the medium with data
+    assert net.run_until(lambda: ha.done() and hb.done(), max_time=60)
+    net.run_until(lambda: False, max_time=net.now + 2.0)  # let late duplicates arrive
+    assert ha.status is SendStatus.DELIVERED and hb.status is SendStatus.DELIVERED
+    assert net.inbox[2] == [(1, data_a)] and net.inbox[1] == [(2, data_b)]
+    got = decode_tensors(net.inbox[2][0][1])
+    assert all(got[k].tobytes() == v.tobytes() for k, v in sd_a.items())
+    assert b.stats.crc_errors + a.stats.crc_errors > 0  # bit flips happened and were caught
+    assert ha.retransmissions > 0
+    assert a.stats.delivered == 1 and b.stats.delivered == 1
+
+
+def test_many_messages_interleaved_to_one_receiver() -> None:
+    net = SimNetwork(ChannelModel(loss=0.15, delay=0.001, rate_bytes_per_s=2e6), seed=7)
+    net.add_endpoint(0)
+    senders = [net.add_endpoint(n, rate_bytes_per_s=5e5) for n in (1, 2, 3)]
+    rng = random.Random(0)
+    sent = {}
+    handles = []
+    for ep in senders:
+        for _ in range(3):
+            data = rng.randbytes(rng.randrange(0, 20000))
+            handles.append(ep.send(0, data))
+            sent.setdefault(ep.node_id, []).append(data)
+    assert net.run_until(lambda: all(h.done() for h in handles), max_time=60)
+    assert all(h.status is SendStatus.DELIVERED for h in handles)
+    got: dict[int, list[bytes]] = {}
+    for src, data in net.inbox[0]:
+        got.setdefault(src, []).append(data)
+    assert {k: sorted(v) for k, v in got.items()} == {k: sorted(v) for k, v in sent.items()}
+
+
+# ---------------------------------------------------------------------------- explicit failure
+def test_deadline_expiry_reports_failed() -> None:
+    net = SimNetwork(ChannelModel(loss=1.0), seed=0)
+    a = net.add_endpoint(1)
+    net.add_endpoint(2)
+    h = a.send(2, b"x" * 5000, deadline=3.0)
+    assert net.run_until(h.done, max_time=100)
+    assert h.status is SendStatus.FAILED and h.reason == "deadline"
+    assert 3.0 <= h.elapsed < 3.6
+    assert a.pending_sends == 0 and a.next_deadline() is None
+    assert a.stats.rto_expiries > 0
+
+
+def test_retransmissions_back_off_exponentially() -> None:
+    clock = FakeClock()
+    sent: list[float] = []
+    ep = ArqEndpoint(
+        1, lambda raw: sent.append(clock.t), clock=clock, initial_rto=0.1, max_rto=10, deadline=30
+    )
+    ep.send(2, b"hello")
+    while clock.t < 20:
+        nd = ep.next_deadline()
+        assert nd is not None
+        clock.t = nd
+        ep.poll()
+    gaps = np.diff(sent)
+    assert len(sent) >= 6
+    np.testing.assert_allclose(gaps[:6], [0.1 * 2**i for i in range(6)], rtol=1e-6)
+
+
+def test_max_retransmissions_fails() -> None:
+    net = SimNetwork(ChannelModel(loss=1.0), seed=0)
+    a = net.add_endpoint(1, max_retransmissions=2, initial_rto=0.1)
+    net.add_endpoint(2)
+    h = a.send(2, b"abc")
+    assert net.run_until(h.done, max_time=100)
+    assert h.reason == "max_retransmissions" and h.frames_sent == 3
+
+
+def test_receiver_refuses_oversized_message() -> None:
+    net = SimNetwork(ChannelModel(), seed=0)
+    a = net.add_endpoint(1)
+    b = net.add_endpoint(2, reassembly_max_bytes=10_000)
+    h = a.send(2, bytes(50_000))
+    assert net.run_until(h.done, max_time=10)
+    assert h.status is SendStatus.FAILED and h.reason == "rejected by receiver: too_large"
+    assert b.stats.nacks_tx >= 1 and net.inbox[2] == []
+
+
+def test_receiver_eviction_resets_sender_and_still_delivers() -> None:
+    net = SimNetwork(ChannelModel(delay=0.001, rate_bytes_per_s=1e6), seed=0)
+    a = net.add_endpoint(1, rate_bytes_per_s=5e5)
+    b = net.add_endpoint(2, reassembly_max_messages=1)
+    c = net.add_endpoint(3)
+    data = random.Random(1).randbytes(100_000)
+    h = a.send(2, data)
+    net.run_until(lambda: (b.reassembler.progress(1, h.msg_id) or (0, 0))[0] > 20, max_time=10)
+    hc = c.send(2, b"small")  # evicts a's partial message at the receiver
+    assert net.run_until(lambda: h.done() and hc.done(), max_time=60)
+    assert h.status is SendStatus.DELIVERED and hc.status is SendStatus.DELIVERED
+    assert b.reassembler.stats.evictions >= 1 and a.stats.nacks_rx >= 1
+    assert sorted(net.inbox[2]) == sorted([(1, data), (3, b"small")])
+
+
+def test_retransmission_after_completion_is_reacked_not_redelivered() -> None:
+    clock = FakeClock()
+    a_out: list[bytes] = []
+    b_out: list[bytes] = []
+    a = ArqEndpoint(1, a_out.append, clock=clock, initial_rto=0.2, msg_id_start=5)
+    b = ArqEndpoint(2, b_out.append, clock=clock)
+    h = a.send(2, bytes(3000))
+    for raw in a_out:
+        b.on_frame(raw)
+    a_out.clear()
+    assert b.receive() == (1, bytes(3000))
+    assert decode_frame(b_out[-1]).type == FrameType.ACK
+    b_out.clear()  # every ACK lost
+    clock.t = 0.25
+    a.poll()
+    assert a_out, "sender must retransmit after the RTO"
+    for raw in a_out:
+        b.on_frame(raw)
+    assert b.receive() is None and b.stats.delivered == 1
+    acks = [decode_ack(decode_frame(r).payload) for r in b_out]
+    assert acks and acks[0].complete
+    a.on_frame(b_out[0])
+    assert h.status is SendStatus.DELIVERED
+
+
+# ----------------------------------------------------------------------------- window, pacing
+def test_window_and_rate_are_respected() -> None:
+    clock = FakeClock()
+    log: list[tuple[float, int]] = []
+    rate = 100_000.0
+    ep = ArqEndpoint(
+        1,
+        lambda raw: log.append((clock.t, len(raw))),
+        clock=clock,
+        window=8,
+        rate_bytes_per_s=rate,
+        burst_bytes=3000,
+        initial_rto=100.0,
+    )
+    ep.send(2, bytes(60_000))
+    assert len(log) <= 8
+    while len(log) < 8:
+        nd = ep.next_deadline()
+        assert nd is not None
+        clock.t = nd
+        ep.poll()
+    assert len(log) == 8  # window full: no ACK came
+    clock.t += 1.0
+    ep.poll()
+    assert len(log) == 8
+    times = np.array([t for t, _ in log])
+    sizes = np.array([n for _, n in log])
+    for i in range(len(log)):
+        for j in range(i, len(log)):
+            assert sizes[i : j + 1].sum() <= 3000 + rate * (times[j] - times[i]) + 1e-6
+
+
+def test_pacing_limits_throughput_in_simulation() -> None:
+    net = SimNetwork(ChannelModel(delay=0.001), seed=0)
+    a = net.add_endpoint(1, rate_bytes_per_s=200_000.0, burst_bytes=3000)
+    net.add_endpoint(2)
+    h = a.send(2, bytes(200_000))
+    assert net.run_until(h.done, max_time=60)
+    assert h.status is SendStatus.DELIVERED
+    assert h.elapsed >= (200_000 * 1.017 - 3000) / 200_000.0
+
+
+# ---------------------------------------------------------------------------- robustness
+def test_send_argument_checks() -> None:
+    ep = ArqEndpoint(1, lambda raw: None)
+    with pytest.raises(ValueError):
+        ep.send(BROADCAST, b"x")
+    with pytest.raises(ValueError):
+        ep.send(1, b"x")
+    with pytest.raises(ValueError):
+        ArqEndpoint(BROADCAST, lambda raw: None)
+
+
+def test_frames_for_others_are_ignored_and_broadcast_is_delivered_unacked() -> None:
+    out: list[bytes] = []
+    ep = ArqEndpoint(2, out.append)
+    ep.on_frame(encode_frame(FrameType.DATA, 1, 3, 1, 0, 1, b"not mine"))
+    ep.on_frame(encode_frame(FrameType.DATA, 2, 2, 1, 0, 1, b"my own echo"))
+    assert ep.stats.not_for_us == 2 and ep.receive() is None
+    ep.on_frame(encode_frame(FrameType.DATA, 1, BROADCAST, 9, 0, 1, b"all"))
+    assert ep.receive() == (1, b"all") and out == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.binary(max_size=80), max_size=10), st.data())
+def test_random_frames_never_break_the_endpoint(chunks: list[bytes], data: st.DataObject) -> None:
+    clock = FakeClock()
+    ep = ArqEndpoint(2, lambda raw: None, clock=clock, msg_id_start=0)
+    h = ep.send(1, bytes(5000))
+    for c in chunks:
+        ep.on_frame(c)
+        ftype = data.draw(st.sampled_from(list(FrameType)))
+        mid = data.draw(st.sampled_from([0, 1]))
+        ep.on_frame(encode_frame(ftype, 1, 2, mid, 0, 1, c))
+        clock.t += 0.1
+        ep.poll()
+    assert h.status in (SendStatus.PENDING, SendStatus.DELIVERED, SendStatus.FAILED)
+    if h.status is SendStatus.DELIVERED:  # only a well-formed complete ACK can do this
+        assert ep.stats.acks_rx >= 1
+
+
+def test_ack_info_covered_ignores_padding() -> None:
+    assert AckInfo(False, 20, 4, b"\xa0").covered() == 7
+    assert AckInfo(False, 20, 4, b"").covered() == 4
