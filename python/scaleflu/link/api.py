@@ -83,8 +83,17 @@ class Link(abc.ABC):
     ) -> DeliveryResult:
         """Send and block until the message is delivered or the send failed."""
         handle = self.send_async(peer, message, timeout)
-        handle.wait()
+        if not handle.wait(self._wait_limit(timeout)):
+            self.cancel(handle, "no result from the link")
         return DeliveryResult.from_handle(handle)
+
+    def _wait_limit(self, timeout: float | None) -> float | None:
+        """How long a blocking send waits for its handle (None = forever)."""
+        return None if timeout is None else timeout + 5.0
+
+    @abc.abstractmethod
+    def cancel(self, handle: SendHandle, reason: str = "cancelled") -> None:
+        """Fail a pending send now (its handle reports FAILED with ``reason``)."""
 
     @abc.abstractmethod
     def recv(self, timeout: float | None = None) -> tuple[int, bytes] | None:
@@ -178,6 +187,15 @@ class ArqLink(Link):
         except queue.Empty:
             return None
 
+    def _wait_limit(self, timeout: float | None) -> float | None:
+        """Blocking sends wait for the ARQ deadline plus a grace period, never forever."""
+        return (self.endpoint.config.deadline if timeout is None else timeout) + 5.0
+
+    def cancel(self, handle: SendHandle, reason: str = "cancelled") -> None:
+        """Fail a pending send now."""
+        with self._wake:
+            self.endpoint.cancel(handle, reason)
+
     def stats(self) -> dict[str, Any]:
         """Snapshot of the ARQ and reassembly counters."""
         with self._lock:
@@ -192,9 +210,7 @@ class ArqLink(Link):
             if self._closed:
                 return
             self._closed = True
-            ep = self.endpoint
-            for o in list(ep._out.values()):
-                ep.cancel(o.handle, "closed")
+            self.endpoint.cancel_all("closed")
             self._wake.notify()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout=5.0)

@@ -361,6 +361,12 @@ class ArqEndpoint:
         if o is not None:
             self._finish(o, SendStatus.FAILED, reason, self.clock())
 
+    def cancel_all(self, reason: str = "cancelled") -> None:
+        """Fail every pending send now (e.g. when the link closes)."""
+        now = self.clock()
+        for o in list(self._out.values()):
+            self._finish(o, SendStatus.FAILED, reason, now)
+
     @property
     def pending_sends(self) -> int:
         """Number of sends not yet finished."""
