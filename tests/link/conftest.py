@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -29,3 +31,9 @@ def lenet_state_dict(seed: int = 0) -> dict[str, np.ndarray]:
 def lenet_sd() -> dict[str, np.ndarray]:
     """A LeNet-size random state dict."""
     return lenet_state_dict()
+
+
+@pytest.fixture
+def make_lenet() -> Callable[[int], dict[str, np.ndarray]]:
+    """Factory of seeded LeNet-size random state dicts (tests import no helper modules)."""
+    return lenet_state_dict

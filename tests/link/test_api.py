@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from conftest import lenet_state_dict
+
 from scaleflu.link.api import DeliveryResult, LinkClosedError, MemoryChannel
 from scaleflu.link.arq import SendStatus
 from scaleflu.link.wire import Message, MessageType
@@ -15,7 +15,7 @@ FAST = {"rate_bytes_per_s": 3e6, "min_rto": 0.02, "initial_rto": 0.1}
 
 
 @pytest.mark.parametrize("loss", [0.1, 0.2])
-def test_lenet_both_ways_bit_exact(loss: float) -> None:
+def test_lenet_both_ways_bit_exact(loss: float, make_lenet) -> None:  # noqa: ANN001
     with MemoryChannel(
         loss=loss,
         ber=1e-5,
@@ -27,8 +27,8 @@ def test_lenet_both_ways_bit_exact(loss: float) -> None:
     ) as ch:
         server = ch.attach(0, **FAST)
         robot = ch.attach(1, **FAST)
-        sd_down = lenet_state_dict(1)
-        sd_up = lenet_state_dict(2)
+        sd_down = make_lenet(1)
+        sd_up = make_lenet(2)
         results: list[DeliveryResult] = []
         up = threading.Thread(
             target=lambda: results.append(

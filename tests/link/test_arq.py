@@ -6,9 +6,9 @@ import random
 
 import numpy as np
 import pytest
-from conftest import lenet_state_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from scaleflu.link.arq import (
     ACK_HEADER,
     AckInfo,
@@ -73,13 +73,13 @@ def test_malformed_ack_rejected(payload: bytes) -> None:
 
 
 # ------------------------------------------------------------------------ delivery over loss
-def _lenet_bytes(seed: int) -> tuple[dict, bytes]:
-    sd = lenet_state_dict(seed)
+def _lenet_bytes(make_lenet, seed: int) -> tuple[dict, bytes]:  # noqa: ANN001
+    sd = make_lenet(seed)
     return sd, encode_tensors(sd, encoding=Encoding.RAW)
 
 
 @pytest.mark.parametrize(("loss", "seed"), [(0.1, 1), (0.1, 2), (0.2, 3), (0.2, 4)])
-def test_lenet_state_dict_bit_exact_over_lossy_link(loss: float, seed: int) -> None:
+def test_lenet_state_dict_bit_exact_over_lossy_link(loss: float, seed: int, make_lenet) -> None:  # noqa: ANN001
     model = ChannelModel(
         loss=loss,
         ber=1e-5,
@@ -92,8 +92,8 @@ def test_lenet_state_dict_bit_exact_over_lossy_link(loss: float, seed: int) -> N
     net = SimNetwork(model, seed=seed)
     a = net.add_endpoint(1, rate_bytes_per_s=650e3)
     b = net.add_endpoint(2, rate_bytes_per_s=650e3)
-    sd_a, data_a = _lenet_bytes(seed)
-    sd_b, data_b = _lenet_bytes(seed + 100)
+    sd_a, data_a = _lenet_bytes(make_lenet, seed)
+    sd_b, data_b = _lenet_bytes(make_lenet, seed + 100)
     ha = a.send(2, data_a)
     hb = b.send(1, data_b)  # both directions at once: ACKs share the medium with data
     assert net.run_until(lambda: ha.done() and hb.done(), max_time=60)

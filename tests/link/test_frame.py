@@ -8,6 +8,7 @@ import zlib
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from scaleflu.link.fragment import fragment, fragment_count
 from scaleflu.link.frame import (
     FRAME_OVERHEAD,

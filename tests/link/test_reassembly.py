@@ -6,6 +6,7 @@ import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from scaleflu.link.fragment import Reassembler, bitmap_get, fragment
 from scaleflu.link.frame import FrameType, decode_frame, encode_frame
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from scaleflu.link import wire
 from scaleflu.link.wire import (
     BadDtypeError,

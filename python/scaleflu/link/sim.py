@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,8 +74,7 @@ class ChannelModel:
 
 
 def _log1m(x: float) -> float:
-    import math
-
+    """log(1 - x), -inf-safe."""
     return math.log1p(-x) if x < 1.0 else -1e300
 
 
@@ -147,7 +147,9 @@ class SimNetwork:
     def step(self) -> bool:
         """Advance to the next event or timer and process it; False when nothing is left."""
         t_event = self._events[0][0] if self._events else None
-        deadlines = [d for d in (ep.next_deadline() for ep in self.endpoints.values()) if d]
+        deadlines = [
+            d for d in (ep.next_deadline() for ep in self.endpoints.values()) if d is not None
+        ]
         t_timer = min(deadlines) if deadlines else None
         candidates = [t for t in (t_event, t_timer) if t is not None]
         if not candidates:
