@@ -300,3 +300,41 @@ def test_random_frames_never_break_the_endpoint(chunks: list[bytes], data: st.Da
 def test_ack_info_covered_ignores_padding() -> None:
     assert AckInfo(False, 20, 4, b"\xa0").covered() == 7
     assert AckInfo(False, 20, 4, b"").covered() == 4
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    loss=st.floats(0.0, 0.6),
+    ber=st.sampled_from([0.0, 1e-5, 1e-4]),
+    duplicate=st.floats(0.0, 0.2),
+    reorder=st.floats(0.0, 0.2),
+    sizes=st.lists(st.integers(0, 12_000), min_size=1, max_size=3),
+    seed=st.integers(0, 2**16),
+)
+def test_delivered_exactly_once_or_failed_never_corrupted(
+    loss: float, ber: float, duplicate: float, reorder: float, sizes: list[int], seed: int
+) -> None:
+    model = ChannelModel(
+        loss=loss,
+        ber=ber,
+        duplicate=duplicate,
+        reorder=reorder,
+        delay=0.002,
+        rate_bytes_per_s=1e6,
+    )
+    net = SimNetwork(model, seed=seed)
+    a = net.add_endpoint(1, rate_bytes_per_s=9e5, deadline=15.0)
+    net.add_endpoint(2)
+    rng = random.Random(seed)
+    payloads = [rng.randbytes(n) for n in sizes]
+    handles = [a.send(2, p) for p in payloads]
+    assert net.run_until(lambda: all(h.done() for h in handles), max_time=100)
+    net.run_until(lambda: False, max_time=net.now + 5)
+    received = [p for src, p in net.inbox[2] if src == 1]
+    for h, p in zip(handles, payloads, strict=True):
+        copies = received.count(p)
+        assert copies <= 1 + payloads.count(p) - 1
+        if h.status is SendStatus.DELIVERED:
+            assert copies >= 1
+    assert all(p in payloads for p in received)  # nothing corrupted ever reaches the app
+    assert len(received) <= len(payloads)

@@ -121,6 +121,9 @@ def test_encode_rejects_bad_fields() -> None:
         encode_frame(FrameType.DATA, 0, 0, 0, 0, 1, b"x" * 75, mtu=100)
     with pytest.raises(ValueError):
         max_payload(26)
+    with pytest.raises(ValueError):
+        max_payload(65562)
+    assert max_payload(65561) == 65535
 
 
 @settings(max_examples=500, deadline=None)

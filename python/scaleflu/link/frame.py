@@ -98,9 +98,9 @@ class Frame:
 
 def max_payload(mtu: int = DEFAULT_MTU) -> int:
     """Largest payload a frame of at most ``mtu`` bytes can carry (mtu - 26)."""
-    if not MIN_MTU <= mtu:
-        raise ValueError(f"mtu must be >= {MIN_MTU}")
-    return min(mtu, MAX_MTU) - FRAME_OVERHEAD
+    if not MIN_MTU <= mtu <= MAX_MTU:
+        raise ValueError(f"mtu must be in [{MIN_MTU}, {MAX_MTU}] (as in the C++ block), got {mtu}")
+    return mtu - FRAME_OVERHEAD
 
 
 def encode_frame(
