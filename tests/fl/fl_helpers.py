@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from scaleflu.fl.data import FASHION_MNIST_DIR, FASHION_MNIST_FILES
 
 HAVE_FMNIST = all((FASHION_MNIST_DIR / n).is_file() for n in FASHION_MNIST_FILES)

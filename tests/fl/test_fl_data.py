@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from fl_helpers import needs_fmnist
+
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import (
     DataError,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+
 from scaleflu.fl.data import ImageData, partition_dirichlet
 from scaleflu.fl.fedavg import (
     LocalConfig,
@@ -97,3 +98,22 @@ def test_evaluate_reports_accuracy_and_loss() -> None:
     data = _toy_data(50)
     out = evaluate(build_model("lenet", 10, 1, 28), data, batch_size=16)
     assert 0.0 <= out["acc"] <= 1.0 and out["loss"] > 0
+
+
+def test_threaded_sequential_equals_single_thread() -> None:
+    data = _toy_data()
+    parts = partition_dirichlet(data.labels.numpy(), 6, 0.5, seed=2)
+    local = LocalConfig(epochs=1, lr=0.05, batch_size=16)
+    torch.manual_seed(0)
+    model = build_model("lenet", 10, 1, 28)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    one = SequentialTrainer(model, data, parts, local, seed=1).train(start, range(6), 3)
+    threaded = SequentialTrainer(model, data, parts, local, seed=1, workers=2)
+    assert threaded.workers == 2
+    two = threaded.train(start, range(6), 3)
+    threaded.shutdown()
+    assert list(two) == list(range(6))
+    for n in range(6):
+        assert all(torch.equal(one[n][k], two[n][k]) for k in start)
+    dropout_model = build_model("mobilenetv3", 10, 1, 28)
+    assert SequentialTrainer(dropout_model, data, parts, local, seed=1, workers=2).workers == 1

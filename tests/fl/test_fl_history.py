@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from scaleflu.fl.history import HistoryStore, LinkModel, state_bytes
 from scaleflu.fl.models import build_model, layer_groups
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 from fl_helpers import needs_fmnist
+
 from scaleflu.fl.ray_backend import ray_available
 from scaleflu.fl.run import train
 

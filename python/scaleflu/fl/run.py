@@ -66,6 +66,7 @@ _RESUME_FREE = {
     ("fl", "trainer"),
     ("fl", "eval_batch_size"),
     ("fl", "threads"),
+    ("fl", "workers"),
 }
 
 
@@ -159,6 +160,7 @@ def validate_config(cfg: Mapping[str, Any]) -> None:
     _int(cfg, "fl.eval_every", 1)
     _int(cfg, "fl.eval_batch_size", 1)
     _int(cfg, "fl.threads", 0)
+    _int(cfg, "fl.workers", 1)
     _int(cfg, "fl.ray_num_cpus", 1, none_ok=True)
     _int(cfg, "fl.ray_cpus_per_client", 1)
     _int(cfg, "history.keep_rounds", 1, none_ok=True)
@@ -307,7 +309,9 @@ def _make_trainer(setup: FLSetup, model: nn.Module, local: LocalConfig) -> Any:
             num_cpus=fl["ray_num_cpus"],
             cpus_per_client=int(fl["ray_cpus_per_client"]),
         )
-    return make_trainer(fl["trainer"], model, setup.train, setup.parts, local, seed)
+    return make_trainer(
+        fl["trainer"], model, setup.train, setup.parts, local, seed, int(fl["workers"])
+    )
 
 
 def train(

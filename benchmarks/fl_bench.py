@@ -1,0 +1,317 @@
+"""FedAvg throughput: scaleflu (vmap and sequential trainers) vs Flower simulation vs plain torch.
+
+Setup (the same for every contender): LeNet-5 on FashionMNIST (60000 training images), 100
+clients from a Dirichlet(alpha) split, 10 clients per round, E=1 local epoch, batch 64, SGD
+lr 0.01, one torch intra-op thread per training process. Timed: training and aggregation
+only (no per-round evaluation); each contender's final model is evaluated once afterwards as a
+sanity check. "Steady" rounds/s excludes the first round (warm-up: Ray start, JIT, caches);
+"total" includes start-up.
+
+Flower runs its Simulation Runtime (Ray backend, ``run_simulation``) with the Message API
+FedAvg strategy (``fraction_train=0.1``) and a ClientApp doing the same local SGD as the plain
+loop, with two virtual-client actors (one per core).
+
+Run by hand: ``PYTHONPATH=python .venv/bin/python benchmarks/fl_bench.py [--rounds 20]``;
+writes ``benchmarks/results/fl_bench.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+from scaleflu.config import load_config  # noqa: E402
+from scaleflu.fl.data import load_fashion_mnist, partition_dirichlet  # noqa: E402
+from scaleflu.fl.fedavg import evaluate, select_clients  # noqa: E402
+from scaleflu.fl.models import build_model  # noqa: E402
+from scaleflu.fl.run import train  # noqa: E402
+
+log = logging.getLogger("fl_bench")
+
+NUM_CLIENTS, PER_ROUND, EPOCHS, BATCH, LR, ALPHA, SEED = 100, 10, 1, 64, 0.01, 1.0, 0
+
+
+def _summary(name: str, stamps: list[float], start: float, test_acc: float) -> dict[str, Any]:
+    """Rounds/s from per-round completion timestamps (stamps[0] = start of round 1)."""
+    per_round = np.diff(stamps).tolist()
+    steady = per_round[1:] if len(per_round) > 1 else per_round
+    return {
+        "name": name,
+        "rounds": len(per_round),
+        "steady_s_per_round": statistics.mean(steady),
+        "steady_rounds_per_s": 1.0 / statistics.mean(steady),
+        "first_round_s": per_round[0],
+        "total_s_incl_startup": stamps[-1] - start,
+        "total_rounds_per_s": len(per_round) / (stamps[-1] - start),
+        "test_acc": test_acc,
+    }
+
+
+# ----------------------------------------------------------------------------- scaleflu
+
+
+def bench_scaleflu(trainer: str, rounds: int, workers: int = 1) -> dict[str, Any]:
+    """Our runtime through the public ``train`` API (history store included)."""
+    cfg = load_config(
+        None,
+        [
+            f"seed={SEED}",
+            f"data.num_clients={NUM_CLIENTS}",
+            f"data.alpha={ALPHA}",
+            f"fl.clients_per_round={PER_ROUND}",
+            f"fl.local_epochs={EPOCHS}",
+            f"fl.batch_size={BATCH}",
+            f"fl.lr={LR}",
+            f"fl.rounds={rounds}",
+            f"fl.eval_every={10**6}",
+            f"fl.trainer={trainer}",
+            "fl.threads=1",
+            f"fl.workers={workers}",
+        ],
+    )
+    load_fashion_mnist()  # parse the files before timing (all contenders get data in memory)
+    stamps: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        start = time.perf_counter()
+        result = train(
+            cfg,
+            Path(tmp) / "run",
+            progress=False,
+            callbacks=[lambda t, row: stamps.append(time.perf_counter())],
+        )
+    # Round 1 began wall_s (its own measured time) before its completion stamp.
+    round1_start = stamps[0] - result.metrics[0]["wall_s"]
+    name = f"scaleflu-{trainer}" + (f"-{workers}threads" if workers > 1 else "")
+    return _summary(name, [round1_start, *stamps], start, result.final_acc)
+
+
+# ----------------------------------------------------------------------------- plain torch
+
+
+def _local_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, seed: int) -> None:
+    """Textbook local training: DataLoader-free shuffled minibatch SGD over in-memory tensors."""
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    g = torch.Generator().manual_seed(seed)
+    model.train()
+    for _ in range(EPOCHS):
+        perm = torch.randperm(len(x), generator=g)
+        for i in range(0, len(x), BATCH):
+            b = perm[i : i + BATCH]
+            opt.zero_grad()
+            F.cross_entropy(model(x[b]), y[b]).backward()
+            opt.step()
+
+
+def bench_plain(rounds: int) -> dict[str, Any]:
+    """A plain sequential PyTorch FedAvg loop (no history, no framework)."""
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    train_set, test_set = load_fashion_mnist()
+    parts = partition_dirichlet(train_set.labels.numpy(), NUM_CLIENTS, ALPHA, SEED)
+    x_all, y_all = train_set.inputs(), train_set.labels
+    torch.manual_seed(SEED)
+    model = build_model("lenet", 10, 1, 28)
+    glob = {k: v.clone() for k, v in model.state_dict().items()}
+    stamps = [time.perf_counter()]
+    for t in range(1, rounds + 1):
+        clients = select_clients(SEED, t, NUM_CLIENTS, PER_ROUND)
+        total = sum(len(parts[n]) for n in clients)
+        acc = {k: torch.zeros_like(v) for k, v in glob.items()}
+        for n in clients:
+            model.load_state_dict(glob)
+            idx = torch.as_tensor(parts[n])
+            _local_sgd(model, x_all[idx], y_all[idx], seed=t * 1000 + n)
+            w = len(parts[n]) / total
+            for k, v in model.state_dict().items():
+                acc[k] += w * v
+        glob = acc
+        stamps.append(time.perf_counter())
+    model.load_state_dict(glob)
+    return _summary("plain-torch", stamps, start, evaluate(model, test_set)["acc"])
+
+
+# ----------------------------------------------------------------------------- Flower
+
+
+def _flower_apps(rounds: int, stamps: list[float]) -> tuple[Any, Any, list[Any]]:
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+
+    client_app = ClientApp()
+    cache: dict[str, Any] = {}
+
+    @client_app.train()
+    def client_train(msg: Message, context: Context) -> Message:
+        torch.set_num_threads(1)
+        if "x" not in cache:  # once per actor process: data in memory like everyone else
+            train_set, _ = load_fashion_mnist()
+            cache["x"], cache["y"] = train_set.inputs(), train_set.labels
+            cache["parts"] = partition_dirichlet(train_set.labels.numpy(), NUM_CLIENTS, ALPHA, SEED)
+            cache["model"] = build_model("lenet", 10, 1, 28)
+        pid = int(context.node_config["partition-id"])
+        model = cache["model"]
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        idx = torch.as_tensor(cache["parts"][pid])
+        _local_sgd(model, cache["x"][idx], cache["y"][idx], seed=pid)
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord(model.state_dict()),
+                "metrics": MetricRecord({"num-examples": len(idx)}),
+            }
+        )
+        return Message(content=content, reply_to=msg)
+
+    server_app = ServerApp()
+    final: list[Any] = []
+
+    @server_app.main()
+    def server_main(grid: Grid, context: Context) -> None:
+        torch.manual_seed(SEED)
+        model = build_model("lenet", 10, 1, 28)
+        strategy = FedAvg(
+            fraction_train=PER_ROUND / NUM_CLIENTS,
+            fraction_evaluate=0.0,
+            min_train_nodes=PER_ROUND,
+            min_available_nodes=NUM_CLIENTS,
+        )
+
+        def timer(server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
+            stamps.append(time.perf_counter())  # before round 1 and after every round
+            return None
+
+        result = strategy.start(
+            grid=grid,
+            initial_arrays=ArrayRecord(model.state_dict()),
+            num_rounds=rounds,
+            evaluate_fn=timer,
+        )
+        final.append(result.arrays.to_torch_state_dict())
+
+    return server_app, client_app, final
+
+
+def bench_flower(rounds: int) -> dict[str, Any]:
+    """Flower's Simulation Runtime (Ray backend), 100 virtual SuperNodes."""
+    from flwr.simulation import run_simulation
+
+    paths = [str(ROOT / "python"), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    import fl_bench as me  # the apps must be importable by the Ray actors (not __main__)
+
+    stamps: list[float] = []
+    server_app, client_app, final = me._flower_apps(rounds, stamps)
+    start = time.perf_counter()
+    run_simulation(
+        server_app=server_app,
+        client_app=client_app,
+        num_supernodes=NUM_CLIENTS,
+        backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"num_cpus": os.cpu_count() or 2, "include_dashboard": False},
+        },
+    )
+    _, test_set = load_fashion_mnist()
+    model = build_model("lenet", 10, 1, 28)
+    model.load_state_dict(final[0])
+    return _summary("flower-simulation", stamps, start, evaluate(model, test_set)["acc"])
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> int:
+    """Run the contenders (interleaved when repeated) and write the JSON report."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=["vmap", "sequential", "sequential2", "plain", "flower"],
+        help="subset of: vmap sequential sequential2 plain flower",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "benchmarks" / "results" / "fl_bench.json"
+    )
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    runners = {
+        "vmap": lambda: bench_scaleflu("vmap", args.rounds),
+        "sequential": lambda: bench_scaleflu("sequential", args.rounds),
+        "sequential2": lambda: bench_scaleflu("sequential", args.rounds, workers=2),
+        "plain": lambda: bench_plain(args.rounds),
+        "flower": lambda: bench_flower(args.rounds),
+    }
+    runs: list[dict[str, Any]] = []
+    for rep in range(args.repeat):
+        for key in args.only:
+            res = runners[key]()
+            res["repeat"] = rep
+            log.info("%s", json.dumps(res))
+            runs.append(res)
+    best: dict[str, dict[str, Any]] = {}
+    for r in runs:  # per contender, the repetition with the best steady rate
+        if (
+            r["name"] not in best
+            or r["steady_rounds_per_s"] > best[r["name"]]["steady_rounds_per_s"]
+        ):
+            best[r["name"]] = r
+    flower = best.get("flower-simulation")
+    speedups = {}
+    if flower:
+        for name, r in best.items():
+            speedups[name] = {
+                "steady_vs_flower": r["steady_rounds_per_s"] / flower["steady_rounds_per_s"],
+                "total_vs_flower": r["total_rounds_per_s"] / flower["total_rounds_per_s"],
+            }
+    report = {
+        "setup": {
+            "model": "lenet",
+            "dataset": "fashion_mnist",
+            "num_clients": NUM_CLIENTS,
+            "clients_per_round": PER_ROUND,
+            "local_epochs": EPOCHS,
+            "batch_size": BATCH,
+            "lr": LR,
+            "dirichlet_alpha": ALPHA,
+            "rounds": args.rounds,
+            "torch_threads_per_process": 1,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "load_avg_at_end": os.getloadavg(),
+        },
+        "runs": runs,
+        "best": best,
+        "speedup": speedups,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2))
+    log.info("wrote %s", args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
