@@ -314,6 +314,10 @@ def test_int8_scale_and_sparse_index_validation() -> None:
         decode_message(_recrc(b[: o + 12] + struct.pack(">f", -1.0) + b[o + 16 :]), reference=ref)
     out = decode_tensors(b, reference=ref)
     np.testing.assert_allclose(out["w"], new["w"], atol=5.0 / 254 + 1e-6)
+    huge = b[: o - 9] + b"\x03" + b[o - 8 : o - 4] + b"\xff\xff\xff\xff" * 2 + b[o - 4 :]
+    huge = huge[:20] + struct.pack(">I", len(huge) - 4 - wire.HEADER_SIZE) + huge[24:]
+    with pytest.raises(ShapeMismatchError, match="2\\*\\*48"):  # sparse record, absurd shape
+        decode_message(_recrc(huge), reference=ref)
 
 
 def test_size_limit() -> None:
@@ -362,3 +366,20 @@ def test_torch_helpers_round_trip() -> None:
         assert torch.equal(back[k], v)
     with pytest.raises(TypeError):
         wire.state_dict_to_numpy({"b": torch.ones(1, dtype=torch.bfloat16)})
+
+
+@settings(max_examples=300, deadline=None)
+@given(sd=state_dicts(), enc=st.sampled_from(list(Encoding)), data=st.data())
+def test_mutated_delta_messages_raise_only_wire_errors(
+    sd: dict, enc: Encoding, data: st.DataObject
+) -> None:
+    ref = {k: np.zeros_like(v) for k, v in sd.items()}
+    b = bytearray(encode_tensors(sd, encoding=enc, groups=4, reference=ref))
+    for _ in range(data.draw(st.integers(1, 4))):
+        i = data.draw(st.integers(0, len(b) - 5))
+        b[i] = data.draw(st.integers(0, 255))
+    body = bytes(b[:-4])
+    try:
+        decode_message(body + struct.pack(">I", zlib.crc32(body)), reference=ref)
+    except WireError:
+        pass

@@ -56,6 +56,7 @@ DEFAULT_MAX_MESSAGE_SIZE = 256 * 1024 * 1024
 MAX_NAME_BYTES = 1024
 MAX_NDIM = 32
 DEFAULT_GROUPS = 8
+MAX_ELEMENTS = 2**48  # keeps group arithmetic inside int64 for any shape a sparse record names
 
 FLAG_TENSORS = 0x0001
 FLAG_DELTA = 0x0002
@@ -479,6 +480,8 @@ def _decode_record(
     n = 1
     for d in shape:
         n *= d
+    if n > MAX_ELEMENTS:
+        raise ShapeMismatchError(f"tensor {name!r}: shape {shape} has more than 2**48 elements")
     (G,) = rd.unpack(">I", "group count")
     if (n == 0 and G != 0) or (n > 0 and not 1 <= G <= n):
         raise ShapeMismatchError(f"tensor {name!r}: {G} groups for {n} elements")
@@ -520,7 +523,8 @@ def _decode_record(
     if enc == Encoding.INT8:
         assert scales is not None
         vals = vals.astype(np.float32) * np.repeat(scales, sizes)
-    vals = vals.astype(dtype.newbyteorder("="), copy=True)
+    with np.errstate(over="ignore"):  # a float32 value beyond float16 range decodes to inf
+        vals = vals.astype(dtype.newbyteorder("="), copy=True)
     if idx is None:
         return name, vals.reshape(shape)
     if reference is None:
