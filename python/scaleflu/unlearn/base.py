@@ -1,0 +1,446 @@
+"""What every unlearning method shares: the context, the result schema, the Unlearner interface.
+
+A method is an object with a ``name`` and ``run(ctx) -> UnlearnResult``. The
+:class:`UnlearnContext` holds the trained run (config, data, partitions, history, final and
+initial models), the resolved request, the evaluation sets, and helpers: FedAvg rounds with the
+remaining clients (:meth:`UnlearnContext.fedavg_rounds`, the FL runtime's own trainer and
+aggregation) and :meth:`UnlearnContext.make_result`, which measures a model with every metric
+so a method only produces the model and its costs.
+
+Result schema (``UnlearnResult.to_dict()``, ``schema: 1``) -- documented in docs/scale.md:
+``method, mode, request{...}, protocol, run_dir, metrics{test_acc, ra, fa, fr, fa_protocol,
+fa_clean, backdoor_asr, fa_class_test, ra_class_test, mia_loss_member_rate, mia_loss_auc,
+mia_entropy_member_rate, mia_entropy_auc, relearn_rounds}, original{same keys for the model
+before unlearning}, cost{wall_s, bytes, link_s, fl_rounds, steps, overhead}, aoi{mean_s,
+mean_rounds, mean_s_all, mean_rounds_all, sum_s_trace}, details{...method specific},
+config{...}, model_path, created``.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+from torch import nn
+
+from scaleflu.config import ConfigError, default_config, merge
+from scaleflu.fl.data import ImageData, triggered_test_set
+from scaleflu.fl.fedavg import LocalConfig, aggregate, make_trainer, select_clients
+from scaleflu.fl.history import state_bytes
+from scaleflu.fl.run import LoadedRun, load_run
+from scaleflu.unlearn.aoi import AoITracker, changed_groups
+from scaleflu.unlearn.metrics import (
+    communication_overhead,
+    evaluate_model,
+    predict,
+    relearn_rounds,
+    true_label_probs,
+)
+from scaleflu.unlearn.request import ResolvedRequest, parse_request, resolve_request
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+MODES = ("default", "paper")
+State = dict[str, torch.Tensor]
+
+
+@dataclass
+class UnlearnResult:
+    """One unlearning run's outcome in the shared JSON schema (see the module docstring)."""
+
+    method: str
+    mode: str | None
+    request: dict[str, Any]
+    protocol: str
+    run_dir: str
+    metrics: dict[str, Any]
+    original: dict[str, Any]
+    cost: dict[str, Any]
+    aoi: dict[str, Any]
+    details: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    model_path: str | None = None
+    created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    schema: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (NaN becomes None)."""
+        return _clean(asdict(self))
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """The result as a JSON string."""
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`to_json` to ``path``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> UnlearnResult:
+        """Rebuild from :meth:`to_dict` output."""
+        return cls(**dict(data))
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, np.generic):
+        obj = obj.item()
+    if isinstance(obj, float) and not np.isfinite(obj):
+        return None
+    return obj
+
+
+@runtime_checkable
+class Unlearner(Protocol):
+    """An unlearning method: ``run`` turns a context into a result."""
+
+    name: str
+
+    def run(self, ctx: UnlearnContext) -> UnlearnResult:
+        """Unlearn ``ctx.request`` from ``ctx.run`` and measure the outcome."""
+        ...
+
+
+@dataclass
+class RoundsCost:
+    """Link and time cost of FedAvg rounds run during unlearning."""
+
+    rounds: int = 0
+    bytes: int = 0
+    link_s: float = 0.0
+    wall_s: float = 0.0
+
+
+def resolve_unlearn_config(
+    run_cfg: Mapping[str, Any],
+    path: str | Path | None = None,
+    overrides: list[str] | tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """The run's config with current ``scale`` defaults filled in and user scale settings on top.
+
+    Only ``scale.*`` may differ from the run: data, model and FL settings belong to the run.
+    """
+    from scaleflu.config import _read_file, parse_override
+
+    cfg = copy.deepcopy(dict(run_cfg))
+    scale = default_config()["scale"]
+    _deep_update(scale, cfg.get("scale") or {})
+    cfg["scale"] = scale
+    updates: list[Mapping[str, Any]] = []
+    if path is not None:
+        updates.append(_read_file(Path(path)))
+    updates += [parse_override(o) for o in overrides]
+    for upd in updates:
+        for key, value in upd.items():
+            if key == "scale":
+                continue
+            if key not in cfg or merge({key: cfg[key]}, {key: value}) != {key: cfg[key]}:
+                raise ConfigError(
+                    f"unlearn settings may only change scale.*; {key} differs from the run "
+                    "(train a new run to change it)"
+                )
+        if "scale" in upd:
+            cfg = merge(cfg, {"scale": upd["scale"]})
+    return cfg
+
+
+def _deep_update(base: dict[str, Any], upd: Mapping[str, Any]) -> None:
+    for k, v in upd.items():
+        if isinstance(v, Mapping) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v)
+        else:
+            base[k] = copy.deepcopy(v)
+
+
+class UnlearnContext:
+    """A trained run plus a resolved request, evaluation sets and shared helpers."""
+
+    def __init__(
+        self,
+        run: LoadedRun,
+        request: ResolvedRequest,
+        cfg: Mapping[str, Any],
+        mode: str = "default",
+        progress: bool = True,
+    ) -> None:
+        """Build evaluation sets (validation split, D_u, D_r, triggered test) for ``request``."""
+        if mode not in MODES:
+            raise ConfigError(f"unlearn mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.run = run
+        self.request = request
+        self.cfg: dict[str, Any] = dict(cfg)
+        self.mode = mode
+        self.progress = progress
+        self.seed = int(self.cfg["seed"])
+        sc = self.cfg["scale"]
+        setup = run.setup
+        # Server-side validation set (MEC assumption: the edge server holds a small public
+        # set from the task's distribution): a seeded slice of the test set, left out of the
+        # test metrics so no method is scored on what it tuned on.
+        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 41]))
+        perm = rng.permutation(len(setup.test))
+        n_val = min(int(sc["val_size"]), len(setup.test) // 2)
+        self.val: ImageData = setup.test.subset(np.sort(perm[:n_val]))
+        self.test: ImageData = setup.test.subset(np.sort(perm[n_val:]))
+        self.triggered: ImageData | None = None
+        if len(setup.poison.backdoor_indices):
+            self.triggered = triggered_test_set(
+                self.test, setup.poison.target_label, setup.poison.trigger_size
+            )
+        self.forget_idx = request.forget_indices
+        self.remaining_idx = request.remaining_indices
+        self.forget: ImageData = setup.train.subset(self.forget_idx)
+        self.forget_clean: ImageData = setup.clean_train.subset(self.forget_idx)
+        cap = int(sc["eval"]["max_samples"])
+        self.remaining: ImageData = setup.train.subset(self._cap(self.remaining_idx, cap, 42))
+        mia_n = int(sc["eval"]["mia_samples"])
+        self.members: ImageData = setup.train.subset(self._cap(self.remaining_idx, mia_n, 43))
+        self.nonmembers: ImageData = self.test.subset(
+            self._cap(np.arange(len(self.test)), mia_n, 44)
+        )
+        self.groups = run.history.groups
+        self.link = run.history.link
+        self._original_metrics: dict[str, Any] | None = None
+        self._p_old: torch.Tensor | None = None
+
+    @staticmethod
+    def _cap(idx: np.ndarray, cap: int, tag: int) -> np.ndarray:
+        if len(idx) <= cap:
+            return idx
+        rng = np.random.default_rng(np.random.SeedSequence([0, tag]))
+        return np.sort(rng.choice(idx, size=cap, replace=False))
+
+    @classmethod
+    def from_run_dir(
+        cls,
+        run_dir: str | Path,
+        request: str,
+        mode: str = "default",
+        config: str | Path | None = None,
+        overrides: list[str] | tuple[str, ...] = (),
+        progress: bool = True,
+        run: LoadedRun | None = None,
+    ) -> UnlearnContext:
+        """Load the run (unless given), resolve the config and the request text."""
+        run = run if run is not None else load_run(run_dir)
+        cfg = resolve_unlearn_config(run.cfg, config, overrides)
+        setup = run.setup
+        resolved = resolve_request(
+            parse_request(request),
+            setup.parts,
+            setup.train.labels,
+            setup.train.num_classes,
+            setup.poison.backdoor_indices,
+            setup.poison.flipped_indices,
+            int(cfg["seed"]),
+        )
+        return cls(run, resolved, cfg, mode, progress)
+
+    # -- models --------------------------------------------------------------------------
+
+    @property
+    def scale_cfg(self) -> dict[str, Any]:
+        """The ``scale`` config section."""
+        return self.cfg["scale"]
+
+    def original_state(self) -> State:
+        """The trained global model Theta (a copy)."""
+        return {k: v.detach().clone() for k, v in self.run.model.state_dict().items()}
+
+    def initial_state(self) -> State:
+        """The run's initial model Theta[1] (a copy)."""
+        return {k: v.detach().clone() for k, v in self.run.setup.model.state_dict().items()}
+
+    def new_model(self, state: Mapping[str, torch.Tensor] | None = None) -> nn.Module:
+        """A fresh model of the run's architecture, loaded with ``state`` when given."""
+        model = self.run.setup.new_model()
+        if state is not None:
+            model.load_state_dict(dict(state))
+        return model
+
+    def local_config(self, epochs: int | None = None) -> LocalConfig:
+        """The run's local SGD settings (optionally another epoch count)."""
+        fl = self.cfg["fl"]
+        return LocalConfig(
+            int(epochs if epochs is not None else fl["local_epochs"]),
+            float(fl["lr"]),
+            int(fl["batch_size"]),
+            float(fl["momentum"]),
+        )
+
+    # -- FedAvg with the remaining clients -----------------------------------------------
+
+    def fedavg_rounds(
+        self,
+        state: Mapping[str, torch.Tensor],
+        rounds: int,
+        first_round: int,
+        local: LocalConfig | None = None,
+        aoi: AoITracker | None = None,
+        desc: str = "FedAvg",
+    ) -> tuple[State, RoundsCost]:
+        """Run FedAvg rounds ``first_round..`` on D_r (the run's selection, minus removed clients).
+
+        Uses the FL runtime's trainer and aggregation; clients keep their round-t selection
+        seeds, so Retrain selects exactly as the original run did. Updates ``aoi`` if given.
+        """
+        from tqdm import tqdm
+
+        fl = self.cfg["fl"]
+        local = local or self.local_config()
+        parts = self.request.remaining
+        sizes = {n: len(p) for n, p in enumerate(parts)}
+        model = self.new_model()
+        kind = fl["trainer"] if fl["backend"] == "local" else "auto"
+        trainer = make_trainer(kind, model, self.run.setup.train, parts, local, self.seed)
+        cur = {k: v.detach().clone() for k, v in state.items()}
+        cost = RoundsCost()
+        t0 = time.perf_counter()
+        model_bytes = state_bytes(cur)
+        for t in tqdm(
+            range(first_round, first_round + rounds),
+            desc=desc,
+            unit="round",
+            disable=not self.progress,
+            leave=False,
+        ):
+            chosen = select_clients(self.seed, t, len(parts), int(fl["clients_per_round"]))
+            clients = [n for n in chosen if sizes[n] > 0]
+            if not clients:
+                continue
+            states = trainer.train(cur, clients, t)
+            new = aggregate(states, {n: sizes[n] for n in clients})
+            link_s = self.link.seconds(model_bytes)
+            nbytes = model_bytes
+            if self.link.count_uplink:
+                link_s += len(clients) * self.link.seconds(model_bytes)
+                nbytes += len(clients) * model_bytes
+            if aoi is not None:
+                aoi.full_round(link_s, changed_groups(cur, new, self.groups, self.link_tol))
+            cur = new
+            cost.rounds += 1
+            cost.bytes += nbytes
+            cost.link_s += link_s
+        cost.wall_s = time.perf_counter() - t0
+        return cur, cost
+
+    @property
+    def link_tol(self) -> float:
+        """Tolerance above which a parameter group counts as updated."""
+        return float(self.run.history.update_tol)
+
+    # -- measuring -----------------------------------------------------------------------
+
+    def _old_probs(self) -> torch.Tensor:
+        if self._p_old is None:
+            model = self.new_model(self.original_state())
+            self._p_old = true_label_probs(predict(model, self.forget), self.forget.labels)
+        return self._p_old
+
+    def evaluate(self, state: Mapping[str, torch.Tensor], relearn: bool = True) -> dict[str, Any]:
+        """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`)."""
+        model = self.new_model(state)
+        setup = self.run.setup
+        out = evaluate_model(
+            model,
+            test=self.test,
+            remaining=self.remaining,
+            forget=self.forget,
+            forget_clean=self.forget_clean,
+            nonmembers=self.nonmembers,
+            members=self.members,
+            protocol=self.request.protocol,
+            p_old_forget=self._old_probs(),
+            triggered=self.triggered,
+            target_label=setup.poison.target_label if self.triggered is not None else None,
+            classes=list(self.request.request.classes) if self.request.kind == "class" else [],
+        )
+        out["relearn_rounds"] = None
+        ev = self.scale_cfg["eval"]
+        if relearn and int(ev["relearn_max_rounds"]) > 0:
+            target = float(ev["relearn_target"]) * float(self.original_metrics()["fa"] or 0.0)
+            out["relearn_rounds"] = relearn_rounds(
+                model,
+                state,
+                setup.train,
+                self.forget_idx,
+                target,
+                self.local_config(1),
+                self.seed,
+                int(ev["relearn_max_rounds"]),
+            )
+        return out
+
+    def original_metrics(self) -> dict[str, Any]:
+        """Metrics of the model before unlearning (cached)."""
+        if self._original_metrics is None:
+            self._original_metrics = self.evaluate(self.original_state(), relearn=False)
+        return self._original_metrics
+
+    def make_result(
+        self,
+        method: str,
+        state: Mapping[str, torch.Tensor],
+        *,
+        wall_s: float,
+        bytes_: int,
+        link_s: float,
+        fl_rounds: int,
+        aoi: AoITracker,
+        top_layers: list[str] | None = None,
+        steps: int = 0,
+        sum_aoi_trace: list[float] | None = None,
+        details: Mapping[str, Any] | None = None,
+        mode: str | None = None,
+    ) -> UnlearnResult:
+        """Measure ``state`` and pack the result (costs are the method's own)."""
+        metrics = self.evaluate(state)
+        sc = self.scale_cfg
+        sel = aoi.mean(top_layers) if top_layers else aoi.mean()
+        every = aoi.mean()
+        aoi_out = {
+            "mean_s": sel["aoi_s"],
+            "mean_rounds": sel["aoi_rounds"],
+            "mean_s_all": every["aoi_s"],
+            "mean_rounds_all": every["aoi_rounds"],
+            "layers": list(top_layers) if top_layers else None,
+            "sum_s_trace": list(sum_aoi_trace or []),
+        }
+        cost = {
+            "wall_s": wall_s,
+            "bytes": int(bytes_),
+            "link_s": link_s,
+            "fl_rounds": fl_rounds,
+            "steps": steps,
+            "overhead": communication_overhead(
+                link_s, sel["aoi_s"], float(sc["comm_a"]), float(sc["comm_b"])
+            ),
+        }
+        return UnlearnResult(
+            method=method,
+            mode=mode,
+            request=self.request.to_json(),
+            protocol=self.request.protocol,
+            run_dir=str(self.run.run_dir),
+            metrics=metrics,
+            original=self.original_metrics(),
+            cost=cost,
+            aoi=aoi_out,
+            details=dict(details or {}),
+            config={"scale": copy.deepcopy(sc), "fl": copy.deepcopy(self.cfg["fl"])},
+        )

@@ -1,0 +1,211 @@
+"""Unlearning metrics and audits: RA, FA, FR, MIA, backdoor success, relearn time, overhead.
+
+* RA, FA, FR: the paper's equations (Sec. V-B) on D_r and D_u *as the clients hold them*
+  (a triggered sample carries the target label, a flipped one its wrong label).
+* ``fa_protocol`` (GUIDE 3.6): backdoor -> attack success on the *triggered test set* (true
+  label != target); class -> accuracy on the test images of the forgotten classes;
+  label_flip / clean -> FA. ``fa_clean`` is the accuracy on D_u's clean images and true labels.
+* MIA: members = remaining training samples, non-members = held-out test samples. A 1-D
+  threshold attack is fitted on the per-sample loss (loss-threshold MIA) and on the prediction
+  entropy (the entropy feature of the SVC MIA used in unlearning papers; a linear SVC on one
+  feature is a threshold), then applied to D_u: ``mia_*_member_rate`` is the share of D_u
+  called "member"; ``mia_*_auc`` the AUC separating D_u from non-members (0.5: no trace).
+* relearn time: rounds of fine-tuning on D_u (one local epoch each, the run's SGD settings)
+  until FA reaches ``relearn_target`` x the original model's FA.
+* communication overhead ``C = a * C_t + b * E[A_g]`` with C_t in link seconds (bytes are
+  reported too) and E[A_g] the mean AoI in seconds over the sensitive layers' groups.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from scaleflu.fl.data import ImageData
+from scaleflu.fl.fedavg import LocalConfig, train_client
+
+log = logging.getLogger(__name__)
+
+
+@torch.no_grad()
+def predict(model: nn.Module, data: ImageData, batch_size: int = 1000) -> torch.Tensor:
+    """Softmax probabilities of ``model`` on every sample of ``data`` (eval mode)."""
+    was = model.training
+    model.eval()
+    out = []
+    for start in range(0, len(data), batch_size):
+        out.append(F.softmax(model(data.inputs(slice(start, start + batch_size))), dim=1))
+    model.train(was)
+    if not out:
+        return torch.empty(0, data.num_classes)
+    return torch.cat(out)
+
+
+def accuracy_from_probs(probs: torch.Tensor, labels: torch.Tensor) -> float | None:
+    """Share of argmax predictions equal to ``labels`` (None on an empty set)."""
+    if len(labels) == 0:
+        return None
+    return float((probs.argmax(1) == labels).float().mean())
+
+
+def forgetting_rate(p_new: torch.Tensor, p_old: torch.Tensor, eps: float = 1e-12) -> float:
+    """FR = 1 - mean_{D_u} P_new(y|x) / P_old(y|x) (the paper's Eq., authors' semantics)."""
+    if len(p_new) == 0:
+        return float("nan")
+    return float(1.0 - (p_new / p_old.clamp_min(eps)).mean())
+
+
+def true_label_probs(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """P(y|x) for the given labels."""
+    return probs.gather(1, labels.view(-1, 1)).flatten()
+
+
+def _losses(probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+    return (-true_label_probs(probs, labels).clamp_min(1e-12).log()).numpy()
+
+
+def _entropy(probs: torch.Tensor) -> np.ndarray:
+    p = probs.clamp_min(1e-12)
+    return (-(p * p.log()).sum(1)).numpy()
+
+
+def auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """Probability that a random ``pos`` score exceeds a random ``neg`` score (ties half)."""
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    allv = np.concatenate([pos, neg])
+    order = allv.argsort(kind="mergesort")
+    ranks = np.empty(len(allv))
+    sorted_v = allv[order]
+    i = 0
+    while i < len(allv):  # average ranks of ties
+        j = i
+        while j + 1 < len(allv) and sorted_v[j + 1] == sorted_v[i]:
+            j += 1
+        ranks[order[i : j + 1]] = (i + j) / 2.0 + 1.0
+        i = j + 1
+    r_pos = ranks[: len(pos)].sum()
+    return float((r_pos - len(pos) * (len(pos) + 1) / 2.0) / (len(pos) * len(neg)))
+
+
+def fit_threshold(members: np.ndarray, nonmembers: np.ndarray) -> float:
+    """Threshold t maximising balanced accuracy of "member if score <= t" (low loss = member)."""
+    cand = np.unique(np.concatenate([members, nonmembers]))
+    if len(cand) > 512:
+        cand = np.quantile(cand, np.linspace(0, 1, 512))
+    best_t, best = float(cand[0]), -1.0
+    for t in cand:
+        bal = 0.5 * ((members <= t).mean() + (nonmembers > t).mean())
+        if bal > best:
+            best, best_t = bal, float(t)
+    return best_t
+
+
+def mia(
+    scores_members: np.ndarray, scores_nonmembers: np.ndarray, scores_target: np.ndarray
+) -> dict[str, float]:
+    """Threshold MIA fitted on members/non-members and applied to the target set."""
+    t = fit_threshold(scores_members, scores_nonmembers)
+    return {
+        "member_rate": float((scores_target <= t).mean()) if len(scores_target) else float("nan"),
+        "auc": auc(-scores_target, -scores_nonmembers),
+        "threshold": t,
+    }
+
+
+def relearn_rounds(
+    model: nn.Module,
+    state: Mapping[str, torch.Tensor],
+    data: ImageData,
+    forget_idx: np.ndarray,
+    target_fa: float,
+    local: LocalConfig,
+    seed: int,
+    max_rounds: int,
+) -> int | None:
+    """Rounds of one-epoch fine-tuning on D_u until FA >= ``target_fa`` (None: not reached)."""
+    if len(forget_idx) == 0 or max_rounds < 1:
+        return None
+    forget = data.subset(forget_idx)
+    cur = {k: v.clone() for k, v in state.items()}
+    model.load_state_dict(cur)
+    if (accuracy_from_probs(predict(model, forget), forget.labels) or 0.0) >= target_fa:
+        return 0
+    one = LocalConfig(1, local.lr, local.batch_size, local.momentum)
+    for r in range(1, max_rounds + 1):
+        cur = train_client(model, cur, forget_idx, data, one, seed, 10_000 + r, 0)
+        model.load_state_dict(cur)
+        if (accuracy_from_probs(predict(model, forget), forget.labels) or 0.0) >= target_fa:
+            return r
+    return None
+
+
+def evaluate_model(
+    model: nn.Module,
+    *,
+    test: ImageData,
+    remaining: ImageData,
+    forget: ImageData,
+    forget_clean: ImageData,
+    nonmembers: ImageData,
+    members: ImageData,
+    protocol: str,
+    p_old_forget: torch.Tensor,
+    triggered: ImageData | None,
+    target_label: int | None,
+    classes: list[int],
+) -> dict[str, Any]:
+    """Every accuracy-type metric and the MIAs of ``model`` (see the module docstring)."""
+    p_test = predict(model, test)
+    p_rem = predict(model, remaining)
+    p_forget = predict(model, forget)
+    p_fclean = predict(model, forget_clean)
+    out: dict[str, Any] = {
+        "test_acc": accuracy_from_probs(p_test, test.labels),
+        "ra": accuracy_from_probs(p_rem, remaining.labels),
+        "fa": accuracy_from_probs(p_forget, forget.labels),
+        "fr": forgetting_rate(true_label_probs(p_forget, forget.labels), p_old_forget),
+        "fa_clean": accuracy_from_probs(p_fclean, forget_clean.labels),
+        "backdoor_asr": None,
+        "fa_class_test": None,
+        "ra_class_test": None,
+    }
+    if triggered is not None and target_label is not None and len(triggered):
+        p_trig = predict(model, triggered)
+        out["backdoor_asr"] = float((p_trig.argmax(1) == target_label).float().mean())
+    if classes:
+        in_cls = torch.isin(test.labels, torch.as_tensor(classes))
+        out["fa_class_test"] = accuracy_from_probs(p_test[in_cls], test.labels[in_cls])
+        out["ra_class_test"] = accuracy_from_probs(p_test[~in_cls], test.labels[~in_cls])
+    if protocol == "backdoor":
+        out["fa_protocol"] = out["backdoor_asr"]
+    elif protocol == "class":
+        out["fa_protocol"] = out["fa_class_test"]
+    else:
+        out["fa_protocol"] = out["fa"]
+    p_mem = predict(model, members)
+    p_non = predict(model, nonmembers)
+    loss = mia(
+        _losses(p_mem, members.labels),
+        _losses(p_non, nonmembers.labels),
+        _losses(p_forget, forget.labels),
+    )
+    ent = mia(_entropy(p_mem), _entropy(p_non), _entropy(p_forget))
+    out.update(
+        mia_loss_member_rate=loss["member_rate"],
+        mia_loss_auc=loss["auc"],
+        mia_entropy_member_rate=ent["member_rate"],
+        mia_entropy_auc=ent["auc"],
+    )
+    return out
+
+
+def communication_overhead(link_s: float, mean_aoi_s: float, a: float, b: float) -> float:
+    """C = a * C_t + b * E[A_g], both in seconds."""
+    return a * link_s + b * mean_aoi_s

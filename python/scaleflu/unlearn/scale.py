@@ -1,0 +1,280 @@
+"""SCALE (Algorithm 1): Phase I sensitivity, Phase II PPO over the sparsification MDP, rollout.
+
+``paper`` mode follows the equations and the authors' semantics (raw weights, raw scores,
+magnitude pruning, the literal reward, no recovery). ``default`` mode uses historical updates,
+normalised scores, attribution-guided Sparsify, a per-episode budget, a validation utility term
+and optional FedAvg recovery rounds with the remaining clients (GUIDE 3.1-3.5).
+
+After PPO (``scale.ppo.episodes`` x ``scale.episode_steps`` environment steps) the trained
+policy is rolled out deterministically for one episode from Theta to produce Theta'.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from scaleflu.unlearn.aoi import AoITracker
+from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from scaleflu.unlearn.env import EnvSpec, SparsifyEnv
+from scaleflu.unlearn.metrics import accuracy_from_probs, predict
+from scaleflu.unlearn.sensitivity import (
+    SensitivityReport,
+    historical_sensitivity,
+    paper_sensitivity,
+)
+
+log = logging.getLogger(__name__)
+
+
+def phase_one(ctx: UnlearnContext, mode: str) -> SensitivityReport:
+    """Sensitive-layer identification for the request's targets in the given mode."""
+    sc = ctx.scale_cfg
+    from scaleflu.fl.models import sensitivity_layers
+
+    layers = [k for k in sensitivity_layers(ctx.new_model()) if k in ctx.groups]
+    lam, top_m, eps = float(sc["lambda"]), int(sc["top_m"]), float(sc["eps"])
+    history = ctx.run.history
+    if mode == "paper":
+        return paper_sensitivity(history, ctx.request.targets, layers, lam, top_m, eps)
+    sizes = ctx.run.setup.data_sizes
+    shares = {n: ctx.request.forget_share(n, sizes[n]) for n in ctx.request.targets}
+    return historical_sensitivity(history, shares, layers, lam, top_m, eps)
+
+
+class _Utility:
+    """Validation accuracy of Theta with the top-M layers replaced (one model, reused)."""
+
+    def __init__(self, ctx: UnlearnContext, base: Mapping[str, torch.Tensor]) -> None:
+        self.model = ctx.new_model(base)
+        self.model.eval()
+        self.params = dict(self.model.named_parameters())
+        self.x = ctx.val.inputs()
+        self.y = ctx.val.labels
+
+    @torch.no_grad()
+    def __call__(self, layers: Mapping[str, torch.Tensor]) -> float:
+        for k, v in layers.items():
+            self.params[k].copy_(v)
+        return float((self.model(self.x).argmax(1) == self.y).float().mean())
+
+
+def _ppo(env: SparsifyEnv, ctx: UnlearnContext, total_steps: int) -> Any:
+    """Train SB3 PPO with Table I hyper-parameters (config ``scale.ppo``) and a tqdm bar."""
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    p = ctx.scale_cfg["ppo"]
+    n_steps = max(2, min(int(p["n_steps"]), total_steps))
+    batch = max(2, min(int(p["batch_size"]), n_steps))
+
+    class _Bar(BaseCallback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.bar = tqdm(
+                total=total_steps, desc="SCALE PPO", unit="step", disable=not ctx.progress
+            )
+
+        def _on_step(self) -> bool:
+            self.bar.update(1)
+            if env.episode_returns:
+                self.bar.set_postfix(ret=f"{env.episode_returns[-1]:.3f}", refresh=False)
+            return True
+
+        def _on_training_end(self) -> None:
+            self.bar.close()
+
+    model = PPO(
+        "MlpPolicy",
+        env,
+        learning_rate=float(p["learning_rate"]),
+        n_steps=n_steps,
+        batch_size=batch,
+        n_epochs=int(p["epochs"]),
+        gamma=float(p["gamma"]),
+        gae_lambda=float(p["gae_lambda"]),
+        clip_range=float(p["clip_range"]),
+        ent_coef=float(p["ent_coef"]),
+        seed=ctx.seed,
+        device="cpu",
+        verbose=0,
+    )
+    model.learn(total_timesteps=total_steps, callback=_Bar())
+    return model
+
+
+def rollout(env: SparsifyEnv, policy: Any | None) -> list[dict[str, Any]]:
+    """One deterministic episode from Theta (``policy`` None: no action, for tests)."""
+    obs, _ = env.reset()
+    steps: list[dict[str, Any]] = []
+    done = False
+    while not done:
+        if policy is None:
+            break
+        action, _ = policy.predict(obs, deterministic=True)
+        obs, reward, term, trunc, info = env.step(action)
+        steps.append({**info, "reward": reward, "action": np.asarray(action).tolist()})
+        done = term or trunc
+    return steps
+
+
+class ScaleUnlearner:
+    """SCALE as an :class:`~scaleflu.unlearn.base.Unlearner` (mode from the context or given)."""
+
+    name = "scale"
+
+    def __init__(self, mode: str | None = None) -> None:
+        """``mode`` overrides the context's mode (paper | default)."""
+        self.mode = mode
+
+    def run(self, ctx: UnlearnContext) -> UnlearnResult:
+        """Phase I, PPO, deterministic rollout, (default) recovery rounds; measure Theta'."""
+        mode = self.mode or ctx.mode
+        sc = ctx.scale_cfg
+        t0 = time.perf_counter()
+        report = phase_one(ctx, mode)
+        t1 = time.perf_counter()
+        log.info("Phase I (%s): top-%d layers %s", mode, len(report.top), report.top)
+        theta = ctx.original_state()
+        aoi0 = AoITracker.from_history(ctx.run.history)
+        default = mode == "default"
+        utility = _Utility(ctx, theta) if default and float(sc["w_u"]) else None
+        budget = sc["budget"] if default else None
+        spec = EnvSpec(
+            mode=mode,
+            layers=report.top,
+            groups={k: ctx.groups[k] for k in report.top},
+            weights={k: theta[k] for k in report.top},
+            score={k: report.score[k] for k in report.top},
+            aoi=aoi0,
+            G=int(sc["groups_per_layer"]),
+            s_levels=int(sc["s_levels"]),
+            episode_steps=int(sc["episode_steps"]),
+            w_f=float(sc["w_f"]),
+            w_c=float(sc["w_c"]),
+            w_u=float(sc["w_u"]) if default else 0.0,
+            budget=float(budget) if budget is not None else None,
+            attribution={k: report.attribution[k] for k in report.top} if default else {},
+            utility=utility,
+            aoi_unit=str(sc["aoi_unit"]),
+        )
+        env = SparsifyEnv(spec)
+        total = max(1, int(sc["ppo"]["episodes"]) * int(sc["episode_steps"]))
+        policy = _ppo(env, ctx, total)
+        t2 = time.perf_counter()
+        curve = list(env.episode_returns)
+        steps = rollout(env, policy)
+        new_state = dict(theta)
+        for k, v in env.layer_state().items():
+            new_state[k] = v.clone()
+        aoi = env.aoi  # the rollout's AoI state (payload of each step charged to the link)
+        link_s = sum(s["link_s"] for s in steps)
+        nbytes = sum(
+            aoi.payload_bytes([(s["layer"], j) for j in s["changed_groups"]]) for s in steps
+        )
+        trace = list(env.sum_aoi_trace)
+        recovery = {"rounds": 0, "bytes": 0, "link_s": 0.0, "wall_s": 0.0}
+        pre_recovery_acc = None
+        if default and int(sc["recovery_rounds"]) > 0:
+            pre_recovery_acc = accuracy_from_probs(
+                predict(ctx.new_model(new_state), ctx.val), ctx.val.labels
+            )
+            epochs = sc["recovery_local_epochs"]
+            local = ctx.local_config(int(epochs) if epochs is not None else None)
+            T = ctx.run.history.last_completed_round()
+            new_state, cost = ctx.fedavg_rounds(
+                new_state, int(sc["recovery_rounds"]), T + 1, local, aoi, desc="recovery"
+            )
+            recovery = {
+                "rounds": cost.rounds,
+                "bytes": cost.bytes,
+                "link_s": cost.link_s,
+                "wall_s": cost.wall_s,
+            }
+            trace.append(float(aoi.total(report.top)["aoi_s"]))
+        wall = time.perf_counter() - t0
+        details = {
+            "sensitivity": report.to_json(),
+            "phase1_s": t1 - t0,
+            "ppo_s": t2 - t1,
+            "ppo_steps": total,
+            "episode_returns": curve,
+            "episode_infos": env.episode_infos,
+            "rollout": steps,
+            "zeroed_share": env.zeroed_share(),
+            "recovery": recovery,
+            "val_acc_before_recovery": pre_recovery_acc,
+            "action_encoding": (
+                f"MultiDiscrete([{len(report.top)}] + [2]*{spec.G} + [{spec.s_levels}])"
+            ),
+        }
+        res = ctx.make_result(
+            f"scale-{mode}",
+            new_state,
+            wall_s=wall,
+            bytes_=nbytes + recovery["bytes"],
+            link_s=link_s + recovery["link_s"],
+            fl_rounds=recovery["rounds"],
+            aoi=aoi,
+            top_layers=report.top,
+            steps=len(steps),
+            sum_aoi_trace=trace,
+            details=details,
+            mode=mode,
+        )
+        self.state = new_state
+        self.report = report
+        return res
+
+
+def plot_rewards(returns: list[float], path: str | Path, title: str = "") -> Path:
+    """PPO episode return over training episodes, raw and smoothed (the paper's Fig. 3)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    if returns:
+        r = np.asarray(returns, dtype=float)
+        ax.plot(r, alpha=0.35, label="episode return")
+        w = max(1, len(r) // 20)
+        if w > 1:
+            ax.plot(np.arange(w - 1, len(r)), np.convolve(r, np.ones(w) / w, "valid"), label="mean")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("return")
+    ax.set_title(title or "SCALE PPO training")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_sum_aoi(trace: list[float], path: str | Path, title: str = "") -> Path:
+    """Sum AoI (seconds) over the rollout's steps (the paper's Fig. 5)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(range(1, len(trace) + 1), trace, marker="o")
+    ax.set_xlabel("step")
+    ax.set_ylabel("Sum AoI (s)")
+    ax.set_title(title or "Sum AoI over unlearning steps")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

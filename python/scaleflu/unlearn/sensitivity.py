@@ -1,0 +1,330 @@
+"""Phase I of SCALE: per-layer sensitivity to the target (alignment, KL impact, top-M).
+
+For every sensitivity layer l (Conv/Linear weights, :func:`scaleflu.fl.models.sensitivity_layers`):
+
+* alignment ``S^a = -1/2 log(1 - rho^2)`` with rho the Pearson correlation of the target's
+  layer and the global layer; rho^2 is clipped to ``1 - 1e-12`` so identical layers give a
+  large finite score;
+* impact ``S^d = KL(P || Q)`` with ``P_i = (|w_i| + eps) / sum(|w| + eps)`` from W_l and Q from
+  the global layer without the target, W_{l,-n};
+* combined ``S = lambda S^a + (1 - lambda) S^d`` and the top-M layers.
+
+Two input semantics (GUIDE 3.1, 3.2, 6):
+
+* ``paper``: raw weights. W_{l,n} is the target's last local model Theta_{n,E}[t_n] (t_n its last
+  round), W_l the aggregate of that round Theta[t_n + 1], and W_{l,-n} the weighted mean of the
+  round's other local models, ``(sum_j M_j W_l - M_n W_{l,n}) / (sum_j M_j - M_n)``. Raw scores
+  are mixed; several targets average their scores.
+* ``default``: historical updates. U_l = sum over the target's rounds of its update
+  ``Theta_{n,E}[t] - Theta[t]`` (times its forget share |D_u,n|/|D_n| for class and sample
+  requests), correlated with the global updates ``Theta[t+1] - Theta[t]`` summed over the same
+  rounds. The contribution of the target to the final model is
+  ``C_l = sum_t M_n / sum_{C[t]} M_j * share_n * update_{n,t}``; W_l is the final model and
+  W_{l,-n} = W_l - C_l. Each score is divided by its maximum over layers before mixing.
+
+``C_l`` is also the attribution map the default Sparsify uses (GUIDE 3.4).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from scaleflu.fl.history import HistoryStore
+
+log = logging.getLogger(__name__)
+
+RHO2_MAX = 1.0 - 1e-12
+DEFAULT_EPS = 1e-8
+
+Layers = dict[str, torch.Tensor]
+
+
+def pearson(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Pearson correlation of two flattened tensors (0 when either is constant)."""
+    x = a.detach().flatten().double()
+    y = b.detach().flatten().double()
+    if x.numel() != y.numel():
+        raise ValueError(f"correlation of tensors of {x.numel()} and {y.numel()} elements")
+    if x.numel() < 2:
+        return 0.0
+    x = x - x.mean()
+    y = y - y.mean()
+    den = math.sqrt(float((x * x).sum()) * float((y * y).sum()))
+    if den == 0.0:
+        return 0.0
+    return max(-1.0, min(1.0, float((x * y).sum()) / den))
+
+
+def alignment_score(rho: float) -> float:
+    """S^a = -1/2 log(1 - rho^2), rho^2 clipped below 1."""
+    r2 = min(rho * rho, RHO2_MAX)
+    return -0.5 * math.log1p(-r2)
+
+
+def weight_distribution(w: torch.Tensor, eps: float = DEFAULT_EPS) -> torch.Tensor:
+    """P_i = (|w_i| + eps) / sum_k (|w_k| + eps) over a flattened layer (float64)."""
+    a = w.detach().flatten().double().abs() + eps
+    return a / a.sum()
+
+
+def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
+    """KL(P || Q) = sum_i P_i log(P_i / Q_i) of two strictly positive distributions."""
+    return max(0.0, float((p * (p.log() - q.log())).sum()))
+
+
+def impact_score(w: torch.Tensor, w_without: torch.Tensor, eps: float = DEFAULT_EPS) -> float:
+    """S^d: KL between the normalised magnitudes of W_l and of W_{l,-n}."""
+    return kl_divergence(weight_distribution(w, eps), weight_distribution(w_without, eps))
+
+
+@dataclass
+class SensitivityReport:
+    """Per-layer scores, the top-M layers, and (default mode) the attribution map C_l."""
+
+    mode: str
+    layers: list[str]
+    rho: dict[str, float]
+    alignment: dict[str, float]
+    impact: dict[str, float]
+    score: dict[str, float]
+    top: list[str]
+    lam: float
+    eps: float
+    rounds: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    attribution: Layers = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready per-layer table and the selection."""
+        return {
+            "mode": self.mode,
+            "lambda": self.lam,
+            "eps": self.eps,
+            "rounds": self.rounds,
+            "top": self.top,
+            "notes": self.notes,
+            "layers": [
+                {
+                    "layer": name,
+                    "rho": self.rho[name],
+                    "alignment": self.alignment[name],
+                    "impact": self.impact[name],
+                    "score": self.score[name],
+                    "selected": name in self.top,
+                }
+                for name in self.layers
+            ],
+        }
+
+    def save(self, path: str | Path) -> Path:
+        """Write :meth:`to_json` to ``path``."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), indent=2))
+        return path
+
+
+def combine_scores(
+    layers: Sequence[str],
+    alignment: Mapping[str, float],
+    impact: Mapping[str, float],
+    lam: float,
+    normalise: bool,
+) -> dict[str, float]:
+    """S = lambda S^a + (1 - lambda) S^d, each term divided by its layer maximum if asked."""
+    if not 0.0 <= lam <= 1.0:
+        raise ValueError(f"lambda must be in [0, 1], got {lam}")
+    a = {n: float(alignment[n]) for n in layers}
+    d = {n: float(impact[n]) for n in layers}
+    if normalise:
+        ma, md = max(a.values(), default=0.0), max(d.values(), default=0.0)
+        a = {n: v / ma if ma > 0 else 0.0 for n, v in a.items()}
+        d = {n: v / md if md > 0 else 0.0 for n, v in d.items()}
+    return {n: lam * a[n] + (1.0 - lam) * d[n] for n in layers}
+
+
+def top_layers(score: Mapping[str, float], layers: Sequence[str], m: int) -> list[str]:
+    """The top-M layers by score (ties keep forward order)."""
+    if m < 1:
+        raise ValueError(f"top_m must be >= 1, got {m}")
+    order = sorted(range(len(layers)), key=lambda i: (-score[layers[i]], i))
+    return [layers[i] for i in order[: min(m, len(layers))]]
+
+
+def layer_scores(
+    layers: Sequence[str],
+    target: Mapping[str, torch.Tensor],
+    reference: Mapping[str, torch.Tensor],
+    global_layers: Mapping[str, torch.Tensor],
+    without: Mapping[str, torch.Tensor],
+    eps: float = DEFAULT_EPS,
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """(rho, S^a, S^d) per layer: Corr(target, reference) and KL(P(global) || P(without))."""
+    rho, sa, sd = {}, {}, {}
+    for name in layers:
+        rho[name] = pearson(target[name], reference[name])
+        sa[name] = alignment_score(rho[name])
+        sd[name] = impact_score(global_layers[name], without[name], eps)
+    return rho, sa, sd
+
+
+def paper_sensitivity(
+    history: HistoryStore,
+    targets: Sequence[int],
+    layers: Sequence[str],
+    lam: float,
+    top_m: int,
+    eps: float = DEFAULT_EPS,
+) -> SensitivityReport:
+    """Literal Phase I on raw weights of each target's last local model (scores averaged)."""
+    per: list[tuple[dict[str, float], dict[str, float], dict[str, float]]] = []
+    rounds, notes = [], []
+    for n in targets:
+        kept = [t for t in history.client_rounds(n) if history.has_updates(t)]
+        if not kept:
+            notes.append(f"client {n} has no stored local model; left out of Phase I")
+            continue
+        t = kept[-1]
+        rounds.append(t)
+        sizes = history.data_sizes(t)
+        total = float(sum(sizes.values()))
+        glob = history.global_model(t + 1)
+        local = history.client_model(t, n)
+        g = {k: glob[k] for k in layers}
+        w_n = {k: local[k] for k in layers}
+        if total - sizes[n] <= 0:
+            notes.append(f"client {n} was alone in round {t}: W_(l,-n) taken as Theta[t]")
+            start = history.global_model(t)
+            wo = {k: start[k] for k in layers}
+        else:
+            wo = {k: (total * g[k] - sizes[n] * w_n[k]) / (total - sizes[n]) for k in layers}
+        per.append(layer_scores(layers, w_n, g, g, wo, eps))
+    if not per:
+        notes.append("no target has a stored local model: all scores are zero")
+        zero = {k: 0.0 for k in layers}
+        per = [(zero, zero, zero)]
+    rho = {k: sum(p[0][k] for p in per) / len(per) for k in layers}
+    sa = {k: sum(p[1][k] for p in per) / len(per) for k in layers}
+    sd = {k: sum(p[2][k] for p in per) / len(per) for k in layers}
+    score = combine_scores(layers, sa, sd, lam, normalise=False)
+    top = top_layers(score, layers, top_m)
+    return SensitivityReport("paper", list(layers), rho, sa, sd, score, top, lam, eps, rounds, notes)
+
+
+def target_contribution(
+    history: HistoryStore,
+    shares: Mapping[int, float],
+    layers: Sequence[str],
+) -> tuple[Layers, Layers, Layers, list[int], list[str]]:
+    """Accumulated target updates U, global updates G and contribution C over stored rounds.
+
+    ``shares`` maps each target client to the share of its updates attributed to the forget
+    set (1 for client requests). Returns (U, G, C, rounds used, notes).
+    """
+    U = {k: None for k in layers}
+    G = {k: None for k in layers}
+    C = {k: None for k in layers}
+    used, notes = [], []
+    dropped = 0
+    for t in history.rounds():
+        part = history.participants(t)
+        hit = [n for n in shares if n in part and shares[n] > 0]
+        if not hit:
+            continue
+        if not history.has_updates(t):
+            dropped += 1
+            continue
+        sizes = history.data_sizes(t)
+        total = float(sum(sizes.values()))
+        start, end = history.global_model(t), history.global_model(t + 1)
+        for n in hit:
+            upd = history.client_update(t, n)
+            w = float(shares[n])
+            for k in layers:
+                u = upd[k] * w
+                c = u * (sizes[n] / total)
+                U[k] = u if U[k] is None else U[k] + u
+                C[k] = c if C[k] is None else C[k] + c
+        for k in layers:
+            g = end[k] - start[k]
+            G[k] = g if G[k] is None else G[k] + g
+        used.append(t)
+    if dropped:
+        notes.append(f"{dropped} target rounds had their updates dropped (history.keep_rounds)")
+    if not used:
+        notes.append("the targets took part in no stored round: contribution is zero")
+        final = history.final_model()
+        for k in layers:
+            U[k] = torch.zeros_like(final[k])
+            G[k] = torch.zeros_like(final[k])
+            C[k] = torch.zeros_like(final[k])
+    return U, G, C, used, notes  # type: ignore[return-value]
+
+
+def historical_sensitivity(
+    history: HistoryStore,
+    shares: Mapping[int, float],
+    layers: Sequence[str],
+    lam: float,
+    top_m: int,
+    eps: float = DEFAULT_EPS,
+) -> SensitivityReport:
+    """Default Phase I on accumulated historical updates, scores normalised across layers."""
+    U, G, C, used, notes = target_contribution(history, shares, layers)
+    final = history.final_model()
+    W = {k: final[k] for k in layers}
+    W_without = {k: final[k] - C[k] for k in layers}
+    rho, sa, sd = layer_scores(layers, U, G, W, W_without, eps)
+    score = combine_scores(layers, sa, sd, lam, normalise=True)
+    top = top_layers(score, layers, top_m)
+    rep = SensitivityReport(
+        "default", list(layers), rho, sa, sd, score, top, lam, eps, used, notes, attribution=C
+    )
+    return rep
+
+
+def plot_sensitivity(report: SensitivityReport, path: str | Path, title: str = "") -> Path:
+    """Bar chart of S^a, S^d and S per layer, selected layers marked (the paper's Fig. 4)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = report.layers
+    x = range(len(names))
+    sa, sd = dict(report.alignment), dict(report.impact)
+    if report.mode == "default":  # plot what is mixed: each score over its layer maximum
+        ma, md = max(sa.values(), default=0.0), max(sd.values(), default=0.0)
+        sa = {n: v / ma if ma > 0 else 0.0 for n, v in sa.items()}
+        sd = {n: v / md if md > 0 else 0.0 for n, v in sd.items()}
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(names) + 2), 3.6))
+    wdt = 0.27
+    ax.bar([i - wdt for i in x], [sa[n] for n in names], wdt, label="alignment $S^a$")
+    ax.bar(list(x), [sd[n] for n in names], wdt, label="impact $S^d$")
+    ax.bar(
+        [i + wdt for i in x],
+        [report.score[n] for n in names],
+        wdt,
+        label="combined $S$",
+        edgecolor=["k" if n in report.top else "none" for n in names],
+        linewidth=1.5,
+    )
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([n.removesuffix(".weight") for n in names], rotation=45, ha="right")
+    ax.set_ylabel("sensitivity" + (" (normalised)" if report.mode == "default" else ""))
+    ax.set_title(title or f"Layer sensitivity ({report.mode} mode; top-M outlined)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
