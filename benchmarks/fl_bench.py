@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from scaleflu.config import load_config  # noqa: E402
 from scaleflu.fl.data import load_fashion_mnist, partition_dirichlet  # noqa: E402
-from scaleflu.fl.fedavg import evaluate, select_clients  # noqa: E402
+from scaleflu.fl.fedavg import derive_seed, evaluate, select_clients  # noqa: E402
 from scaleflu.fl.models import build_model  # noqa: E402
 from scaleflu.fl.run import train  # noqa: E402
 
@@ -125,7 +125,7 @@ def bench_plain(rounds: int) -> dict[str, Any]:
     train_set, test_set = load_fashion_mnist()
     parts = partition_dirichlet(train_set.labels.numpy(), NUM_CLIENTS, ALPHA, SEED)
     x_all, y_all = train_set.inputs(), train_set.labels
-    torch.manual_seed(SEED)
+    torch.manual_seed(derive_seed(SEED, 0))  # the initial model scaleflu uses
     model = build_model("lenet", 10, 1, 28)
     glob = {k: v.clone() for k, v in model.state_dict().items()}
     stamps = [time.perf_counter()]
@@ -184,7 +184,7 @@ def _flower_apps(rounds: int, stamps: list[float]) -> tuple[Any, Any, list[Any]]
 
     @server_app.main()
     def server_main(grid: Grid, context: Context) -> None:
-        torch.manual_seed(SEED)
+        torch.manual_seed(derive_seed(SEED, 0))  # the initial model scaleflu uses
         model = build_model("lenet", 10, 1, 28)
         strategy = FedAvg(
             fraction_train=PER_ROUND / NUM_CLIENTS,

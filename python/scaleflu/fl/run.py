@@ -342,8 +342,6 @@ def train(
     setup = build_setup(cfg)
     seed = int(cfg["seed"])
     fl = cfg["fl"]
-    if int(fl["threads"]) > 0:
-        torch.set_num_threads(int(fl["threads"]))
     model = setup.model
     history = open_history(cfg, run_dir, model)
     last = history.last_completed_round()
@@ -372,6 +370,9 @@ def train(
         initial=last,
         total=T,
     )
+    threads_before = torch.get_num_threads()
+    if int(fl["threads"]) > 0:
+        torch.set_num_threads(int(fl["threads"]))  # restored when train() returns
     try:
         for t in bar:
             t0 = time.perf_counter()
@@ -412,6 +413,7 @@ def train(
     finally:
         if hasattr(trainer, "shutdown"):
             trainer.shutdown()
+        torch.set_num_threads(threads_before)
     save_file(
         {k: v.contiguous() for k, v in model.state_dict().items()}, run_dir / "model.safetensors"
     )
