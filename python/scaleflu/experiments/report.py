@@ -1,0 +1,475 @@
+"""Table II (markdown + CSV) and the paper's figures from the harness's finished cells."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from scaleflu.experiments.table2 import Cell, plan_cells, read_result
+
+log = logging.getLogger(__name__)
+
+METHOD_LABELS = {
+    "retrain": "Retrain",
+    "fedraser": "F-E",
+    "pga": "PGA",
+    "fused": "FUSED",
+    "scale": "SCALE",
+}
+COST_KEYS = ("wall_s", "link_s", "bytes", "fl_rounds")
+
+
+def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
+    for p in path:
+        if not isinstance(d, Mapping):
+            return None
+        d = d.get(p)
+    return d
+
+
+def load_results(out: Path, cells: Sequence[Cell]) -> dict[Cell, dict[str, Any]]:
+    """Valid results of the given cells (missing and failed cells left out)."""
+    res = {}
+    for c in cells:
+        r = read_result(c.dir(out) / "result.json")
+        if r is not None:
+            res[c] = r
+    return res
+
+
+def cell_values(r: Mapping[str, Any], fa_metric: str, aoi_metric: str) -> dict[str, float | None]:
+    """RA, FA, Avg AoI and cost numbers of one result."""
+    vals: dict[str, float | None] = {
+        "RA": _get(r, "metrics", "ra"),
+        "FA": _get(r, "metrics", fa_metric),
+        "AoI_s": (
+            _get(r, "details", "aoi_time_avg_s")
+            if aoi_metric == "time_avg"
+            else _get(r, "aoi", aoi_metric)
+        ),
+        "test_acc": _get(r, "metrics", "test_acc"),
+    }
+    for k in COST_KEYS:
+        vals[k] = _get(r, "cost", k)
+    return vals
+
+
+def _stats(xs: Sequence[float | None]) -> tuple[float, float, int]:
+    v = [float(x) for x in xs if x is not None and math.isfinite(float(x))]
+    if not v:
+        return float("nan"), float("nan"), 0
+    return float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v)
+
+
+def summarise(
+    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float
+) -> list[dict[str, Any]]:
+    """Long-format rows: dataset, model, scenario, method, metric, mean, std, n, delta."""
+    exp = cfg["experiment"]
+    fa_metric, aoi_metric = str(exp["fa_metric"]), str(exp["aoi_metric"])
+    rows = []
+    for ds in exp["datasets"]:
+        for model in exp["models"]:
+            for sc in exp["scenarios"]:
+                per_method: dict[str, dict[int, dict[str, float | None]]] = {}
+                for c, r in results.items():
+                    k = c.run
+                    if (k.dataset, k.model, k.alpha, c.scenario) != (ds, model, alpha, sc):
+                        continue
+                    per_method.setdefault(c.method, {})[k.seed] = cell_values(
+                        r, fa_metric, aoi_metric
+                    )
+                ref = per_method.get("retrain", {})
+                for m in exp["methods"]:
+                    seeds = per_method.get(m, {})
+                    for metric in ("RA", "FA", "AoI_s", "test_acc", *COST_KEYS):
+                        mean, std, n = _stats([v[metric] for v in seeds.values()])
+                        deltas = [
+                            (v[metric] - ref[s][metric])
+                            if s in ref and v[metric] is not None and ref[s][metric] is not None
+                            else None
+                            for s, v in seeds.items()
+                        ]
+                        dm, ds_, dn = _stats(deltas)
+                        rows.append(
+                            {
+                                "dataset": ds,
+                                "model": model,
+                                "scenario": sc,
+                                "method": m,
+                                "metric": metric,
+                                "mean": mean,
+                                "std": std,
+                                "n": n,
+                                "delta_mean": dm if dn else float("nan"),
+                                "delta_std": ds_ if dn else float("nan"),
+                            }
+                        )
+    return rows
+
+
+def _fmt(mean: float, std: float, n: int, digits: int = 2) -> str:
+    if n == 0 or not math.isfinite(mean):
+        return "--"
+    s = f"{mean:.{digits}f}"
+    if n > 1:
+        s += f"±{std:.{digits}f}"
+    return s
+
+
+def _fmt_delta(dm: float, digits: int = 2) -> str:
+    if not math.isfinite(dm):
+        return ""
+    return f" ({dm:+.{digits}f})"
+
+
+def markdown_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], title: str) -> str:
+    """Table II shape: rows model x scenario; RA, FA, Avg AoI (s) per method with deltas."""
+    exp = cfg["experiment"]
+    methods = list(exp["methods"])
+    idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
+    head = ["Dataset", "Scenario", "Model"]
+    for metric, arrow in (("RA", "↑"), ("FA", "↓"), ("Avg AoI (s)", "↓")):
+        head += [f"{metric} {arrow} {METHOD_LABELS.get(m, m)}" for m in methods]
+    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for ds in exp["datasets"]:
+        for sc in exp["scenarios"]:
+            for model in exp["models"]:
+                cells = [ds, sc, model]
+                for metric, digits in (("RA", 2), ("FA", 2), ("AoI_s", 2)):
+                    for m in methods:
+                        r = idx.get((ds, model, sc, m, metric))
+                        if r is None:
+                            cells.append("--")
+                            continue
+                        txt = _fmt(r["mean"], r["std"], r["n"], digits)
+                        if m != "retrain" and r["n"]:
+                            txt += _fmt_delta(r["delta_mean"], digits)
+                        cells.append(txt)
+                lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "Values: mean over seeds (± sample std when more than one seed); in parentheses the "
+        "mean of the per-seed difference to Retrain. `--`: no finished cell."
+    )
+    return "\n".join(lines)
+
+
+def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    """Cost per method and scenario: wall seconds, link seconds, MB on the link, FL rounds."""
+    exp = cfg["experiment"]
+    idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
+    head = [
+        "Dataset",
+        "Scenario",
+        "Model",
+        "Method",
+        "wall (s)",
+        "link (s)",
+        "MB",
+        "FL rounds",
+        "test acc",
+    ]
+    lines = ["### Cost", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for ds in exp["datasets"]:
+        for sc in exp["scenarios"]:
+            for model in exp["models"]:
+                for m in exp["methods"]:
+
+                    def g(metric: str, scale: float = 1.0, digits: int = 1) -> str:
+                        r = idx.get((ds, model, sc, m, metric))  # noqa: B023
+                        if r is None or not r["n"]:
+                            return "--"
+                        return _fmt(r["mean"] * scale, r["std"] * scale, r["n"], digits)
+
+                    lines.append(
+                        "| "
+                        + " | ".join(
+                            [
+                                ds,
+                                sc,
+                                model,
+                                METHOD_LABELS.get(m, m),
+                                g("wall_s"),
+                                g("link_s"),
+                                g("bytes", 1e-6, 2),
+                                g("fl_rounds", 1.0, 0),
+                                g("test_acc", 1.0, 3),
+                            ]
+                        )
+                        + " |"
+                    )
+    return "\n".join(lines)
+
+
+def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Long-format CSV of :func:`summarise` rows."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cols = [
+        "dataset",
+        "model",
+        "scenario",
+        "method",
+        "metric",
+        "mean",
+        "std",
+        "n",
+        "delta_mean",
+        "delta_std",
+    ]
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: r[k] for k in cols})
+    return path
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _smooth(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w = max(1, len(x) // 20)
+    if w == 1:
+        return np.arange(len(x)), x
+    return np.arange(w - 1, len(x)), np.convolve(x, np.ones(w) / w, "valid")
+
+
+def plot_ppo(
+    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+) -> list[Path]:
+    """PPO episode return per scenario (one panel each), one line per model (first seed)."""
+    plt = _plt()
+    exp = cfg["experiment"]
+    paths = []
+    scen = list(exp["scenarios"])
+    for ds in exp["datasets"]:
+        fig, axes = plt.subplots(1, len(scen), figsize=(4.2 * len(scen), 3.2), squeeze=False)
+        any_line = False
+        for ax, sc in zip(axes[0], scen, strict=True):
+            for model in exp["models"]:
+                seeds = sorted(
+                    (c.run.seed, r)
+                    for c, r in results.items()
+                    if c.method == "scale"
+                    and c.scenario == sc
+                    and c.run.model == model
+                    and c.run.dataset == ds
+                    and c.run.alpha == alpha
+                )
+                if not seeds:
+                    continue
+                ret = np.asarray(seeds[0][1]["details"].get("episode_returns") or [], float)
+                if len(ret) == 0:
+                    continue
+                x, y = _smooth(ret)
+                ax.plot(x, y, label=model)
+                any_line = True
+            ax.set_title(f"{sc} unlearning reward")
+            ax.set_xlabel("episode")
+            ax.set_ylabel("return (smoothed)")
+            ax.legend(fontsize=8)
+        if any_line:
+            fig.tight_layout()
+            p = out / f"ppo_convergence_{ds}.png"
+            fig.savefig(p, dpi=120)
+            paths.append(p)
+        plt.close(fig)
+    return paths
+
+
+def plot_sensitivity(
+    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+) -> list[Path]:
+    """SCALE's combined layer sensitivity per model, one bar group per scenario (first seed)."""
+    plt = _plt()
+    exp = cfg["experiment"]
+    paths = []
+    for ds in exp["datasets"]:
+        for model in exp["models"]:
+            per_sc = {}
+            for sc in exp["scenarios"]:
+                seeds = sorted(
+                    (c.run.seed, r)
+                    for c, r in results.items()
+                    if c.method == "scale"
+                    and c.scenario == sc
+                    and c.run.model == model
+                    and c.run.dataset == ds
+                    and c.run.alpha == alpha
+                )
+                sens = _get(seeds[0][1], "details", "sensitivity") if seeds else None
+                if sens:
+                    per_sc[sc] = sens
+            if not per_sc:
+                continue
+            layers = [e["layer"] for e in next(iter(per_sc.values()))["layers"]]
+            fig, ax = plt.subplots(figsize=(max(5.0, 0.55 * len(layers) + 2), 3.4))
+            w = 0.8 / len(per_sc)
+            for i, (sc, sens) in enumerate(per_sc.items()):
+                score = {e["layer"]: e["score"] for e in sens["layers"]}
+                top = set(sens.get("top") or [])
+                xs = [j + (i - (len(per_sc) - 1) / 2) * w for j in range(len(layers))]
+                ax.bar(
+                    xs,
+                    [score.get(n, 0.0) for n in layers],
+                    w,
+                    label=sc,
+                    edgecolor=["k" if n in top else "none" for n in layers],
+                    linewidth=1.2,
+                )
+            ax.set_xticks(range(len(layers)))
+            ax.set_xticklabels(
+                [n.removesuffix(".weight") for n in layers], rotation=45, ha="right", fontsize=7
+            )
+            ax.set_ylabel("sensitivity S_l")
+            ax.set_title(f"{model} layer sensitivity ({ds}; top-M outlined)")
+            ax.legend(fontsize=8)
+            fig.tight_layout()
+            p = out / f"layer_sensitivity_{ds}_{model}.png"
+            fig.savefig(p, dpi=120)
+            plt.close(fig)
+            paths.append(p)
+    return paths
+
+
+def plot_sum_aoi(
+    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+) -> list[Path]:
+    """Sum AoI over SCALE's unlearning steps: one panel per model, one line per scenario."""
+    plt = _plt()
+    exp = cfg["experiment"]
+    paths = []
+    models = list(exp["models"])
+    for ds in exp["datasets"]:
+        fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.2), squeeze=False)
+        any_line = False
+        for ax, model in zip(axes[0], models, strict=True):
+            for sc in exp["scenarios"]:
+                seeds = sorted(
+                    (c.run.seed, r)
+                    for c, r in results.items()
+                    if c.method == "scale"
+                    and c.scenario == sc
+                    and c.run.model == model
+                    and c.run.dataset == ds
+                    and c.run.alpha == alpha
+                )
+                tr = _get(seeds[0][1], "aoi", "sum_s_trace") if seeds else None
+                if tr:
+                    ax.plot(range(1, len(tr) + 1), tr, marker="o", ms=3, label=sc)
+                    any_line = True
+            ax.set_title(f"Sum AoI with {model}")
+            ax.set_xlabel("unlearning step")
+            ax.set_ylabel("Sum AoI (s)")
+            ax.legend(fontsize=8)
+        if any_line:
+            fig.tight_layout()
+            p = out / f"sum_aoi_{ds}.png"
+            fig.savefig(p, dpi=120)
+            paths.append(p)
+        plt.close(fig)
+    return paths
+
+
+def plot_alpha(
+    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], out: Path
+) -> list[Path]:
+    """RA and FA against the Dirichlet alpha per scenario, a line per model x method."""
+    plt = _plt()
+    exp = cfg["experiment"]
+    sweep = dict(exp.get("alpha_sweep") or {})
+    alphas = sorted({float(a) for a in sweep.get("alphas") or []})
+    if not alphas:
+        return []
+    alphas = sorted(set(alphas) | {float(cfg["data"]["alpha"])})
+    scen = list(sweep.get("scenarios") or exp["scenarios"])
+    methods = list(sweep.get("methods") or exp["methods"])
+    models = list(sweep.get("models") or exp["models"])
+    fa_metric = str(exp["fa_metric"])
+    paths = []
+    for ds in exp["datasets"]:
+        fig, axes = plt.subplots(2, len(scen), figsize=(4.2 * len(scen), 6), squeeze=False)
+        any_line = False
+        for j, sc in enumerate(scen):
+            for model in models:
+                for m in methods:
+                    ra, fa, xs = [], [], []
+                    for a in alphas:
+                        vals = [
+                            cell_values(r, fa_metric, "mean_s")
+                            for c, r in results.items()
+                            if c.method == m
+                            and c.scenario == sc
+                            and c.run.model == model
+                            and c.run.dataset == ds
+                            and c.run.alpha == a
+                        ]
+                        if vals:
+                            xs.append(a)
+                            ra.append(_stats([v["RA"] for v in vals])[0])
+                            fa.append(_stats([v["FA"] for v in vals])[0])
+                    if xs:
+                        lab = f"{model} {METHOD_LABELS.get(m, m)}"
+                        axes[0][j].plot(xs, ra, marker="o", label=lab)
+                        axes[1][j].plot(xs, fa, marker="s", label=lab)
+                        any_line = True
+            axes[0][j].set_title(f"{sc} unlearning")
+            axes[0][j].set_ylabel("RA")
+            axes[1][j].set_ylabel(f"FA ({fa_metric})")
+            axes[1][j].set_xlabel("Dirichlet alpha")
+            axes[0][j].legend(fontsize=7)
+        if any_line:
+            fig.tight_layout()
+            p = out / f"alpha_sweep_{ds}.png"
+            fig.savefig(p, dpi=120)
+            paths.append(p)
+        plt.close(fig)
+    return paths
+
+
+def write_report(cfg: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
+    """Write table2.md, table2.csv and figures/*.png from the finished cells under ``out``."""
+    out = Path(out)
+    main, sweep = plan_cells(cfg)
+    results = load_results(out, main + sweep)
+    alpha = float(cfg["data"]["alpha"])
+    rows = summarise(cfg, results, alpha)
+    exp = cfg["experiment"]
+    n_missing = len(main) - sum(1 for c in main if c in results)
+    title = (
+        f"Table II (measured): alpha={alpha:g}, seeds {list(exp['seeds'])}, "
+        f"FA = {exp['fa_metric']}, Avg AoI = aoi.{exp['aoi_metric']}"
+    )
+    md = [markdown_table(cfg, rows, title), "", cost_table(cfg, rows)]
+    if n_missing:
+        md.append(f"\n{n_missing} of {len(main)} cells have no finished result (see summary.json).")
+    paths: dict[str, Path] = {}
+    paths["markdown"] = out / "table2.md"
+    paths["markdown"].write_text("\n".join(md) + "\n")
+    paths["csv"] = write_csv(rows, out / "table2.csv")
+    figs = out / "figures"
+    figs.mkdir(exist_ok=True)
+    for p in (
+        plot_ppo(cfg, results, alpha, figs)
+        + plot_sensitivity(cfg, results, alpha, figs)
+        + plot_sum_aoi(cfg, results, alpha, figs)
+        + plot_alpha(cfg, results, figs)
+    ):
+        paths[p.stem] = p
+    return paths

@@ -1,0 +1,356 @@
+"""Table II harness: methods x (datasets x models) x scenarios x seeds, resumable cell by cell.
+
+Layout of ``OUT`` (``--out``)::
+
+    config.yaml                         the resolved experiment config
+    runs/<dataset>-<model>-a<alpha>-s<seed>/    one trained FL run, shared by all its cells
+    cells/<dataset>/<model>/a<alpha>/s<seed>/<scenario>/<method>/
+        result.json                     UnlearnResult (schema 1) -- the cell is finished
+        error.json, traceback.txt       the cell failed (retried on the next invocation)
+    table2.md, table2.csv               RA, FA, Avg AoI per method: mean +- std, delta to Retrain
+    figures/*.png                       PPO convergence, layer sensitivity, Sum AoI, RA/FA vs alpha
+    summary.json                        status and wall time of every cell
+
+A cell is one unlearning (method x scenario) on one trained run (dataset x model x alpha x
+seed). Finished cells (valid ``result.json``) are never recomputed; a failing cell is recorded
+with its error and traceback and the others go on. The main table uses ``data.alpha``; the
+``experiment.alpha_sweep`` adds cells for other Dirichlet alphas (same methods/scenarios
+machinery, shared runs and cells where they coincide).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm import tqdm
+
+from scaleflu.config import ConfigError, save_config
+from scaleflu.unlearn.base import SCHEMA_VERSION, UnlearnContext, Unlearner, resolve_unlearn_config
+
+log = logging.getLogger(__name__)
+
+MethodFactory = Callable[[str, Mapping[str, Any]], Unlearner]
+RUN_SECTIONS_DROPPED = ("experiment", "baselines", "testbed")
+
+
+@dataclass(frozen=True, order=True)
+class RunKey:
+    """One trained FL run: data set, model, Dirichlet alpha, seed."""
+
+    dataset: str
+    model: str
+    alpha: float
+    seed: int
+
+    @property
+    def slug(self) -> str:
+        """Folder name of the run."""
+        return f"{self.dataset}-{self.model}-a{self.alpha:g}-s{self.seed}"
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One unlearning: a method on a scenario of a run."""
+
+    run: RunKey
+    scenario: str
+    method: str
+
+    def dir(self, out: Path) -> Path:
+        """The cell's folder under ``out``."""
+        r = self.run
+        return (
+            out / "cells" / r.dataset / r.model / f"a{r.alpha:g}" / f"s{r.seed}" / self.scenario
+        ) / self.method
+
+
+def _exp(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    exp = cfg.get("experiment")
+    if not isinstance(exp, Mapping):
+        raise ConfigError("the config has no experiment section")
+    return dict(exp)
+
+
+def plan_cells(cfg: Mapping[str, Any]) -> tuple[list[Cell], list[Cell]]:
+    """The main table's cells and the alpha sweep's extra cells (no duplicates)."""
+    exp = _exp(cfg)
+    scenarios = dict(exp["scenarios"])
+    alpha = float(cfg["data"]["alpha"])
+    main: list[Cell] = []
+    for ds in exp["datasets"]:
+        for model in exp["models"]:
+            for seed in exp["seeds"]:
+                for sc in scenarios:
+                    for m in exp["methods"]:
+                        main.append(Cell(RunKey(str(ds), str(model), alpha, int(seed)), sc, m))
+    sweep_cfg = dict(exp.get("alpha_sweep") or {})
+    seen = set(main)
+    sweep: list[Cell] = []
+    for a in sweep_cfg.get("alphas") or []:
+        for ds in exp["datasets"]:
+            for model in sweep_cfg.get("models") or exp["models"]:
+                for seed in exp["seeds"]:
+                    for sc in sweep_cfg.get("scenarios") or list(scenarios):
+                        if sc not in scenarios:
+                            raise ConfigError(f"alpha_sweep scenario {sc!r} not in scenarios")
+                        for m in sweep_cfg.get("methods") or exp["methods"]:
+                            c = Cell(RunKey(str(ds), str(model), float(a), int(seed)), sc, m)
+                            if c not in seen:
+                                seen.add(c)
+                                sweep.append(c)
+    return main, sweep
+
+
+def run_config(cfg: Mapping[str, Any], key: RunKey) -> dict[str, Any]:
+    """The FL config of one run: the experiment config with the run's data set, model, alpha, seed.
+
+    Sections that do not shape the trained model (experiment, baselines, testbed) are left out,
+    so changing them never invalidates a trained run.
+    """
+    out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED}
+    out["seed"] = key.seed
+    out["data"]["dataset"] = key.dataset
+    out["data"]["alpha"] = key.alpha
+    out["model"]["name"] = key.model
+    return out
+
+
+def read_result(path: Path) -> dict[str, Any] | None:
+    """A cell's result.json when present and valid (schema, method, metrics), else None."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
+        return None
+    metrics = data.get("metrics")
+    if not isinstance(metrics, dict) or metrics.get("ra") is None:
+        return None
+    if not isinstance(data.get("cost"), dict) or not isinstance(data.get("aoi"), dict):
+        return None
+    return data
+
+
+def ensure_run(cfg: Mapping[str, Any], key: RunKey, out: Path, progress: bool) -> Path:
+    """Train (or resume, or reuse) the run of ``key``; returns its directory."""
+    from scaleflu.fl.run import train
+
+    run_dir = out / "runs" / key.slug
+    rcfg = run_config(cfg, key)
+    done_marker = run_dir / "model.safetensors"
+    if done_marker.is_file():
+        saved = run_dir / "config.yaml"
+        import yaml
+
+        if saved.is_file() and yaml.safe_load(saved.read_text()) == rcfg:
+            return run_dir
+        raise ConfigError(
+            f"{run_dir} holds a run trained with another config; remove it or use another --out"
+        )
+    resume = (run_dir / "config.yaml").is_file() and (run_dir / "history").is_dir()
+    log.info("%s run %s", "resuming" if resume else "training", key.slug)
+    train(rcfg, run_dir, resume=resume, progress=progress)
+    return run_dir
+
+
+def make_context(run: Any, request: str, cfg: Mapping[str, Any], progress: bool) -> UnlearnContext:
+    """An UnlearnContext for ``request`` with the experiment's scale and baselines settings."""
+    from scaleflu.unlearn.request import parse_request, resolve_request
+
+    ucfg = resolve_unlearn_config(run.cfg)
+    ucfg["scale"] = copy.deepcopy(dict(cfg["scale"]))
+    ucfg["baselines"] = copy.deepcopy(dict(cfg.get("baselines") or {}))
+    setup = run.setup
+    resolved = resolve_request(
+        parse_request(request),
+        setup.parts,
+        setup.train.labels,
+        setup.train.num_classes,
+        setup.poison.backdoor_indices,
+        setup.poison.flipped_indices,
+        int(ucfg["seed"]),
+    )
+    mode = str(_exp(cfg).get("scale_mode") or cfg["scale"]["mode"])
+    return UnlearnContext(run, resolved, ucfg, mode, progress)
+
+
+def default_factory(name: str, cfg: Mapping[str, Any]) -> Unlearner:
+    """The registry's Unlearner for ``name`` with the experiment's hyper-parameters."""
+    from scaleflu.unlearn.baselines.registry import get_method
+
+    if name == "scale":
+        return get_method("scale", cfg, mode=str(_exp(cfg).get("scale_mode") or "default"))
+    return get_method(name, cfg)
+
+
+def _record_error(cell_dir: Path, exc: BaseException, where: str) -> dict[str, Any]:
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    (cell_dir / "traceback.txt").write_text(tb)
+    err = {
+        "error": f"{type(exc).__name__}: {exc}",
+        "stage": where,
+        "traceback": "traceback.txt",
+        "at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (cell_dir / "error.json").write_text(json.dumps(err, indent=2))
+    return err
+
+
+def run_cells(
+    cfg: Mapping[str, Any],
+    out: str | Path,
+    cells: Iterable[Cell],
+    factory: MethodFactory = default_factory,
+    progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """Run every unfinished cell (grouped by run); returns a status per cell folder."""
+    out = Path(out)
+    cells = list(dict.fromkeys(cells))  # main table first, then the sweep
+    status: dict[str, dict[str, Any]] = {}
+    todo: dict[RunKey, list[Cell]] = {}
+    for c in cells:
+        cdir = c.dir(out)
+        if read_result(cdir / "result.json") is not None:
+            status[str(cdir.relative_to(out))] = {"status": "done", "reused": True}
+        else:
+            todo.setdefault(c.run, []).append(c)
+    n_todo = sum(len(v) for v in todo.values())
+    log.info("%d cells: %d finished, %d to run", len(cells), len(cells) - n_todo, n_todo)
+    threads = int(cfg["fl"].get("threads") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    bar = tqdm(total=n_todo, desc="table2", unit="cell", disable=not progress)
+    scenarios = dict(_exp(cfg)["scenarios"])
+    save_models = bool(_exp(cfg).get("save_models"))
+    try:
+        for key, group in todo.items():
+            try:
+                from scaleflu.fl.run import load_run
+
+                run = load_run(ensure_run(cfg, key, out, progress))
+            except Exception as exc:  # noqa: BLE001 - recorded per cell, the others go on
+                log.error("run %s failed: %s", key.slug, exc)
+                for c in group:
+                    st = _record_error(c.dir(out), exc, "train")
+                    status[str(c.dir(out).relative_to(out))] = {"status": "failed", **st}
+                    bar.update(1)
+                continue
+            by_scenario: dict[str, list[Cell]] = {}
+            for c in group:
+                by_scenario.setdefault(c.scenario, []).append(c)
+            for sc, sc_cells in by_scenario.items():
+                ctx_err: BaseException | None = None
+                ctx = None
+                try:
+                    ctx = make_context(run, scenarios[sc], cfg, progress)
+                except Exception as exc:  # noqa: BLE001
+                    ctx_err = exc
+                for c in sc_cells:
+                    cdir = c.dir(out)
+                    rel = str(cdir.relative_to(out))
+                    bar.set_postfix_str(f"{key.model} s{key.seed} {sc} {c.method}", refresh=True)
+                    if ctx_err is not None or ctx is None:
+                        st = _record_error(cdir, ctx_err or RuntimeError("no context"), "context")
+                        status[rel] = {"status": "failed", **st}
+                        bar.update(1)
+                        continue
+                    t0 = time.perf_counter()
+                    try:
+                        unlearner = factory(c.method, cfg)
+                        result = unlearner.run(ctx)
+                        if result.details.get("aoi_time_avg_s") is None:
+                            from scaleflu.unlearn.baselines.aoi_trace import (
+                                annotate,
+                                replay_scale_trace,
+                            )
+
+                            if "rollout" in result.details:
+                                annotate(result, replay_scale_trace(ctx, result.details))
+                        cdir.mkdir(parents=True, exist_ok=True)
+                        if save_models and getattr(unlearner, "state", None) is not None:
+                            from safetensors.torch import save_file
+
+                            mp = cdir / "model.safetensors"
+                            save_file({k: v.contiguous() for k, v in unlearner.state.items()}, mp)
+                            result.model_path = str(mp)
+                        result.details.setdefault("cell", rel)
+                        tmp = cdir / "result.json.tmp"
+                        result.save(tmp)
+                        tmp.replace(cdir / "result.json")
+                        for stale in ("error.json", "traceback.txt"):
+                            (cdir / stale).unlink(missing_ok=True)
+                        status[rel] = {"status": "done", "wall_s": time.perf_counter() - t0}
+                        log.info(
+                            "%s: RA %.3f FA %s in %.1fs",
+                            rel,
+                            result.metrics["ra"],
+                            result.metrics.get("fa_protocol"),
+                            time.perf_counter() - t0,
+                        )
+                    except Exception as exc:  # noqa: BLE001
+                        log.error("cell %s failed: %s", rel, exc)
+                        st = _record_error(cdir, exc, "unlearn")
+                        status[rel] = {
+                            "status": "failed",
+                            "wall_s": time.perf_counter() - t0,
+                            **st,
+                        }
+                    bar.update(1)
+            run.history.close()
+    finally:
+        bar.close()
+    return status
+
+
+def run_table2(
+    cfg: Mapping[str, Any],
+    out: str | Path,
+    factory: MethodFactory = default_factory,
+    progress: bool = True,
+    report: bool = True,
+) -> dict[str, Any]:
+    """Plan, run the unfinished cells, then write the table, CSV, figures and summary."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.yaml")
+    main, sweep = plan_cells(cfg)
+    t0 = time.perf_counter()
+    status = run_cells(cfg, out, main + sweep, factory, progress)
+    wall = time.perf_counter() - t0
+    summary: dict[str, Any] = {
+        "cells": len(status),
+        "done": sum(1 for s in status.values() if s["status"] == "done"),
+        "failed": sorted(k for k, s in status.items() if s["status"] == "failed"),
+        "wall_s": wall,
+        "status": status,
+    }
+    prev = out / "summary.json"
+    if prev.is_file():
+        try:
+            summary["previous_wall_s"] = json.loads(prev.read_text()).get("total_wall_s")
+        except ValueError:
+            pass
+    summary["total_wall_s"] = wall + float(summary.get("previous_wall_s") or 0.0)
+    prev.write_text(json.dumps(summary, indent=2))
+    if report:
+        from scaleflu.experiments.report import write_report
+
+        summary["report"] = {k: str(v) for k, v in write_report(cfg, out).items()}
+    log.info(
+        "table2: %d cells done, %d failed, %.1fs -> %s",
+        summary["done"],
+        len(summary["failed"]),
+        wall,
+        out,
+    )
+    return summary

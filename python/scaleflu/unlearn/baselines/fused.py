@@ -1,0 +1,262 @@
+"""FUSED (Zhong et al., CVPR 2025): reversible unlearning by knowledge overwriting with adapters.
+
+1. Critical-layer identification: per Conv/Linear weight l, how much clients change it, from the
+   history's stored client updates of the last ``cli_rounds`` rounds:
+   ``score_l = mean_n ||Delta_{n,l}|| / ||Theta[t]_l||`` (relative change, so large layers do
+   not win by size). The ``num_layers`` highest-scoring layers get adapters.
+2. Sparse low-rank adapters on those layers only: ``W_l' = W_l + (alpha / r) * B_l A_l`` with
+   ``A_l`` of shape (r, fan_in) initialised as in LoRA and ``B_l`` (fan_out, r) zero, so training
+   starts at Theta. Conv weights are viewed as (out, in * kh * kw). The base model is frozen
+   (BatchNorm statistics too: the forward pass runs in eval mode).
+3. The adapters are trained with FedAvg by the remaining clients on their remaining data
+   (``rounds`` rounds, the run's client sampling, ``local_epochs`` epochs of SGD on the adapter
+   parameters only); only adapter tensors go over the link.
+4. Reversible: the base model is untouched; :func:`drop_adapters` removes the merged adapters
+   and gives Theta back (``FusedUnlearner.base_state`` keeps it exactly).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call
+from tqdm import tqdm
+
+from scaleflu.fl.fedavg import aggregate, client_batches, derive_seed, select_clients
+from scaleflu.fl.models import sensitivity_layers
+from scaleflu.unlearn.aoi import AoITracker, changed_groups
+from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from scaleflu.unlearn.baselines.aoi_trace import RecordingAoITracker, annotate
+from scaleflu.unlearn.baselines.common import baseline_config, round_link
+
+log = logging.getLogger(__name__)
+
+State = dict[str, torch.Tensor]
+
+
+def critical_layers(
+    ctx: UnlearnContext, num_layers: int, cli_rounds: int
+) -> tuple[list[str], dict[str, float]]:
+    """The ``num_layers`` Conv/Linear weights clients change most (relative), with all scores."""
+    history = ctx.run.history
+    layers = sensitivity_layers(ctx.new_model())
+    rounds = [t for t in history.rounds() if history.has_updates(t)][-max(1, cli_rounds) :]
+    if not rounds:
+        raise ValueError("fused: the history keeps no client updates to rank layers with")
+    acc = {k: [] for k in layers}
+    for t in rounds:
+        glob = history.global_model(t)
+        for upd in history.client_updates(t).values():
+            for k in layers:
+                acc[k].append(float(upd[k].norm()) / max(float(glob[k].norm()), 1e-12))
+    score = {k: float(np.mean(v)) for k, v in acc.items()}
+    top = sorted(layers, key=lambda k: -score[k])[: max(1, num_layers)]
+    return [k for k in layers if k in top], score
+
+
+class Adapters(nn.Module):
+    """Low-rank adapters ``(alpha / r) * B A`` for a set of weight tensors."""
+
+    def __init__(
+        self, shapes: Mapping[str, Sequence[int]], rank: int, alpha: float, seed: int
+    ) -> None:
+        super().__init__()
+        self.names = list(shapes)
+        self.shapes = {k: tuple(int(s) for s in v) for k, v in shapes.items()}
+        self.ranks: dict[str, int] = {}
+        self.scale: dict[str, float] = {}
+        self.A = nn.ParameterDict()
+        self.B = nn.ParameterDict()
+        gen = torch.Generator().manual_seed(derive_seed(seed, 81))
+        for i, (name, shape) in enumerate(self.shapes.items()):
+            fan_out, fan_in = shape[0], int(np.prod(shape[1:]))
+            r = max(1, min(rank, fan_out, fan_in))
+            a = torch.empty(r, fan_in)
+            bound = 1.0 / math.sqrt(fan_in)  # kaiming_uniform(a=sqrt(5)) as in LoRA
+            a.uniform_(-bound, bound, generator=gen)
+            self.A[str(i)] = nn.Parameter(a)
+            self.B[str(i)] = nn.Parameter(torch.zeros(fan_out, r))
+            self.ranks[name] = r
+            self.scale[name] = float(alpha) / r
+
+    def delta(self, name: str) -> torch.Tensor:
+        """The adapter's weight change for layer ``name`` in the layer's shape."""
+        i = str(self.names.index(name))
+        return (self.scale[name] * (self.B[i] @ self.A[i])).view(self.shapes[name])
+
+    def tensors(self) -> State:
+        """Adapter tensors keyed ``<layer>.lora_A`` / ``<layer>.lora_B`` (what goes on the link)."""
+        out: State = {}
+        for i, name in enumerate(self.names):
+            out[f"{name}.lora_A"] = self.A[str(i)].detach().clone()
+            out[f"{name}.lora_B"] = self.B[str(i)].detach().clone()
+        return out
+
+    def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
+        """Set the adapter parameters from :meth:`tensors` output."""
+        with torch.no_grad():
+            for i, name in enumerate(self.names):
+                self.A[str(i)].copy_(tensors[f"{name}.lora_A"])
+                self.B[str(i)].copy_(tensors[f"{name}.lora_B"])
+
+    def nbytes(self) -> int:
+        """Bytes of the adapter tensors as float32."""
+        return sum(p.numel() * 4 for p in self.parameters())
+
+
+def merge_adapters(base: Mapping[str, torch.Tensor], adapters: Adapters) -> State:
+    """``W + delta`` for the adapted layers (a plain state dict any metric can score)."""
+    out = {k: v.detach().clone() for k, v in base.items()}
+    with torch.no_grad():
+        for name in adapters.names:
+            out[name] = base[name] + adapters.delta(name).to(base[name].dtype)
+    return out
+
+
+def drop_adapters(merged: Mapping[str, torch.Tensor], adapters: Adapters) -> State:
+    """Undo :func:`merge_adapters`: the original model back, up to float rounding."""
+    out = {k: v.detach().clone() for k, v in merged.items()}
+    with torch.no_grad():
+        for name in adapters.names:
+            out[name] = merged[name] - adapters.delta(name).to(merged[name].dtype)
+    return out
+
+
+def _train_adapters(
+    model: nn.Module,
+    base: Mapping[str, torch.Tensor],
+    adapters: Adapters,
+    indices: np.ndarray,
+    ctx: UnlearnContext,
+    epochs: int,
+    lr: float,
+    t: int,
+    n: int,
+) -> State:
+    """Local SGD of client n on the adapter parameters only (base frozen)."""
+    data = ctx.run.setup.train
+    fl = ctx.cfg["fl"]
+    opt = torch.optim.SGD(adapters.parameters(), lr=lr, momentum=float(fl["momentum"]))
+    idx_all = torch.as_tensor(indices, dtype=torch.int64)
+    frozen = {k: v.detach() for k, v in base.items()}
+    model.eval()
+    torch.manual_seed(derive_seed(ctx.seed, 82, t, n))
+    for pos in client_batches(len(indices), epochs, int(fl["batch_size"]), ctx.seed, t, n):
+        idx = idx_all[torch.as_tensor(pos)]
+        params = dict(frozen)
+        for name in adapters.names:
+            params[name] = frozen[name] + adapters.delta(name)
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(
+            functional_call(model, params, (data.inputs(idx),)), data.labels[idx]
+        )
+        loss.backward()
+        opt.step()
+    return adapters.tensors()
+
+
+class FusedUnlearner:
+    """FUSED: critical layers, frozen base, FedAvg-trained sparse low-rank adapters."""
+
+    name = "fused"
+
+    def __init__(self, **overrides: Any) -> None:
+        """Keyword overrides of ``baselines.fused`` (rank, num_layers, rounds, ...)."""
+        self.overrides = overrides
+
+    def run(self, ctx: UnlearnContext) -> UnlearnResult:
+        """Pick layers, train adapters with the remaining clients, measure the merged model."""
+        hp = baseline_config("fused", self.overrides, ctx.cfg)
+        fl = ctx.cfg["fl"]
+        t0 = time.perf_counter()
+        layers, scores = critical_layers(ctx, int(hp["num_layers"]), int(hp["cli_rounds"]))
+        log.info("FUSED critical layers: %s", layers)
+        base = ctx.original_state()
+        adapters = Adapters(
+            {k: tuple(base[k].shape) for k in layers},
+            int(hp["rank"]),
+            float(hp["alpha"] if hp.get("alpha") is not None else hp["rank"]),
+            ctx.seed,
+        )
+        epochs = int(
+            hp["local_epochs"] if hp.get("local_epochs") is not None else fl["local_epochs"]
+        )
+        lr = float(hp["lr"] if hp.get("lr") is not None else fl["lr"])
+        parts = ctx.request.remaining
+        sizes = {n: len(p) for n, p in enumerate(parts)}
+        model = ctx.new_model(base)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        aoi = RecordingAoITracker.wrap(AoITracker.from_history(ctx.run.history))
+        T = ctx.run.history.last_completed_round()
+        nb = adapters.nbytes()
+        nbytes, link_s, rounds_done, trace = 0, 0.0, 0, []
+        cur_adapter = adapters.tensors()
+        merged_prev = base
+        for r in tqdm(
+            range(1, int(hp["rounds"]) + 1),
+            desc="FUSED",
+            unit="round",
+            disable=not ctx.progress,
+            leave=False,
+        ):
+            t = T + r
+            chosen = select_clients(ctx.seed, t, len(parts), int(fl["clients_per_round"]))
+            clients = [n for n in chosen if sizes[n] > 0]
+            if not clients:
+                continue
+            states = {}
+            for n in clients:
+                adapters.load_tensors(cur_adapter)
+                states[n] = _train_adapters(model, base, adapters, parts[n], ctx, epochs, lr, t, n)
+            cur_adapter = aggregate(states, {n: sizes[n] for n in clients})
+            adapters.load_tensors(cur_adapter)
+            b, s = round_link(ctx, nb, nb, len(clients))
+            nbytes += b
+            link_s += s
+            merged = merge_adapters(base, adapters)
+            aoi.full_round(s, changed_groups(merged_prev, merged, ctx.groups, ctx.link_tol))
+            trace.append(float(aoi.total()["aoi_s"]))
+            merged_prev = merged
+            rounds_done += 1
+        adapters.load_tensors(cur_adapter)
+        final = merge_adapters(base, adapters)
+        wall = time.perf_counter() - t0
+        self.state = final
+        self.base_state = base
+        self.adapters = adapters
+        n_adapter = sum(p.numel() for p in adapters.parameters())
+        n_model = sum(v.numel() for v in base.values() if torch.is_floating_point(v))
+        res = ctx.make_result(
+            "fused",
+            final,
+            wall_s=wall,
+            bytes_=nbytes,
+            link_s=link_s,
+            fl_rounds=rounds_done,
+            aoi=aoi,
+            top_layers=None,
+            sum_aoi_trace=trace,
+            details={
+                "critical_layers": layers,
+                "layer_scores": scores,
+                "ranks": adapters.ranks,
+                "adapter_params": n_adapter,
+                "adapter_share": n_adapter / max(n_model, 1),
+                "adapter_bytes": nb,
+                "rounds": rounds_done,
+                "local_epochs": epochs,
+                "lr": lr,
+                "reversible": "drop the adapters: base model unchanged",
+                "hyper_parameters": hp,
+            },
+        )
+        return annotate(res, aoi)
