@@ -260,3 +260,19 @@ def test_real_fashion_mnist_subset() -> None:
         {"dataset": "fashion_mnist", "train_subset": 500, "test_subset": 100}, seed=3
     )
     assert torch.equal(train.labels, again.labels)
+
+
+def test_download_verifies_checksum(tmp_path: Path) -> None:
+    """Download path with a local file:// URL (no network in tests)."""
+    import hashlib
+
+    from scaleflu.fl.data import download_file
+
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"payload")
+    good = hashlib.md5(b"payload").hexdigest()
+    out = download_file(src.as_uri(), tmp_path / "dl" / "a.bin", good)
+    assert out.read_bytes() == b"payload"
+    with pytest.raises(DataError, match="checksum mismatch"):
+        download_file(src.as_uri(), tmp_path / "dl" / "b.bin", "0" * 32)
+    assert not (tmp_path / "dl" / "b.bin").exists()

@@ -175,3 +175,36 @@ def test_cli_train_and_resume(tmp_path: Path) -> None:
     assert load_run(out).history.last_completed_round() == 2
     bad = parser.parse_args(["train", "--set", "fl.lr=-1", "--out", str(tmp_path / "bad")])
     assert bad.func(bad) == 2
+
+
+def test_cifar100_binary_run_end_to_end(tmp_path: Path, small_cfg: CfgFactory) -> None:
+    """A tiny synthetic CIFAR-100 binary folder through train() and load_run()."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "cifar-100-binary"
+    folder.mkdir()
+    for name, n in (("train.bin", 60), ("test.bin", 20)):
+        rec = np.concatenate(
+            [
+                rng.integers(0, 20, (n, 1)),
+                rng.integers(0, 100, (n, 1)),
+                rng.integers(0, 256, (n, 3072)),
+            ],
+            axis=1,
+        ).astype(np.uint8)
+        (folder / name).write_bytes(rec.tobytes())
+    cfg = small_cfg(
+        "data.dataset=cifar100",
+        f"data.root={folder}",
+        "data.train_subset=null",
+        "data.test_subset=null",
+        "fl.rounds=1",
+        "data.num_clients=3",
+        "fl.clients_per_round=2",
+    )
+    result = train(cfg, tmp_path / "run", progress=False)
+    assert result.model.fc3.out_features == 100
+    loaded = load_run(tmp_path / "run")
+    assert loaded.train.in_channels == 3 and loaded.train.image_size == 32
+    assert len(loaded.history.participants(1)) == 2
