@@ -117,3 +117,28 @@ def test_threaded_sequential_equals_single_thread() -> None:
         assert all(torch.equal(one[n][k], two[n][k]) for k in start)
     dropout_model = build_model("mobilenetv3", 10, 1, 28)
     assert SequentialTrainer(dropout_model, data, parts, local, seed=1, workers=2).workers == 1
+
+
+def test_full_batch_is_paper_gradient_descent() -> None:
+    """batch_size=None: E full-gradient steps Theta <- Theta - eta * grad F_n (paper's Eq.)."""
+    data = _toy_data(40)
+    parts = [np.arange(0, 15), np.arange(15, 40)]
+    local = LocalConfig(epochs=2, lr=0.1, batch_size=None)
+    torch.manual_seed(0)
+    model = build_model("lenet", 10, 1, 28)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    assert [len(b) for b in client_batches(15, 2, None, 0, 1, 0)] == [15, 15]
+    seq = SequentialTrainer(model, data, parts, local, seed=0).train(start, [0, 1], 1)
+    vm = VmapTrainer(model, data, parts, local, seed=0).train(start, [0, 1], 1)
+    ref = build_model("lenet", 10, 1, 28)
+    ref.load_state_dict(start)
+    idx = torch.as_tensor(parts[1])
+    for _ in range(2):
+        ref.zero_grad()
+        torch.nn.functional.cross_entropy(ref(data.inputs(idx)), data.labels[idx]).backward()
+        with torch.no_grad():
+            for p in ref.parameters():
+                p -= 0.1 * p.grad
+    for k, v in ref.state_dict().items():
+        assert torch.allclose(seq[1][k], v, atol=1e-6)
+        assert torch.allclose(vm[1][k], v, atol=1e-5)

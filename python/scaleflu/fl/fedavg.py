@@ -53,11 +53,15 @@ State = dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class LocalConfig:
-    """Local training settings: E epochs, learning rate eta, batch size B, momentum."""
+    """Local training settings: E epochs, learning rate eta, batch size B, momentum.
+
+    ``batch_size=None`` is full-batch gradient descent: E steps on the client's whole data
+    set, the paper's local update equation taken literally.
+    """
 
     epochs: int
     lr: float
-    batch_size: int
+    batch_size: int | None
     momentum: float = 0.0
 
 
@@ -76,10 +80,11 @@ def select_clients(seed: int, t: int, num_clients: int, per_round: int) -> list[
 
 
 def client_batches(
-    num_samples: int, epochs: int, batch_size: int, seed: int, t: int, n: int
+    num_samples: int, epochs: int, batch_size: int | None, seed: int, t: int, n: int
 ) -> list[np.ndarray]:
     """Minibatches (positions into the client's sample list) for all E epochs of round t."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, 2, t, n]))
+    batch_size = batch_size or num_samples  # None: full batch
     out = []
     for _ in range(epochs):
         perm = rng.permutation(num_samples)
@@ -228,7 +233,8 @@ class VmapTrainer:
             for n in clients
         }
         order = sorted(clients, key=lambda n: (-len(batches[n]), n))
-        C, B = len(order), local.batch_size
+        C = len(order)
+        B = max(len(b) for n in order for b in batches[n])
         steps = len(batches[order[0]])
         params = {
             k: global_state[k].detach().float().unsqueeze(0).repeat(C, *[1] * global_state[k].dim())

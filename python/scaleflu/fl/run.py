@@ -145,7 +145,7 @@ def validate_config(cfg: Mapping[str, Any]) -> None:
     _int(cfg, "fl.local_epochs", 1)
     if _num(cfg, "fl.lr") <= 0:
         raise ConfigError(f"fl.lr (learning rate eta) must be > 0, got {cfg['fl']['lr']}")
-    _int(cfg, "fl.batch_size", 1)
+    _int(cfg, "fl.batch_size", 1, none_ok=True)
     _int(cfg, "fl.clients_per_round", 1)
     if cfg["fl"]["clients_per_round"] > n_clients:
         raise ConfigError(
@@ -356,7 +356,10 @@ def train(
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in metrics))
 
     local = LocalConfig(
-        int(fl["local_epochs"]), float(fl["lr"]), int(fl["batch_size"]), float(fl["momentum"])
+        int(fl["local_epochs"]),
+        float(fl["lr"]),
+        None if fl["batch_size"] is None else int(fl["batch_size"]),
+        float(fl["momentum"]),
     )
     trainer = _make_trainer(setup, setup.new_model(), local)
     sizes = setup.data_sizes
