@@ -1,0 +1,20 @@
+"""Fixtures of the harness tests: the tiny run shared with tests/baselines (trained once)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "baselines"))
+
+from tiny_run_helpers import HAVE_FMNIST, tiny_run_dir  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_run_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Directory of the shared tiny trained run."""
+    if not HAVE_FMNIST:
+        pytest.skip("FashionMNIST not installed")
+    return tiny_run_dir(Path(tmp_path_factory.getbasetemp()))

@@ -1,0 +1,162 @@
+"""The Table II harness: resumable cells, failures recorded, table/CSV/figures, CLI, planning."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_run_helpers import tiny_config
+
+from scaleflu.experiments.table2 import (
+    Cell,
+    RunKey,
+    default_factory,
+    plan_cells,
+    read_result,
+    run_table2,
+)
+from scaleflu.unlearn.aoi import AoITracker
+from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+
+
+class Spy:
+    """A cheap Unlearner: returns Theta itself, with SCALE-like details for the figures."""
+
+    def __init__(self, name: str, calls: list[str]) -> None:
+        self.name = name
+        self.calls = calls
+
+    def run(self, ctx: UnlearnContext) -> UnlearnResult:
+        self.calls.append(f"{self.name}:{ctx.request.request.text}")
+        self.state = ctx.original_state()
+        layers = list(ctx.groups)
+        sens = {
+            "top": layers[:2],
+            "layers": [{"layer": n, "score": 1.0 / (i + 1)} for i, n in enumerate(layers)],
+        }
+        return ctx.make_result(
+            self.name,
+            self.state,
+            wall_s=0.01,
+            bytes_=100,
+            link_s=0.5,
+            fl_rounds=1,
+            aoi=AoITracker.from_history(ctx.run.history),
+            sum_aoi_trace=[3.0, 2.0, 1.0],
+            details={
+                "episode_returns": [0.1 * i for i in range(30)],
+                "sensitivity": sens,
+                "aoi_time_avg_s": 0.25,
+            },
+        )
+
+
+class Boom:
+    """An Unlearner that always fails."""
+
+    name = "boom"
+
+    def __init__(self, calls: list[str]) -> None:
+        self.calls = calls
+
+    def run(self, ctx: UnlearnContext) -> UnlearnResult:
+        self.calls.append("boom")
+        raise RuntimeError("deliberate failure in a cell")
+
+
+def _setup(tmp_path: Path, tiny_run_path: Path, methods: list[str]) -> tuple[dict[str, Any], Path]:
+    cfg = tiny_config()
+    cfg["experiment"]["methods"] = methods
+    cfg["experiment"]["scenarios"] = {"client": "client:0", "class": "class:1"}
+    out = tmp_path / "out"
+    key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
+    shutil.copytree(tiny_run_path, out / "runs" / key.slug)  # reuse the session's trained run
+    return cfg, out
+
+
+def test_harness_resumes_records_failures_and_reports(tmp_path: Path, tiny_run_path: Path) -> None:
+    """Finished cells are skipped on a rerun; a failing cell is recorded and the others go on."""
+    calls: list[str] = []
+
+    def factory(name: str, cfg: Mapping[str, Any]) -> Any:
+        if name == "boom":
+            return Boom(calls)
+        if name in ("retrain", "scale"):
+            return Spy(name, calls)
+        return default_factory(name, cfg)
+
+    cfg, out = _setup(tmp_path, tiny_run_path, ["retrain", "boom", "fedraser", "scale"])
+    summary = run_table2(cfg, out, factory=factory, progress=False)
+    assert summary["cells"] == 8 and summary["done"] == 6
+    assert len(summary["failed"]) == 2 and all(f.endswith("/boom") for f in summary["failed"])
+    cell = Cell(RunKey("fashion_mnist", "lenet", 1.0, 0), "client", "boom").dir(out)
+    err = json.loads((cell / "error.json").read_text())
+    assert "deliberate failure" in err["error"] and err["stage"] == "unlearn"
+    assert "RuntimeError" in (cell / "traceback.txt").read_text()
+    assert not (cell / "result.json").exists()
+    real = Cell(RunKey("fashion_mnist", "lenet", 1.0, 0), "client", "fedraser").dir(out)
+    res = read_result(real / "result.json")
+    assert res is not None and res["details"]["aoi_time_avg_s"] is not None
+    assert sorted(calls) == sorted(
+        ["retrain:client:0", "retrain:class:1", "scale:client:0", "scale:class:1", "boom", "boom"]
+    )
+    # Report: Table II markdown and CSV with deltas to Retrain, the figures.
+    md = (out / "table2.md").read_text()
+    assert "RA ↑ Retrain" in md and "FA ↓ F-E" in md and "Avg AoI (s) ↓ SCALE" in md
+    rows = (out / "table2.csv").read_text().splitlines()
+    assert rows[0].startswith("dataset,model,scenario,method,metric,mean,std,n,delta_mean")
+    scale_ra = [r for r in rows if ",client,scale,RA," in r][0].split(",")
+    assert float(scale_ra[8]) == pytest.approx(0.0, abs=1e-9)  # same model as the Retrain spy
+    figs = {p.name for p in (out / "figures").glob("*.png")}
+    assert {
+        "ppo_convergence_fashion_mnist.png",
+        "layer_sensitivity_fashion_mnist_lenet.png",
+        "sum_aoi_fashion_mnist.png",
+    } <= figs
+
+    # Rerun: nothing finished is recomputed, the failed cells are retried (and fail again).
+    calls.clear()
+    summary2 = run_table2(cfg, out, factory=factory, progress=False)
+    assert calls == ["boom", "boom"]
+    assert summary2["done"] == 6
+    # A damaged result is not a finished cell: it is recomputed.
+    victim = Cell(RunKey("fashion_mnist", "lenet", 1.0, 0), "class", "scale").dir(out)
+    (victim / "result.json").write_text("{not json")
+    calls.clear()
+    run_table2(cfg, out, factory=factory, progress=False, report=False)
+    assert sorted(calls) == ["boom", "boom", "scale:class:1"]
+    assert read_result(victim / "result.json") is not None
+
+
+def test_plan_cells_with_alpha_sweep() -> None:
+    """The sweep adds only its methods/scenarios at other alphas, never duplicating main cells."""
+    cfg = tiny_config("experiment.alpha_sweep.alphas=[0.1,1.0]", "experiment.seeds=[0,1]")
+    main, sweep = plan_cells(cfg)
+    assert len(main) == 1 * 1 * 2 * 3 * 5
+    assert len(sweep) == 2 * 3 * 1  # alpha 0.1 only: 1.0 is the main alpha (already planned)
+    assert {c.method for c in sweep} == {"scale"} and {c.run.alpha for c in sweep} == {0.1}
+    assert not set(main) & set(sweep)
+
+
+def test_cli_registers_table2() -> None:
+    """``scaleflu experiment table2`` parses its options and finds packaged configs by name."""
+    from scaleflu.cli import build_parser
+    from scaleflu.config import load_config
+    from scaleflu.experiments.cli import resolve_config_path
+
+    args = build_parser().parse_args(
+        ["experiment", "table2", "--config", "table2_cpu", "--set", "fl.rounds=2", "--out", "x"]
+    )
+    assert args.out == "x" and args.overrides == ["fl.rounds=2"] and callable(args.func)
+    for name in ("table2_cpu", "table2_paper"):
+        cfg = load_config(resolve_config_path(name))
+        assert cfg["experiment"]["methods"] == ["retrain", "fedraser", "pga", "fused", "scale"]
+    paper = load_config(resolve_config_path("table2_paper"))
+    assert paper["data"]["num_clients"] == 100 and paper["fl"]["rounds"] == 100
+    assert paper["fl"]["local_epochs"] == 10
+    assert set(paper["experiment"]["models"]) == {"lenet", "mobilenetv3", "resnet18"}
+    assert set(paper["experiment"]["datasets"]) == {"fashion_mnist", "cifar100"}
