@@ -4,7 +4,7 @@ Public API: :class:`UnlearnContext`, :class:`UnlearnResult`, the :class:`Unlearn
 :class:`ScaleUnlearner`, :class:`RetrainUnlearner`, :func:`parse_request`. No GNU Radio import.
 """
 
-from scaleflu.unlearn.base import Unlearner, UnlearnContext, UnlearnResult
+from scaleflu.unlearn.base import UnlearnContext, Unlearner, UnlearnResult
 from scaleflu.unlearn.request import RequestError, UnlearnRequest, parse_request
 from scaleflu.unlearn.retrain import RetrainUnlearner
 from scaleflu.unlearn.scale import ScaleUnlearner

@@ -40,7 +40,9 @@ class AoITracker:
         """State after the run's last completed round (groups never updated: round 0)."""
         last = history.group_last_update(tol=tol)
         keys = [(layer, j) for layer, g in history.groups.items() for j in range(len(g))]
-        sizes = {(layer, j): b - a for layer, g in history.groups.items() for j, (a, b) in enumerate(g)}
+        sizes = {
+            (layer, j): b - a for layer, g in history.groups.items() for j, (a, b) in enumerate(g)
+        }
         T = history.last_completed_round()
         return cls(
             keys,

@@ -116,9 +116,7 @@ def add_unlearn_parser(subparsers: Any) -> None:
     )
     p.add_argument("--run", required=True, help="run directory written by `scaleflu train`")
     p.add_argument("--request", required=True, help="client:N[,N] | class:C[@N] | sample:N:F")
-    p.add_argument(
-        "--mode", choices=("paper", "default"), default=None, help="default: scale.mode"
-    )
+    p.add_argument("--mode", choices=("paper", "default"), default=None, help="default: scale.mode")
     p.add_argument("--method", choices=METHODS, default="scale")
     p.add_argument("--out", default=None, help="output folder (default RUN/unlearn/<req>-<mode>)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")

@@ -215,8 +215,15 @@ class SparsifyEnv(gym.Env):
                 plans = {j: idx[~self.zeroed[layer][idx]] for j, idx in plans.items()}
                 want = sum(len(v) for v in plans.values())
                 if self.budget_total and want > self.budget_left:
+                    # cut to what fits: the same share of each group, leftovers to the first
                     frac = self.budget_left / max(want, 1)
-                    plans = {j: v[: int(np.floor(frac * len(v)))] for j, v in plans.items()}
+                    keep = {j: int(np.floor(frac * len(v))) for j, v in plans.items()}
+                    spare = self.budget_left - sum(keep.values())
+                    for j, v in plans.items():
+                        extra = min(spare, len(v) - keep[j])
+                        keep[j] += extra
+                        spare -= extra
+                    plans = {j: v[: keep[j]] for j, v in plans.items()}
             for j, idx in plans.items():
                 start, end = self.spec.groups[layer][j]
                 size = end - start

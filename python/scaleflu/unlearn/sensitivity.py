@@ -216,7 +216,9 @@ def paper_sensitivity(
     sd = {k: sum(p[2][k] for p in per) / len(per) for k in layers}
     score = combine_scores(layers, sa, sd, lam, normalise=False)
     top = top_layers(score, layers, top_m)
-    return SensitivityReport("paper", list(layers), rho, sa, sd, score, top, lam, eps, rounds, notes)
+    return SensitivityReport(
+        "paper", list(layers), rho, sa, sd, score, top, lam, eps, rounds, notes
+    )
 
 
 def target_contribution(

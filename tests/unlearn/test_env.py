@@ -1,0 +1,117 @@
+"""Phase II environment on constructed layers: encoding, Sparsify, rewards, budget, AoI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from scaleflu.fl.history import LinkModel
+from scaleflu.fl.models import parameter_groups
+from scaleflu.unlearn.aoi import AoITracker, changed_groups
+from scaleflu.unlearn.env import EnvSpec, SparsifyEnv
+
+Groups = dict[str, list[tuple[int, int]]]
+
+
+def _aoi(groups: Groups, ages: dict[tuple[str, int], float]) -> AoITracker:
+    keys = [(k, j) for k, g in groups.items() for j in range(len(g))]
+    sizes = {(k, j): b - a for k, g in groups.items() for j, (a, b) in enumerate(g)}
+    now = 10.0
+    last = np.array([now - ages.get(key, 0.0) for key in keys])
+    return AoITracker(keys, sizes, last.copy(), last.copy(), now, now, LinkModel(1000.0, 0.0))
+
+
+def _spec(mode: str, **kw: object) -> EnvSpec:
+    w = {"x": torch.arange(1.0, 17.0).view(4, 4), "y": torch.arange(1.0, 9.0) * -0.1}
+    groups = {"x": parameter_groups(16, 4), "y": parameter_groups(8, 2)}
+    attribution = {"x": torch.zeros(16), "y": torch.zeros(8)}
+    attribution["x"][[1, 6, 11]] = torch.tensor([5.0, 4.0, 3.0])
+    ages = {("x", 0): 4.0, ("x", 1): 2.0, ("y", 0): 8.0}
+    base = dict(
+        mode=mode,
+        layers=["x", "y"],
+        groups=groups,
+        weights=w,
+        score={"x": 2.0, "y": 1.0},
+        aoi=_aoi(groups, ages),
+        G=4,
+        s_levels=4,
+        episode_steps=3,
+        attribution=attribution if mode == "default" else {},
+    )
+    base.update(kw)
+    return EnvSpec(**base)  # type: ignore[arg-type]
+
+
+def test_spaces_and_decode() -> None:
+    env = SparsifyEnv(_spec("paper"))
+    assert list(env.action_space.nvec) == [2, 2, 2, 2, 2, 4]
+    assert env.observation_space.shape == (2 * 4 * 3,)
+    layer, groups, s = env.decode([1, 1, 1, 1, 1, 1])
+    assert layer == "y" and groups == [0, 1] and s == 0.5  # y has only 2 groups
+    obs, _ = env.reset()
+    assert obs.shape == (24,) and np.isfinite(obs).all()
+    assert SparsifyEnv(_spec("default")).observation_space.shape == (2 * 4 * 6,)
+
+
+def test_paper_reward_and_magnitude_pruning() -> None:
+    env = SparsifyEnv(_spec("paper"))
+    env.reset()
+    # layer x (S = max), groups 0 and 1, s = 0.5: R_f = 2 * 1 * 0.5; R_c = (4/8 + 2/8)/2 * 0.5
+    _, r, term, trunc, info = env.step([0, 1, 1, 0, 0, 1])
+    assert info["r_f"] == pytest.approx(1.0)
+    assert info["r_c"] == pytest.approx(0.1875)
+    assert r == pytest.approx(1.1875)
+    x = env.layer_state()["x"].flatten()
+    # magnitude pruning: the 2 smallest |w| of each group are zeroed
+    assert x[:8].tolist() == [0, 0, 3, 4, 0, 0, 7, 8]
+    assert info["changed"] == 2 and not term and not trunc
+    # the changed groups are fresh now, the others aged by one step
+    a = env._aoi_of(env.aoi.aoi_rounds())
+    assert a[("x", 0)] == 0 and a[("y", 0)] == 9
+    env.step([0, 0, 0, 0, 0, 0])
+    _, _, term, trunc, _ = env.step([0, 0, 0, 0, 0, 0])
+    assert trunc and not term and len(env.episode_returns) == 1
+
+
+def test_default_sparsify_follows_attribution_and_budget() -> None:
+    env = SparsifyEnv(_spec("default", budget=2 / 24))  # 2 of the 24 top-M parameters
+    env.reset()
+    assert env.budget_total == 2
+    # s = 0.25 of each 4-entry group: the most attributed entry of groups 0..2
+    _, _, term, _, info = env.step([0, 1, 1, 1, 0, 0])
+    x = env.layer_state()["x"].flatten()
+    zeroed = set(torch.nonzero(x == 0).flatten().tolist())
+    assert len(zeroed) == 2 and zeroed <= {1, 6, 11}  # cut to the budget
+    assert term  # budget spent ends the episode
+    assert info["r_f"] == pytest.approx(sum([5.0, 4.0, 3.0][:2]) / 12.0 * 1.0, rel=0.5)
+
+
+def test_default_reward_counts_only_new_zeros_and_utility() -> None:
+    calls = []
+
+    def utility(layers: dict[str, torch.Tensor]) -> float:
+        calls.append(1)
+        return 1.0 - 0.01 * int((layers["x"] == 0).sum())
+
+    env = SparsifyEnv(_spec("default", utility=utility, w_u=1.0))
+    env.reset()
+    _, r1, _, _, i1 = env.step([0, 1, 0, 0, 0, 0])
+    assert i1["r_f"] == pytest.approx(5.0 / 12.0)
+    assert i1["r_u"] == pytest.approx(-0.01)
+    _, r2, _, _, i2 = env.step([0, 1, 0, 0, 0, 0])  # same action again: nothing new
+    assert r2 == 0.0 and i2["changed"] == 0
+
+
+def test_changed_groups_and_tracker_step() -> None:
+    groups = {"x": parameter_groups(8, 2)}
+    a = {"x": torch.zeros(8)}
+    b = {"x": torch.zeros(8)}
+    b["x"][5] = 1.0
+    assert changed_groups(a, b, groups) == [("x", 1)]
+    tr = _aoi(groups, {("x", 0): 3.0})
+    spent = tr.step([("x", 1)])
+    assert spent == pytest.approx(4 * 4 / 1000.0)
+    assert tr.aoi_rounds().tolist() == [4.0, 0.0]
+    assert tr.mean()["aoi_rounds"] == pytest.approx(2.0)

@@ -1,0 +1,123 @@
+"""Phase I math on constructed inputs: correlation, alignment, KL impact, ranking."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from scaleflu.fl.history import HistoryStore
+from scaleflu.fl.models import parameter_groups
+from scaleflu.unlearn.sensitivity import (
+    alignment_score,
+    combine_scores,
+    historical_sensitivity,
+    impact_score,
+    kl_divergence,
+    paper_sensitivity,
+    pearson,
+    plot_sensitivity,
+    top_layers,
+    weight_distribution,
+)
+
+LAYERS = ["a", "b", "c"]
+
+
+def test_pearson_and_alignment() -> None:
+    x = torch.arange(10.0)
+    assert pearson(x, 2 * x + 1) == pytest.approx(1.0)
+    assert pearson(x, -x) == pytest.approx(-1.0)
+    assert pearson(x, torch.ones(10)) == 0.0
+    assert alignment_score(0.0) == 0.0
+    assert alignment_score(0.6) == pytest.approx(-0.5 * math.log(1 - 0.36))
+    big = alignment_score(1.0)  # rho^2 clipped below 1: finite
+    assert math.isfinite(big) and big > alignment_score(0.999)
+
+
+def test_kl_zero_when_without_equals_global_and_positive_otherwise() -> None:
+    w = torch.randn(50)
+    assert impact_score(w, w.clone()) == 0.0
+    assert impact_score(w, w * 3.0) == pytest.approx(0.0, abs=1e-9)  # scale-free
+    w2 = w.clone()
+    w2[:10] = 0.0
+    assert impact_score(w, w2) > 0.01
+    p = weight_distribution(torch.tensor([0.0, 1.0, -3.0]), eps=1e-8)
+    assert float(p.sum()) == pytest.approx(1.0) and float(p.min()) > 0
+    assert kl_divergence(p, p) == 0.0
+
+
+def test_combine_normalises_each_term_by_its_maximum() -> None:
+    a = {"a": 2.0, "b": 4.0, "c": 0.0}
+    d = {"a": 0.001, "b": 0.0, "c": 0.002}
+    raw = combine_scores(LAYERS, a, d, 0.5, normalise=False)
+    assert raw["b"] == pytest.approx(2.0)
+    norm = combine_scores(LAYERS, a, d, 0.5, normalise=True)
+    assert norm == pytest.approx({"a": 0.5, "b": 0.5, "c": 0.5})
+    assert top_layers({"a": 1.0, "b": 3.0, "c": 2.0}, LAYERS, 2) == ["b", "c"]
+    with pytest.raises(ValueError):
+        combine_scores(LAYERS, a, d, 1.5, normalise=True)
+
+
+def _store(tmp_path: Path, rounds: int = 3) -> HistoryStore:
+    """A history where client 0's update dominates layer b; clients 1, 2 add noise."""
+    g = torch.Generator().manual_seed(0)
+    shapes = {"a": (40,), "b": (40,), "c": (40,)}
+    groups = {k: parameter_groups(40, 4) for k in shapes}
+    store = HistoryStore(tmp_path, groups=groups)
+    state = {k: torch.randn(s, generator=g) for k, s in shapes.items()}
+    store.record_initial(state)
+    sizes = {0: 100, 1: 100, 2: 100}
+    for t in range(1, rounds + 1):
+        locals_ = {}
+        for n in sizes:
+            upd = {k: 0.01 * torch.randn(s, generator=g) for k, s in shapes.items()}
+            if n == 0:
+                upd["b"] = upd["b"] + 1.0 * torch.randn(shapes["b"], generator=g)
+            locals_[n] = {k: state[k] + upd[k] for k in shapes}
+        new = {k: sum(locals_[n][k] for n in sizes) / 3 for k in shapes}
+        store.record_round(t, list(sizes), sizes, locals_, new)
+        state = new
+    return store
+
+
+def test_dominated_layer_ranks_first_default(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    rep = historical_sensitivity(store, {0: 1.0}, LAYERS, lam=0.5, top_m=1)
+    assert rep.top == ["b"]
+    assert rep.rho["b"] > 0.9 > rep.rho["a"]
+    assert rep.impact["b"] > 10 * rep.impact["a"]
+    assert rep.rounds == [1, 2, 3]
+    assert set(rep.attribution) == set(LAYERS)
+    # A bystander's layers are ranked by its (noise) updates: b is no longer special.
+    other = historical_sensitivity(store, {1: 1.0}, LAYERS, lam=0.5, top_m=3)
+    assert other.score["b"] < rep.score["b"]
+    store.close()
+
+
+def test_paper_mode_raw_alignment_ranks_nothing(tmp_path: Path) -> None:
+    """GUIDE 3.1: raw weights correlate ~1 everywhere, so the literal score misranks."""
+    store = _store(tmp_path)
+    rep = paper_sensitivity(store, [0], LAYERS, lam=0.5, top_m=1)
+    assert rep.mode == "paper" and rep.rounds == [3]
+    assert min(rep.rho.values()) > 0.9
+    # The client that dominates b deviates most there, so its raw rho is *lowest* in b and
+    # the raw alignment (about 5 against a KL of about 0.06) buries the KL signal.
+    assert rep.rho["b"] < min(rep.rho["a"], rep.rho["c"])
+    assert rep.top != ["b"]
+    # The KL impact alone (lambda = 0) still finds the layer.
+    kl_only = paper_sensitivity(store, [0], LAYERS, lam=0.0, top_m=1)
+    assert kl_only.top == ["b"]
+    js = rep.to_json()
+    assert [r["layer"] for r in js["layers"]] == LAYERS
+    store.close()
+
+
+def test_sensitivity_plot(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    rep = historical_sensitivity(store, {0: 1.0}, LAYERS, lam=0.5, top_m=2)
+    out = plot_sensitivity(rep, tmp_path / "s.png")
+    assert out.stat().st_size > 1000
+    store.close()
