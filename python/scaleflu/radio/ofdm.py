@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 LEN_TAG_KEY = "packet_len"
-DEFAULT_POST_PADDING = 400  # zero samples after each burst (5 OFDM symbols at FFT 64, CP 16)
+DEFAULT_POST_PADDING = 160  # zero samples after each burst (2 OFDM symbols at FFT 64, CP 16)
 
 try:  # gr-digital's default 127-symbol pilot sequence (4 pilots), reused for every FFT size
     from gnuradio.digital.ofdm_txrx import _def_pilot_symbols as _PILOT_SYMBOLS
