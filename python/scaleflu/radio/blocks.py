@@ -163,8 +163,8 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
         )
         if arq_overrides:
             self.config = replace(self.config, **arq_overrides)
-        self.bad_pdus = 0
-        self._started = False
+        self.bad_pdus = 0  # PDUs on "send"/"frames_in" that were not usable
+        self.frames_in_count = 0  # PDUs handled on "frames_in"
         self._pub_lock = threading.Lock()
         for p in ("send", "frames_in"):
             self.message_port_register_in(_PORTS[p])
@@ -190,10 +190,6 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
         return s
 
     # -- GNU Radio hooks -------------------------------------------------------------------
-    def start(self) -> bool:
-        self._started = True
-        return True
-
     def stop(self) -> bool:
         self.link.close()
         return True
@@ -224,6 +220,7 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
         )
 
     def _handle_frame(self, msg: pmt.pmt_t) -> None:
+        self.frames_in_count += 1
         raw = pdu_to_frame(msg, self.mtu)
         if raw is None:
             self.bad_pdus += 1
