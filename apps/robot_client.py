@@ -1,0 +1,20 @@
+#!/usr/bin/env python3
+"""SCALE testbed robot client (thin wrapper over scaleflu.testbed; see docs/testbed.md).
+
+Example::
+
+    .venv/bin/python apps/robot_client.py --keys keys.json --robot-id 3 --link frames \
+        --hub tcp://127.0.0.1:5560 --unlearn client --unlearn-after-round 2
+
+On a MentorPi with its USRP 2900::
+
+    .venv/bin/python apps/robot_client.py --keys robot3.json --robot-id 3 --link uhd \
+        --args "type=b200,master_clock_rate=20e6" --freq 2.45e9 --rate 5e6 --tx-gain 60
+"""
+
+import sys
+
+from scaleflu.testbed.cli import robot_main
+
+if __name__ == "__main__":
+    sys.exit(robot_main())

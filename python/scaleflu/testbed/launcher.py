@@ -1,0 +1,427 @@
+"""The one-command local testbed: an edge server and N robots as processes on one machine.
+
+``apps/testbed.py`` (``make demo``) generates random pre-shared keys, writes the resolved config
+(the demo settings below over the defaults, then the user's file and ``--set`` overrides),
+starts the channel (the frame hub of the ``frames`` link, or nothing for ``ofdm-zmq`` where the
+processes exchange OFDM samples over ZeroMQ), the edge server and the robots, shows progress,
+and prints the server's summary. The last robot's data carries the backdoor trigger (GUIDE
+3.6) and it asks to be forgotten after ``--unlearn-after-round``. Ctrl-C stops every child.
+Everything lands in ``runs/testbed-<time>/``: config, keys, logs, history, report, plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from scaleflu.config import _read_file, default_config, merge, parse_override, save_config
+from scaleflu.link import ChannelModel
+from scaleflu.log import setup_logging
+from scaleflu.testbed.protocol import generate_keys, save_keys
+
+log = logging.getLogger(__name__)
+
+ROOT = Path(__file__).resolve().parents[3]
+APPS = ROOT / "apps"
+
+# Small enough for a few minutes on 2 cores, large enough to learn and to show the backdoor.
+DEMO_SETTINGS: dict[str, Any] = {
+    "data": {
+        "train_subset": 12000,
+        "test_subset": 2000,
+        "alpha": 0.5,
+        "poison": {"backdoor_fraction": 0.5, "target_label": 0, "trigger_size": 3},
+    },
+    "model": {"name": "lenet"},
+    "fl": {"local_epochs": 2, "lr": 0.05, "momentum": 0.5, "batch_size": 32, "threads": 1},
+    "scale": {
+        "ppo": {"episodes": 32, "n_steps": 64, "batch_size": 32, "epochs": 4},
+        "val_size": 300,
+        "recovery_rounds": 1,
+        "recovery_local_epochs": 1,
+        "eval": {"max_samples": 2000, "mia_samples": 300, "relearn_max_rounds": 0},
+    },
+}
+
+_LOGLINE = re.compile(r"\d\d:\d\d:\d\d ")
+_ECHO = re.compile(
+    r"registered|round \d+ (done|closed)|rejected|unlearn|Phase I|resuming|report written|"
+    r"model r\d+ -> robot \d+.*failed|fewer than|Error|Traceback"
+)
+
+
+def free_port() -> int:
+    """A TCP port free on localhost right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def free_port_block(n: int) -> int:
+    """A base port with ``n`` consecutive free ports (ofdm-zmq binds base + node id)."""
+    for _ in range(200):
+        base = random.randint(20000, 60000 - n)
+        ok = True
+        for p in range(base, base + n):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", p))
+                except OSError:
+                    ok = False
+                    break
+        if ok:
+            return base
+    raise RuntimeError("no block of free ports found")
+
+
+class Child:
+    """One app process with its log file; lines of interest are echoed to the console."""
+
+    def __init__(self, name: str, cmd: list[str], log_path: Path, echo: IO[str] | None) -> None:
+        self.name, self.cmd, self.log_path, self.echo = name, cmd, log_path, echo
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: list[str] = []
+        self._thread: threading.Thread | None = None
+        self.starts = 0
+
+    def start(self) -> None:
+        """Start (or restart) the process."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(
+            self.cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=ROOT,
+            start_new_session=True,
+        )
+        self.starts += 1
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with self.log_path.open("a") as fh:
+            for line in self.proc.stdout:
+                fh.write(line)
+                fh.flush()
+                self.lines.append(line)
+                if (
+                    self.echo is not None
+                    and _LOGLINE.match(line)
+                    and _ECHO.search(line)
+                    and "scaleflu.link" not in line
+                ):
+                    self.echo.write(f"[{self.name}] {line.split(': ', 1)[-1]}")
+                    self.echo.flush()
+
+    def alive(self) -> bool:
+        """Whether the process is running."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, wait: float = 8.0) -> None:
+        """Signal the process (its own process group) and wait; SIGKILL when it lingers."""
+        if not self.alive():
+            return
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(wait)
+        except (subprocess.TimeoutExpired, ProcessLookupError):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(5)
+
+    def join_output(self, timeout: float = 5.0) -> None:
+        """Wait for the log pump to drain."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+def _rounds_done(run_dir: Path) -> int:
+    """The last round the server has recorded (from its rounds.jsonl)."""
+    rows = run_dir / "rounds.jsonl"
+    if not rows.is_file():
+        return 0
+    done = [json.loads(x)["round"] for x in rows.read_text().splitlines() if x.strip()]
+    return max(done, default=0)
+
+
+def largest_robot(cfg: dict[str, Any]) -> int:
+    """The robot with the most training samples under the config's seeded partition."""
+    from scaleflu.fl.data import load_datasets, make_partitions
+
+    clean, _ = load_datasets(cfg["data"], int(cfg["seed"]))
+    parts = make_partitions(cfg["data"], clean.labels, int(cfg["seed"]))
+    return 1 + max(range(len(parts)), key=lambda n: len(parts[n]))
+
+
+def build_config(args: argparse.Namespace) -> dict[str, Any]:
+    """Defaults, demo settings, the user's file, then --set overrides; robot count wired in.
+
+    The backdoored robot (the one that asks to be forgotten) is ``--backdoor-robot``, by default
+    the robot with the most data: with three robots a trigger carried by a small share of the
+    federation is averaged away within a few rounds and there would be nothing to forget.
+    """
+    n = args.robots
+    demo = json.loads(json.dumps(DEMO_SETTINGS))
+    demo["data"]["num_clients"] = n
+    demo["data"]["poison"]["backdoor_clients"] = []
+    demo["fl"]["clients_per_round"] = n
+    demo["testbed"] = {"robots": n, "rounds": args.rounds, "min_robots": n, "link": args.link}
+    if args.method:
+        demo["testbed"]["unlearn"] = {"method": args.method}
+    cfg = merge(default_config(), demo)
+    if args.config:
+        cfg = merge(cfg, _read_file(Path(args.config)))
+    for o in args.overrides:
+        cfg = merge(cfg, parse_override(o))
+    if args.backdoor_robot is None:
+        args.backdoor_robot = largest_robot(cfg)
+    if not cfg["data"]["poison"]["backdoor_clients"]:
+        cfg["data"]["poison"]["backdoor_clients"] = [args.backdoor_robot - 1]
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``apps/testbed.py``: run the local testbed end to end."""
+    p = argparse.ArgumentParser(
+        prog="testbed.py",
+        description="Local SCALE testbed: edge server + robots as processes over a simulated "
+        "channel, FL rounds on FashionMNIST, one robot asks to be forgotten, report.",
+    )
+    p.add_argument("--robots", type=int, default=3)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--link",
+        choices=("frames", "ofdm-zmq"),
+        default="frames",
+        help="frames: ARQ frames through a simulated medium (loss, errors, "
+        "duplicates, reordering, 5.7 Mbit/s); ofdm-zmq: OFDM samples over ZeroMQ "
+        "(GNU Radio PHY in every process; CPU-heavy)",
+    )
+    p.add_argument(
+        "--method",
+        choices=("scale", "retrain"),
+        default=None,
+        help="unlearning method (default: testbed.unlearn.method)",
+    )
+    p.add_argument(
+        "--backdoor-robot",
+        type=int,
+        default=None,
+        help="robot whose data carries the trigger and who asks to be forgotten "
+        "(default: the one with the most data)",
+    )
+    p.add_argument("--unlearn", choices=("client", "class", "sample", "none"), default="client")
+    p.add_argument(
+        "--unlearn-after-round",
+        type=int,
+        default=None,
+        help="the requesting robot asks after this round (default: the last)",
+    )
+    p.add_argument("--loss", type=float, default=None, help="frames link: frame loss")
+    p.add_argument("--snr-db", type=float, default=20.0, help="ofdm-zmq: receive SNR, dB")
+    p.add_argument("--drop-rate", type=float, default=0.02, help="ofdm-zmq: frame drop rate")
+    p.add_argument(
+        "--kill-robot",
+        type=int,
+        default=None,
+        help="this robot dies on receiving the model of --kill-round, then rejoins",
+    )
+    p.add_argument("--kill-round", type=int, default=2)
+    p.add_argument(
+        "--attacker-robot",
+        type=int,
+        default=None,
+        help="this robot also sends NaN, wrong-shape, duplicate, replayed, forged "
+        "and garbage uploads in round 1",
+    )
+    p.add_argument(
+        "--restart-server-after-round",
+        type=int,
+        default=None,
+        help="kill -9 the server once this round is recorded, then restart it",
+    )
+    p.add_argument("--out", default=None, help="run folder (default runs/testbed-<time>)")
+    p.add_argument("--config", "-c", default=None)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up after this long, s")
+    p.add_argument("--quiet", action="store_true", help="do not echo progress lines")
+    args = p.parse_args(argv)
+    setup_logging(os.environ.get("SCALEFLU_LOG", "WARNING"))
+    t_start = time.monotonic()
+    run_dir = Path(args.out or ROOT / "runs" / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs").mkdir(exist_ok=True)
+    cfg = build_config(args)
+    cfg_path = save_config(cfg, run_dir / "testbed.yaml")
+    keys_path = save_keys(generate_keys(list(range(1, args.robots + 1))), run_dir / "keys.json")
+    echo = None if args.quiet else sys.stdout
+    out = sys.stdout
+    tb = cfg["testbed"]
+    out.write(
+        f"testbed: {args.robots} robots, {args.rounds} rounds, link {args.link}, "
+        f"run folder {run_dir}\n"
+    )
+    out.write(
+        f"robot {args.backdoor_robot} carries the backdoor trigger "
+        f"(target label {cfg['data']['poison']['target_label']}) and asks to be "
+        f"forgotten ({args.unlearn}) after round "
+        f"{args.unlearn_after_round or args.rounds}\n"
+    )
+
+    hub = None
+    link_args: list[str] = ["--link", args.link]
+    if args.link == "frames":
+        from scaleflu.testbed.transport import FrameHub
+
+        ch = dict(tb["channel"])
+        if args.loss is not None:
+            ch["loss"] = args.loss
+        hub = FrameHub("tcp://127.0.0.1:0", ChannelModel(**ch), seed=int(cfg["seed"]))
+        link_args += ["--hub", hub.address]
+        out.write(f"channel: frame hub {hub.address} {ch}\n")
+    else:
+        base = free_port_block(args.robots + 1)
+        link_args += [
+            "--base-port",
+            str(base),
+            "--snr-db",
+            str(args.snr_db),
+            "--drop-rate",
+            str(args.drop_rate),
+        ]
+        out.write(
+            f"channel: OFDM over ZeroMQ ports {base}.., SNR {args.snr_db} dB, "
+            f"frame drop {args.drop_rate}\n"
+        )
+    py = sys.executable
+    common = ["--config", str(cfg_path), "--keys", str(keys_path), *link_args]
+    server = Child(
+        "server",
+        [py, str(APPS / "edge_server.py"), *common, "--run-dir", str(run_dir), "--no-progress"],
+        run_dir / "logs" / "server.log",
+        echo,
+    )
+    after = args.unlearn_after_round or args.rounds
+    robots: dict[int, Child] = {}
+    for r in range(1, args.robots + 1):
+        cmd = [
+            py,
+            str(APPS / "robot_client.py"),
+            *common,
+            "--robot-id",
+            str(r),
+            "--summary",
+            str(run_dir / "logs" / f"robot{r}.json"),
+            "--max-runtime",
+            str(args.timeout),
+        ]
+        if r == args.backdoor_robot and args.unlearn != "none":
+            cmd += ["--unlearn", args.unlearn, "--unlearn-after-round", str(after)]
+            if args.unlearn == "class":
+                cmd += ["--unlearn-classes", "0"]
+            if args.unlearn == "sample":
+                cmd += ["--unlearn-fraction", "0.5"]
+        if r == args.attacker_robot:
+            cmd += ["--faults", "nan,shape,duplicate,replay,forged,garbage", "--fault-round", "1"]
+        if r == args.kill_robot:
+            cmd += ["--faults", "crash", "--fault-round", str(args.kill_round)]
+        robots[r] = Child(f"robot{r}", cmd, run_dir / "logs" / f"robot{r}.log", echo)
+    rejoined: set[int] = set()
+    died_noted = False
+    restarted = False
+    rc = 1
+    try:
+        server.start()
+        for ch in robots.values():
+            ch.start()
+        deadline = time.monotonic() + args.timeout
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            if not server.alive():
+                rc = server.proc.returncode if server.proc else 1
+                if rc == 0 or restarted or args.restart_server_after_round is None:
+                    break
+            if args.restart_server_after_round is not None and not restarted:
+                if _rounds_done(run_dir) >= args.restart_server_after_round:
+                    out.write(
+                        f"[testbed] kill -9 the edge server after round "
+                        f"{args.restart_server_after_round}; restarting it\n"
+                    )
+                    server.stop(signal.SIGKILL)
+                    server.start()
+                    restarted = True
+            for r, ch in robots.items():
+                if r == args.kill_robot and r not in rejoined and not ch.alive():
+                    if not died_noted:
+                        out.write(
+                            f"[testbed] robot {r} died in round {args.kill_round}; it "
+                            "rejoins once the round has closed\n"
+                        )
+                        died_noted = True
+                    if _rounds_done(run_dir) >= args.kill_round:
+                        i = ch.cmd.index("--faults")
+                        del ch.cmd[i : i + 4]
+                        ch.start()
+                        rejoined.add(r)
+                        out.write(f"[testbed] robot {r} restarted\n")
+        else:
+            out.write("[testbed] timeout: stopping\n")
+        server.join_output()
+        for ch in robots.values():
+            if ch.proc is not None:
+                try:
+                    ch.proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    ch.stop()
+    except KeyboardInterrupt:
+        out.write("\n[testbed] Ctrl-C: stopping the edge server and the robots\n")
+        rc = 130
+    finally:
+        for ch in [server, *robots.values()]:
+            ch.stop()
+        if hub is not None:
+            hub.close()
+    total = time.monotonic() - t_start
+    text = "".join(server.lines)
+    if "=== SCALE testbed summary" in text:
+        out.write(text[text.index("=== SCALE testbed summary") - 1 :])
+    report = run_dir / "report.json"
+    if report.is_file():
+        data = json.loads(report.read_text())
+        data["launcher"] = {
+            "total_s": total,
+            "link": args.link,
+            "hub": None
+            if hub is None
+            else {
+                "frames_in": hub.frames_in,
+                "frames_out": hub.frames_out,
+                "bytes_in": hub.bytes_in,
+            },
+            "robot_starts": {r: ch.starts for r, ch in robots.items()},
+            "server_starts": server.starts,
+        }
+        report.write_text(json.dumps(data, indent=1, default=str))
+        out.write(f"testbed done in {total:.0f}s; report {report} and plots in {run_dir}\n")
+        return 0 if rc in (0, None) else rc
+    out.write(f"testbed failed (server exit {rc}); logs in {run_dir / 'logs'}\n")
+    return rc or 1

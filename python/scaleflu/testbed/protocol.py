@@ -1,0 +1,336 @@
+"""Testbed protocol: authenticated, replay-protected envelopes between the edge server and robots.
+
+Every message on the link is one envelope (big-endian)::
+
+    off  size field
+    0    4    magic b"SFTB"
+    4    1    version (1)
+    5    1    type (MsgType)
+    6    2    flags (0)
+    8    4    session (u32; 0 only in REGISTER)
+    12   4    round (u32)
+    16   2    sender id (0 = edge server, robots 1..65534)
+    18   2    receiver id
+    20   8    counter (u64, strictly increasing per sender; starts at the sender's clock in us)
+    28   4    meta length J
+    32   4    body length B
+    36   J    meta: UTF-8 JSON object (control fields)
+    36+J B    body: a scaleflu.link wire message (tensors) or empty
+    ..   32   HMAC-SHA256(key of the robot, bytes 0 .. 36+J+B-1)
+
+The key is the robot's pre-shared key in both directions (the server holds every robot's key).
+A receiver accepts an envelope only when: it parses, the HMAC verifies with the key of the
+claimed robot, the link source equals the claimed sender, the session is the current one
+(REGISTER: 0, and its counter is within ``max_skew_s`` of the receiver's clock), and the counter
+is above the last one accepted from that sender (replay and duplicate protection). Counters are
+committed only after the HMAC verified, so forged traffic cannot advance them. Nothing is ever
+unpickled: meta is JSON, tensors use the versioned wire format.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import struct
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"SFTB"
+VERSION = 1
+HEADER = struct.Struct(">4sBBHIIHHQII")
+HEADER_SIZE = HEADER.size  # 36
+MAC_SIZE = 32
+MAX_META = 64 * 1024
+SERVER_ID = 0
+MAX_ROBOT_ID = 0xFFFE
+KEY_BYTES = 32
+
+
+class MsgType(enum.IntEnum):
+    """Testbed message types."""
+
+    REGISTER = 1  # robot -> server: join (meta: nonce, num_samples, model, version)
+    REGISTER_ACK = 2  # server -> robot: session granted (meta: nonce echo, accepted, reason)
+    SERVER_HELLO = 3  # server -> robot: a (re)started server announces its session
+    MODEL = 4  # server -> robot: global model (full or delta; meta: purpose, sha256, deadline)
+    UPDATE = 5  # robot -> server: local model after training (meta: num_samples, model_sha256)
+    UNLEARN_REQUEST = 6  # robot -> server: forget me / my class / my samples
+    UNLEARN_ACK = 7  # server -> robot: request accepted or refused (meta: reason)
+    EVAL_REPORT = 8  # robot -> server: RA/FA/ASR of a deployed model (meta: metrics, sha256)
+    REJECT = 9  # server -> robot: an update or request was refused (meta: reason)
+    RESYNC = 10  # robot -> server: delta reference mismatch, send the full model next time
+    BYE = 11  # server -> robot: the run is over
+
+
+class ProtocolError(ValueError):
+    """An envelope was refused; ``reason`` is a short machine-readable cause."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass
+class Envelope:
+    """One protocol message (header fields, JSON meta, tensor body)."""
+
+    type: MsgType
+    session: int
+    round: int
+    sender: int
+    receiver: int
+    counter: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+    body: bytes = b""
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def generate_keys(robot_ids: list[int]) -> dict[int, bytes]:
+    """Fresh random 32-byte pre-shared keys for the given robots."""
+    return {int(r): secrets.token_bytes(KEY_BYTES) for r in robot_ids}
+
+
+def save_keys(keys: Mapping[int, bytes], path: str | Path) -> Path:
+    """Write keys as JSON ``{"robots": {"1": "<hex>"}}`` readable by the owner only (0600)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = json.dumps({"robots": {str(k): v.hex() for k, v in sorted(keys.items())}}, indent=2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(data + "\n")
+    return path
+
+
+def load_keys(path: str | Path) -> dict[int, bytes]:
+    """Read a key file written by :func:`save_keys` (or by hand); keys must be >= 16 bytes."""
+    raw = json.loads(Path(path).read_text())
+    robots = raw.get("robots") if isinstance(raw, dict) else None
+    if not isinstance(robots, dict) or not robots:
+        raise ValueError(f"{path}: expected {{'robots': {{'<id>': '<hex key>'}}}}")
+    out: dict[int, bytes] = {}
+    for k, v in robots.items():
+        rid = int(k)
+        if not 1 <= rid <= MAX_ROBOT_ID:
+            raise ValueError(f"{path}: robot id {rid} outside 1..{MAX_ROBOT_ID}")
+        key = bytes.fromhex(str(v))
+        if len(key) < 16:
+            raise ValueError(f"{path}: key of robot {rid} is shorter than 16 bytes")
+        out[rid] = key
+    return out
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def seal(env: Envelope, key: bytes) -> bytes:
+    """Serialise and authenticate an envelope with HMAC-SHA256 under ``key``."""
+    meta = json.dumps(env.meta, separators=(",", ":"), allow_nan=False).encode()
+    if len(meta) > MAX_META:
+        raise ValueError(f"meta of {len(meta)} bytes exceeds {MAX_META}")
+    head = HEADER.pack(
+        MAGIC,
+        VERSION,
+        int(env.type),
+        0,
+        env.session & 0xFFFFFFFF,
+        env.round & 0xFFFFFFFF,
+        env.sender,
+        env.receiver,
+        env.counter,
+        len(meta),
+        len(env.body),
+    )
+    data = head + meta + bytes(env.body)
+    return data + hmac.new(key, data, hashlib.sha256).digest()
+
+
+def peek(data: bytes) -> Envelope:
+    """Parse an envelope without checking its HMAC (to find whose key verifies it)."""
+    if len(data) < HEADER_SIZE + MAC_SIZE:
+        raise ProtocolError("malformed", f"{len(data)} bytes is shorter than header + MAC")
+    magic, ver, mtype, flags, session, rnd, sender, receiver, counter, jlen, blen = (
+        HEADER.unpack_from(data, 0)
+    )
+    if magic != MAGIC:
+        raise ProtocolError("malformed", "bad magic")
+    if ver != VERSION:
+        raise ProtocolError("malformed", f"unsupported version {ver}")
+    if flags:
+        raise ProtocolError("malformed", f"unknown flags 0x{flags:04x}")
+    try:
+        t = MsgType(mtype)
+    except ValueError:
+        raise ProtocolError("malformed", f"unknown type {mtype}") from None
+    if jlen > MAX_META or HEADER_SIZE + jlen + blen + MAC_SIZE != len(data):
+        raise ProtocolError("malformed", "length fields do not match the message size")
+    try:
+        meta = json.loads(data[HEADER_SIZE : HEADER_SIZE + jlen].decode("utf-8")) if jlen else {}
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError("malformed", f"meta is not JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError("malformed", "meta is not a JSON object")
+    body = bytes(data[HEADER_SIZE + jlen : HEADER_SIZE + jlen + blen])
+    return Envelope(t, session, rnd, sender, receiver, counter, meta, body)
+
+
+def verify_mac(data: bytes, key: bytes) -> bool:
+    """Whether the trailing HMAC-SHA256 of ``data`` verifies under ``key`` (constant time)."""
+    if len(data) < MAC_SIZE:
+        return False
+    mac = hmac.new(key, data[:-MAC_SIZE], hashlib.sha256).digest()
+    return hmac.compare_digest(mac, data[-MAC_SIZE:])
+
+
+def now_counter() -> int:
+    """The current wall clock in microseconds (counters start there, so restarts stay ahead)."""
+    return time.time_ns() // 1000
+
+
+class CounterSource:
+    """Strictly increasing per-sender message counters seeded from the wall clock (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        """The next counter: max(previous + 1, now in us)."""
+        with self._lock:
+            self._last = max(self._last + 1, now_counter())
+            return self._last
+
+
+class ReplayGuard:
+    """Anti-replay window per peer (as in IPsec): each counter is accepted at most once.
+
+    Counters above the highest one seen are new. Counters within ``window`` below it (the link
+    may deliver concurrent messages out of order) are accepted once; older ones are refused.
+    Counters are microseconds of the sender's clock, so ``window`` is 120 s by default.
+    """
+
+    def __init__(self, window: int = 120_000_000) -> None:
+        self.window = window
+        self._max: dict[int, int] = {}
+        self._seen: dict[int, set[int]] = {}
+
+    def check(self, peer: int, counter: int) -> None:
+        """Raise ProtocolError('replay') for a counter seen before or older than the window."""
+        top = self._max.get(peer, 0)
+        if counter in self._seen.get(peer, ()):
+            raise ProtocolError("replay", f"counter {counter} already accepted")
+        if counter <= top - self.window or (counter <= top and peer not in self._seen):
+            raise ProtocolError("replay", f"counter {counter} older than the replay window")
+
+    def commit(self, peer: int, counter: int) -> None:
+        """Record an accepted counter (call only after the HMAC verified)."""
+        top = max(counter, self._max.get(peer, 0))
+        self._max[peer] = top
+        seen = self._seen.setdefault(peer, set())
+        seen.add(counter)
+        if len(seen) > 4096:
+            self._seen[peer] = {c for c in seen if c > top - self.window}
+
+    def last(self, peer: int) -> int:
+        """Highest accepted counter of ``peer`` (0 when none)."""
+        return self._max.get(peer, 0)
+
+
+def open_envelope(
+    data: bytes,
+    src: int,
+    key_of: Mapping[int, bytes],
+    expect_receiver: int,
+    session: int | None,
+    guard: ReplayGuard,
+    peer_of: int | None = None,
+    max_skew_s: float = 300.0,
+) -> Envelope:
+    """Parse, authenticate and replay-check one received message; raise ProtocolError if refused.
+
+    ``key_of`` maps the robot id whose key authenticates the message: on the server, the claimed
+    sender; on a robot, its own id (``peer_of``). ``session`` is the current session (None: any
+    session is accepted once authenticated: a robot learning a restarted server's session).
+    """
+    env = peek(data)
+    robot = env.sender if peer_of is None else peer_of
+    key = key_of.get(robot)
+    if key is None:
+        raise ProtocolError("unknown_sender", f"no key for robot {robot}")
+    if not verify_mac(data, key):
+        raise ProtocolError("bad_hmac", f"HMAC of a {env.type.name} claiming sender {env.sender}")
+    if env.sender != src:
+        raise ProtocolError("sender_mismatch", f"claims {env.sender}, link source is {src}")
+    if env.receiver != expect_receiver:
+        raise ProtocolError("wrong_receiver", f"for {env.receiver}, this is {expect_receiver}")
+    if env.type is MsgType.REGISTER:
+        skew = abs(env.counter / 1e6 - time.time())
+        if env.session != 0 or skew > max_skew_s:
+            raise ProtocolError("stale_register", f"session {env.session}, clock skew {skew:.0f}s")
+    elif session is not None and env.session != session:
+        raise ProtocolError("bad_session", f"session {env.session:#x}, current {session:#x}")
+    guard.check(env.sender, env.counter)
+    guard.commit(env.sender, env.counter)
+    return env
+
+
+# ----------------------------------------------------------------------------- tensors
+
+
+def state_sha256(tensors: Mapping[str, np.ndarray]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes of a state dict (sorted by name)."""
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        a = np.ascontiguousarray(tensors[name])
+        h.update(name.encode())
+        h.update(
+            a.dtype.newbyteorder("<").str.encode() if a.dtype.itemsize > 1 else a.dtype.str.encode()
+        )
+        h.update(struct.pack(f">{a.ndim + 1}I", a.ndim, *a.shape))
+        h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+    return h.hexdigest()
+
+
+def validate_update(
+    update: Mapping[str, np.ndarray],
+    reference: Mapping[str, np.ndarray],
+    max_norm: float | None = None,
+) -> str | None:
+    """Reason an uploaded local model is unusable (None when fine).
+
+    Same tensor names, shapes and dtypes as the global model, all floating values finite, and
+    (when ``max_norm`` is set) an update norm ``||local - global||_2`` at most ``max_norm``.
+    """
+    missing = sorted(set(reference) - set(update))
+    extra = sorted(set(update) - set(reference))
+    if missing or extra:
+        return f"wrong_keys: missing {missing[:3]} extra {extra[:3]}"
+    sq = 0.0
+    for name, ref in reference.items():
+        a = np.asarray(update[name])
+        if a.shape != ref.shape:
+            return f"wrong_shape: {name} {a.shape} != {ref.shape}"
+        if a.dtype != ref.dtype:
+            return f"wrong_dtype: {name} {a.dtype} != {ref.dtype}"
+        if a.dtype.kind == "f":
+            if not np.all(np.isfinite(a)):
+                return f"non_finite: {name}"
+            sq += float(np.sum((a.astype(np.float64) - ref.astype(np.float64)) ** 2))
+    if max_norm is not None and sq**0.5 > max_norm:
+        return f"norm: ||update|| {sq**0.5:.3g} > {max_norm}"
+    return None

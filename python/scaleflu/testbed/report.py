@@ -1,0 +1,170 @@
+"""The testbed report: JSON, plots (accuracy, bytes on air, AoI, RA/FA) and a text summary."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TextIO
+
+log = logging.getLogger(__name__)
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple | set):
+        return [_clean(v) for v in obj]
+    if isinstance(obj, float) and obj != obj:
+        return None
+    return obj
+
+
+def write_report(report: Mapping[str, Any], run_dir: str | Path, plots: bool = True) -> Path:
+    """Write ``report.json`` and the PNG plots into ``run_dir``; return the JSON path."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "report.json"
+    path.write_text(json.dumps(_clean(dict(report)), indent=1, default=str))
+    if plots:
+        try:
+            plot_report(report, run_dir)
+        except Exception:  # a plotting problem must not lose the report
+            log.exception("plots failed")
+    return path
+
+
+def plot_report(report: Mapping[str, Any], run_dir: Path) -> list[Path]:
+    """Accuracy per round, bytes on air per round, AoI per round, RA/FA per robot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = report.get("rounds") or []
+    out = []
+    if rows:
+        t = [r["round"] for r in rows]
+        fig, ax = plt.subplots(1, 3, figsize=(13, 3.6))
+        ax[0].plot(t, [r.get("test_acc") for r in rows], "o-", label="test accuracy")
+        if any(r.get("asr") is not None for r in rows):
+            ax[0].plot(t, [r.get("asr") for r in rows], "s--", label="backdoor ASR")
+        un = report.get("unlearning") or {}
+        sm = un.get("server_metrics") or {}
+        if sm.get("test_acc") is not None:
+            ax[0].plot([t[-1] + 1], [sm["test_acc"]], "r*", ms=12, label="after unlearning")
+        ax[0].set(
+            xlabel="round", ylabel="fraction", title="server: accuracy per round", ylim=(0, 1)
+        )
+        ax[0].legend(fontsize=8)
+        ax[1].bar(t, [r.get("air_bytes", 0) / 1e6 for r in rows])
+        if un.get("deploy_air_bytes") is not None:
+            ax[1].bar(
+                [t[-1] + 1],
+                [un["deploy_air_bytes"] / 1e6],
+                color="tab:red",
+                label="unlearned model + evals",
+            )
+            ax[1].legend(fontsize=8)
+        ax[1].set(xlabel="round", ylabel="MB", title="bytes on air (ARQ frames, all nodes)")
+        ax[2].plot(t, [r.get("aoi_s") for r in rows], "o-", label="end of round")
+        if un.get("aoi_after_deploy_s") is not None:
+            ax[2].plot([t[-1] + 1], [un["aoi_after_deploy_s"]], "r*", ms=12, label="after deploy")
+        ax[2].set(xlabel="round", ylabel="s", title="AoI of parameter groups at the robots")
+        ax[2].legend(fontsize=8)
+        fig.tight_layout()
+        p = run_dir / "rounds.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        out.append(p)
+    un = report.get("unlearning") or {}
+    before, after = un.get("robots_before") or {}, un.get("robots_after") or {}
+    robots = sorted({int(r) for r in list(before) + list(after)})
+    if robots:
+        fig, ax = plt.subplots(figsize=(7, 3.6))
+        labels, vb, va = [], [], []
+        for r in robots:
+            mb = (before.get(r) or before.get(str(r)) or {}).get("metrics", {})
+            ma = (after.get(r) or after.get(str(r)) or {}).get("metrics", {})
+            for key in ("ra", "fa", "test_acc", "asr"):
+                if mb.get(key) is not None or ma.get(key) is not None:
+                    labels.append(f"R{r} {key.upper()}")
+                    vb.append(mb.get(key) or 0.0)
+                    va.append(ma.get(key) or 0.0)
+        x = list(range(len(labels)))
+        ax.bar([i - 0.2 for i in x], vb, 0.4, label="before")
+        ax.bar([i + 0.2 for i in x], va, 0.4, label="after unlearning")
+        ax.set_xticks(x, labels, rotation=60, fontsize=7)
+        ax.set(ylim=(0, 1), title=f"robots' own measurements ({un.get('method')})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        p = run_dir / "robots_ra_fa.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        out.append(p)
+    return out
+
+
+def _f(x: Any, fmt: str = "{:.3f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
+    """A human-readable summary of the run (the apps print it at the end)."""
+    w = fh.write
+    w("\n=== SCALE testbed summary ===\n")
+    w(
+        f"{'round':>5} {'test acc':>8} {'ASR':>6} {'robots':>10} {'missing':>8} "
+        f"{'rejected':>8} {'air MB':>7} {'AoI s':>6} {'wall s':>6}\n"
+    )
+    for r in report.get("rounds") or []:
+        w(
+            f"{r['round']:>5} {_f(r.get('test_acc')):>8} {_f(r.get('asr')):>6} "
+            f"{','.join(map(str, r.get('participants', []))):>10} "
+            f"{','.join(map(str, r.get('missing', []))) or '-':>8} {r.get('rejected', 0):>8} "
+            f"{r.get('air_bytes', 0) / 1e6:>7.2f} {_f(r.get('aoi_s'), '{:.1f}'):>6} "
+            f"{_f(r.get('wall_s'), '{:.1f}'):>6}\n"
+        )
+    un = report.get("unlearning")
+    if un:
+        req = un.get("request", {})
+        w(
+            f"\nunlearning: robot {req.get('robot')} asked '{req.get('text')}' -> "
+            f"{un.get('method')} ({un.get('mode')}), protocol {un.get('protocol')}\n"
+        )
+        w(
+            f"  unlearning {un.get('unlearn_s', 0):.1f}s on the server, deployment "
+            f"{un.get('deploy_s', 0):.1f}s, {un.get('deploy_air_bytes', 0) / 1e6:.2f} MB on air, "
+            f"AoI after deploy {_f(un.get('aoi_after_deploy_s'), '{:.1f}')}s\n"
+        )
+        sm, so = un.get("server_metrics") or {}, un.get("server_original") or {}
+        w(
+            f"  server: test acc {_f(so.get('test_acc'))} -> {_f(sm.get('test_acc'))}, "
+            f"FA ({un.get('protocol')}) {_f(so.get('fa_protocol'))} -> "
+            f"{_f(sm.get('fa_protocol'))}, "
+            f"backdoor ASR {_f(so.get('backdoor_asr'))} -> {_f(sm.get('backdoor_asr'))}\n"
+        )
+        w(
+            f"  {'robot':>5} {'RA before':>9} {'RA after':>8} {'FA before':>9} {'FA after':>8} "
+            f"{'ASR bef.':>8} {'ASR aft.':>8} {'bit-exact':>9}\n"
+        )
+        before, after = un.get("robots_before") or {}, un.get("robots_after") or {}
+        exact = un.get("bit_exact") or {}
+        for r in sorted({int(k) for k in list(before) + list(after)}):
+            mb = (before.get(r) or before.get(str(r)) or {}).get("metrics", {})
+            ma = (after.get(r) or after.get(str(r)) or {}).get("metrics", {})
+            ex = exact.get(r, exact.get(str(r)))
+            w(
+                f"  {r:>5} {_f(mb.get('ra')):>9} {_f(ma.get('ra')):>8} {_f(mb.get('fa')):>9} "
+                f"{_f(ma.get('fa')):>8} {_f(mb.get('asr')):>8} {_f(ma.get('asr')):>8} "
+                f"{str(ex):>9}\n"
+            )
+    rc = report.get("rejection_counts") or {}
+    w(f"\nrejected messages: {dict(rc) if rc else 'none'}\n")
+    w(
+        f"bytes on air (all nodes): {report.get('air_bytes_total', 0) / 1e6:.2f} MB; "
+        f"FL phase {report.get('fl_s', 0):.1f}s; total {report.get('total_s', 0):.1f}s\n"
+    )
+    for k, v in (report.get("timings") or {}).items():
+        w(f"  {k}: {v:.1f}s\n")

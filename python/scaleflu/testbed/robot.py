@@ -1,0 +1,507 @@
+"""Robot client: registers, trains on its own partition when a model comes, reports evaluations.
+
+The robot holds only its own partition of the training set (rebuilt from the shared seeded
+config, poisoned as the evaluation protocol says) and a local test slice. Local training is the
+FL runtime's ``train_client`` (the same SGD, seeds and batches as the simulation). Every message
+it accepts is authenticated with its pre-shared key and replay-checked; it re-registers when the
+server announces a new session (restart) or stays silent for ``testbed.robot_idle_s``.
+
+``faults`` makes the robot misbehave on purpose, for tests and demos of the server's defences:
+``nan`` and ``shape`` (a NaN / wrong-shape upload before the real one), ``duplicate`` and
+``replay`` (the real upload sent again re-sealed / byte-identical), ``forged`` (an upload
+claiming to be another robot, sealed with this robot's key), ``garbage`` (random bytes) and
+``crash`` (the process exits after receiving the model of ``fault_round``, before uploading).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from scaleflu.fl.data import ImageData, add_trigger, apply_poison, load_datasets, make_partitions
+from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
+from scaleflu.fl.models import build_model
+from scaleflu.link import Link
+from scaleflu.testbed.common import Endpoint, cast_like, decode_state, encode_state, to_numpy
+from scaleflu.testbed.protocol import (
+    SERVER_ID,
+    MsgType,
+    ProtocolError,
+    ReplayGuard,
+    open_envelope,
+    state_sha256,
+)
+from scaleflu.testbed.transport import link_stats
+
+log = logging.getLogger(__name__)
+
+FAULTS = ("nan", "shape", "duplicate", "replay", "forged", "garbage", "crash")
+
+
+class RobotData:
+    """A robot's own data: its partition (as poisoned by the protocol) and a local test slice."""
+
+    def __init__(self, cfg: Mapping[str, Any], robot_id: int) -> None:
+        """Rebuild the seeded split from ``cfg`` and keep only this robot's samples."""
+        seed = int(cfg["seed"])
+        n = robot_id - 1
+        clean, test = load_datasets(cfg["data"], seed)
+        parts = make_partitions(cfg["data"], clean.labels, seed)
+        train, poison = apply_poison(clean, parts, cfg["data"].get("poison"), seed)
+        self.part = parts[n]
+        self.train: ImageData = train.subset(self.part)
+        self.clean: ImageData = clean.subset(self.part)
+        self.target_label = poison.target_label
+        self.trigger_size = poison.trigger_size
+        self.backdoor = np.isin(self.part, poison.backdoor_indices)  # positions in own data
+        self.flipped = np.isin(self.part, poison.flipped_indices)
+        k = min(int(cfg["testbed"]["eval_test_samples"]), len(test))
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 77, robot_id]))
+        self.test: ImageData = test.subset(np.sort(rng.choice(len(test), k, replace=False)))
+        keep = torch.nonzero(self.test.labels != self.target_label).flatten().numpy()
+        self.triggered: ImageData = self.test.subset(keep)
+        self.triggered.pixels = add_trigger(self.triggered.pixels, self.trigger_size)
+        self.num_classes = train.num_classes
+        self.model_args = (
+            str(cfg["model"]["name"]),
+            train.num_classes,
+            train.in_channels,
+            train.image_size,
+        )
+        del clean, test, parts, train
+
+    def __len__(self) -> int:
+        return len(self.train)
+
+
+@torch.no_grad()
+def _acc(model: torch.nn.Module, data: ImageData, idx: np.ndarray, labels: torch.Tensor) -> float:
+    if len(idx) == 0:
+        return float("nan")
+    model.eval()
+    sel = torch.as_tensor(idx, dtype=torch.int64)
+    out = model(data.inputs(sel))
+    return float((out.argmax(1) == labels[sel]).float().mean())
+
+
+def robot_metrics(
+    model: torch.nn.Module, data: RobotData, request: Mapping[str, Any] | None, robot_id: int
+) -> dict[str, Any]:
+    """RA/FA on the robot's own data (per the request's protocol), test accuracy and ASR."""
+    n = len(data)
+    allpos = np.arange(n)
+    mine = bool(request) and int(request.get("robot", -1)) == robot_id
+    kind = request.get("kind") if request else None
+    poisoned = data.backdoor | data.flipped
+    forget = np.zeros(n, dtype=bool)
+    if mine and kind == "client":
+        forget[:] = True
+    elif mine and kind == "class":
+        forget = np.isin(data.clean.labels.numpy(), [int(c) for c in request.get("classes", [])])
+    elif mine and kind == "sample":
+        k = int(round(float(request.get("fraction", 0.0)) * n))
+        order = np.concatenate([allpos[poisoned], allpos[~poisoned]])
+        forget[order[:k]] = True
+    out: dict[str, Any] = {"num_samples": n, "forget_samples": int(forget.sum())}
+    remain = allpos[~forget]
+    out["ra"] = _acc(model, data.train, remain, data.train.labels)
+    if mine:
+        bd = allpos[forget & data.backdoor]
+        bd = bd[data.clean.labels.numpy()[bd] != data.target_label]
+        if len(bd):  # backdoor protocol: FA = attack success on the robot's triggered samples
+            out["fa_protocol"] = "backdoor"
+            out["fa"] = _acc(
+                model, data.train, bd, torch.full_like(data.train.labels, data.target_label)
+            )
+            out["fa_clean"] = _acc(model, data.clean, allpos[forget], data.clean.labels)
+        else:  # clean / class protocol: accuracy on the forgotten samples as labelled
+            out["fa_protocol"] = "class" if kind == "class" else "clean"
+            out["fa"] = _acc(model, data.train, allpos[forget], data.train.labels)
+    out["test_acc"] = evaluate(model, data.test)["acc"]
+    model.eval()
+    with torch.no_grad():
+        pred = model(data.triggered.inputs()).argmax(1)
+    out["asr"] = float((pred == data.target_label).float().mean()) if len(data.triggered) else None
+    return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in out.items()}
+
+
+class RobotClient:
+    """The robot application (see the module docstring)."""
+
+    def __init__(
+        self,
+        link: Link,
+        robot_id: int,
+        key: bytes,
+        cfg: Mapping[str, Any],
+        unlearn: Mapping[str, Any] | None = None,
+        unlearn_after_round: int | None = None,
+        faults: tuple[str, ...] = (),
+        fault_round: int = 1,
+        forge_as: int | None = None,
+        data: RobotData | None = None,
+    ) -> None:
+        """``unlearn``: request meta (kind, classes, fraction), sent after that round."""
+        bad = [f for f in faults if f not in FAULTS]
+        if bad:
+            raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
+        self.link = link
+        self.robot_id = robot_id
+        self.key = key
+        self.cfg = cfg
+        self.tb = cfg["testbed"]
+        self.unlearn = dict(unlearn) if unlearn else None
+        self.unlearn_after_round = unlearn_after_round
+        self.faults = tuple(faults)
+        self.fault_round = fault_round
+        self.forge_as = forge_as
+        self.ep = Endpoint(link, robot_id)
+        self.guard = ReplayGuard()
+        self.session: int | None = None
+        self.keys = {robot_id: key}
+        fl = cfg["fl"]
+        torch.set_num_threads(max(1, int(fl["threads"]) or 1))
+        self.local = LocalConfig(
+            int(fl["local_epochs"]), float(fl["lr"]), int(fl["batch_size"]), float(fl["momentum"])
+        )
+        self.seed = int(cfg["seed"])
+        t0 = time.perf_counter()
+        self.data = data or RobotData(cfg, robot_id)
+        self.load_s = time.perf_counter() - t0
+        torch.manual_seed(derive_seed(self.seed, 0))
+        self.model = build_model(*self.data.model_args)
+        self.state: dict[str, np.ndarray] | None = None
+        self.state_sha: str | None = None
+        self.rounds: list[dict[str, Any]] = []
+        self.evals: dict[str, dict[str, Any]] = {}
+        self.rejects: list[dict[str, Any]] = []
+        self.unlearn_ack: dict[str, Any] | None = None
+        self.registrations = 0
+        self.done = False
+        self._pending_nonce: str | None = None
+        self._last_heard = time.monotonic()
+        self._requested = False
+
+    # -- registration ----------------------------------------------------------------------
+
+    def register(self, timeout: float = 60.0) -> bool:
+        """Send REGISTER until a REGISTER_ACK with our nonce arrives (or ``timeout``)."""
+        end = time.monotonic() + timeout
+        wait = 1.0
+        while time.monotonic() < end and not self.done:
+            self._pending_nonce = secrets.token_hex(8)
+            meta = {
+                "nonce": self._pending_nonce,
+                "num_samples": len(self.data),
+                "model": self.data.model_args[0],
+                "version": 1,
+            }
+            self.ep.send(MsgType.REGISTER, SERVER_ID, self.key, 0, 0, meta, timeout=wait * 4)
+            until = time.monotonic() + wait * 4
+            while time.monotonic() < until and self._pending_nonce is not None:
+                self.poll(0.2)
+            if self._pending_nonce is None:
+                return True
+            wait = min(wait * 2, 8.0)
+            log.info("robot %d: no REGISTER_ACK yet, retrying", self.robot_id)
+        return False
+
+    # -- receiving -------------------------------------------------------------------------
+
+    def poll(self, timeout: float) -> None:
+        """Handle at most one message from the server."""
+        got = self.link.recv(timeout)
+        if got is None:
+            return
+        src, data = got
+        try:
+            env = open_envelope(
+                data,
+                src,
+                self.keys,
+                self.robot_id,
+                self.session,
+                self.guard,
+                peer_of=self.robot_id,
+            )
+        except ProtocolError as exc:
+            log.warning("robot %d: dropped a message from node %s: %s", self.robot_id, src, exc)
+            return
+        self._last_heard = time.monotonic()
+        if env.type is MsgType.REGISTER_ACK:
+            if env.meta.get("nonce") != self._pending_nonce or self._pending_nonce is None:
+                log.warning("robot %d: REGISTER_ACK with a stale nonce", self.robot_id)
+                return
+            if not env.meta.get("accepted", False):
+                log.warning(
+                    "robot %d: registration refused: %s", self.robot_id, env.meta.get("reason")
+                )
+                self.done = True
+                return
+            self.session = env.session
+            self._pending_nonce = None
+            self.registrations += 1
+            self.state, self.state_sha = None, None  # the server sends a full model next
+            log.info("robot %d registered, session %08x", self.robot_id, env.session)
+            return
+        if env.type is MsgType.SERVER_HELLO:
+            if env.session != self.session and self._pending_nonce is None:
+                log.info(
+                    "robot %d: server session %08x announced; registering",
+                    self.robot_id,
+                    env.session,
+                )
+                self.session = None
+                self.register(timeout=30.0)
+            return
+        if self.session is None or env.session != self.session:
+            log.warning("robot %d: %s outside a session", self.robot_id, env.type.name)
+            return
+        if env.type is MsgType.MODEL:
+            self._on_model(env.round, env.meta, env.body)
+        elif env.type is MsgType.UNLEARN_ACK:
+            self.unlearn_ack = dict(env.meta)
+            log.info(
+                "robot %d: unlearning request %s (%s)",
+                self.robot_id,
+                "accepted" if env.meta.get("accepted") else "refused",
+                env.meta.get("reason"),
+            )
+        elif env.type is MsgType.REJECT:
+            self.rejects.append({"round": env.round, **env.meta})
+            log.info(
+                "robot %d: server rejected r%d: %s",
+                self.robot_id,
+                env.round,
+                env.meta.get("reason"),
+            )
+        elif env.type is MsgType.BYE:
+            log.info("robot %d: server says the run is over", self.robot_id)
+            self.done = True
+
+    def _on_model(self, t: int, meta: Mapping[str, Any], body: bytes) -> None:
+        base = meta.get("base_sha256")
+        ref = None
+        if base is not None:
+            if self.state is None or base != self.state_sha:
+                log.warning("robot %d: delta against a model we do not hold; resync", self.robot_id)
+                self.ep.send(MsgType.RESYNC, SERVER_ID, self.key, self.session or 0, t, {})
+                return
+            ref = self.state
+        try:
+            state = decode_state(body, reference=ref)
+        except Exception as exc:
+            log.warning("robot %d: undecodable model: %s", self.robot_id, exc)
+            self.ep.send(MsgType.RESYNC, SERVER_ID, self.key, self.session or 0, t, {})
+            return
+        if ref is not None:
+            state = cast_like(state, ref)
+        sha = state_sha256(state)
+        if sha != meta.get("sha256"):
+            log.warning("robot %d: model hash mismatch; resync", self.robot_id)
+            self.ep.send(MsgType.RESYNC, SERVER_ID, self.key, self.session or 0, t, {})
+            return
+        self.state, self.state_sha = state, sha
+        purpose = str(meta.get("purpose"))
+        self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+        if purpose == "train":
+            if self._requested and (self.unlearn or {}).get("kind") == "client":
+                log.info("robot %d: asked to be forgotten; not training round %d", self.robot_id, t)
+                return
+            self._train_and_upload(t, meta)
+        else:
+            self._evaluate_and_report(purpose, meta)
+
+    # -- work ------------------------------------------------------------------------------
+
+    def _train_and_upload(self, t: int, meta: Mapping[str, Any]) -> None:
+        assert self.state is not None and self.session is not None
+        fault_now = t == self.fault_round
+        if fault_now and "crash" in self.faults:
+            log.warning("robot %d: fault 'crash': exiting in round %d", self.robot_id, t)
+            logging.shutdown()
+            os._exit(3)
+        t0 = time.perf_counter()
+        global_state = {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
+        local = train_client(
+            self.model,
+            global_state,
+            np.arange(len(self.data)),
+            self.data.train,
+            self.local,
+            self.seed,
+            t,
+            self.robot_id - 1,
+        )
+        train_s = time.perf_counter() - t0
+        local_np = to_numpy(local)
+        stats = link_stats(self.link).get("arq", {})
+        up_meta = {
+            "num_samples": len(self.data),
+            "train_s": train_s,
+            "model_sha256": self.state_sha,
+            "link_bytes_tx": int(stats.get("bytes_tx", self.ep.sent_bytes)),
+        }
+        body = encode_state(local_np, str(self.tb["upload_encoding"]))
+        timeout = float(self.tb["send_timeout_s"])
+        if fault_now:
+            self._fault_uploads_before(t, local_np, up_meta, timeout)
+        sealed = self.ep.build(MsgType.UPDATE, SERVER_ID, self.key, self.session, t, up_meta, body)
+        res = self.ep.send_raw(SERVER_ID, sealed, timeout)
+        res.wait(timeout + 5)
+        self.rounds.append(
+            {
+                "round": t,
+                "train_s": train_s,
+                "upload": res.status.value,
+                "upload_bytes": len(sealed),
+            }
+        )
+        log.info(
+            "robot %d: round %d trained in %.1fs, upload %s (%d B)",
+            self.robot_id,
+            t,
+            train_s,
+            res.status.value,
+            len(sealed),
+        )
+        if fault_now:
+            self._fault_uploads_after(t, local_np, up_meta, body, sealed, timeout)
+        if (
+            self.unlearn is not None
+            and not self._requested
+            and self.unlearn_after_round is not None
+            and t >= self.unlearn_after_round
+        ):
+            self.request_unlearning()
+
+    def request_unlearning(self) -> None:
+        """Ask the server to forget this robot's data (client), class or samples."""
+        assert self.unlearn is not None
+        meta = {"robot": self.robot_id, **self.unlearn}
+        self.ep.send(MsgType.UNLEARN_REQUEST, SERVER_ID, self.key, self.session or 0, 0, meta)
+        self._requested = True
+        log.info("robot %d: unlearning request sent: %s", self.robot_id, meta)
+
+    def _evaluate_and_report(self, purpose: str, meta: Mapping[str, Any]) -> None:
+        t0 = time.perf_counter()
+        m = robot_metrics(self.model, self.data, meta.get("request"), self.robot_id)
+        stats = link_stats(self.link).get("arq", {})
+        rep = {
+            "purpose": purpose,
+            "sha256": self.state_sha,
+            "metrics": m,
+            "eval_s": time.perf_counter() - t0,
+            "link_bytes_tx": int(stats.get("bytes_tx", self.ep.sent_bytes)),
+        }
+        self.evals[purpose] = rep
+        self.ep.send(MsgType.EVAL_REPORT, SERVER_ID, self.key, self.session or 0, 0, rep)
+        log.info("robot %d: %s model: %s", self.robot_id, purpose, m)
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def _fault_uploads_before(
+        self, t: int, local: dict[str, np.ndarray], meta: dict[str, Any], timeout: float
+    ) -> None:
+        s = self.session or 0
+        if "nan" in self.faults:
+            bad = {k: v.copy() for k, v in local.items()}
+            first = next(k for k, v in bad.items() if v.dtype.kind == "f")
+            bad[first].reshape(-1)[0] = np.nan
+            self.ep.send(
+                MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(bad), timeout=timeout
+            ).wait(timeout)
+        if "shape" in self.faults:
+            bad = {k: v.copy() for k, v in local.items()}
+            first = next(iter(bad))
+            bad[first] = np.zeros((*bad[first].shape, 2), dtype=bad[first].dtype)
+            self.ep.send(
+                MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(bad), timeout=timeout
+            ).wait(timeout)
+
+    def _fault_uploads_after(
+        self,
+        t: int,
+        local: dict[str, np.ndarray],
+        meta: dict[str, Any],
+        body: bytes,
+        sealed: bytes,
+        timeout: float,
+    ) -> None:
+        s = self.session or 0
+        hs = []
+        if "duplicate" in self.faults:
+            hs.append(
+                self.ep.send(MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, body, timeout=timeout)
+            )
+        if "replay" in self.faults:
+            hs.append(self.ep.send_raw(SERVER_ID, sealed, timeout))
+        if "forged" in self.faults:
+            victim = self.forge_as or (self.robot_id % 3) + 1
+            env_bytes = self._forge(victim, t, meta, body)
+            hs.append(self.ep.send_raw(SERVER_ID, env_bytes, timeout))
+        if "garbage" in self.faults:
+            hs.append(self.ep.send_raw(SERVER_ID, secrets.token_bytes(300), timeout))
+        for h in hs:
+            h.wait(timeout)
+
+    def _forge(self, victim: int, t: int, meta: dict[str, Any], body: bytes) -> bytes:
+        """An UPDATE that claims to come from ``victim`` but is sealed with our own key."""
+        from scaleflu.testbed.protocol import Envelope, seal
+
+        env = Envelope(
+            MsgType.UPDATE,
+            self.session or 0,
+            t,
+            victim,
+            SERVER_ID,
+            self.ep.counter.next(),
+            meta,
+            body,
+        )
+        return seal(env, self.key)
+
+    # -- main loop -------------------------------------------------------------------------
+
+    def run(self, max_runtime: float | None = None) -> dict[str, Any]:
+        """Register, then serve the server until BYE (or ``max_runtime`` seconds)."""
+        start = time.monotonic()
+        while not self.done and not self.register(timeout=60.0):
+            if max_runtime is not None and time.monotonic() - start > max_runtime:
+                break
+        idle = float(self.tb["robot_idle_s"])
+        while not self.done:
+            if max_runtime is not None and time.monotonic() - start > max_runtime:
+                log.warning("robot %d: max runtime reached", self.robot_id)
+                break
+            self.poll(0.5)
+            if time.monotonic() - self._last_heard > idle:
+                log.info(
+                    "robot %d: server silent for %.0fs; registering again", self.robot_id, idle
+                )
+                self.session = None
+                self.register(timeout=60.0)
+                self._last_heard = time.monotonic()
+        return self.summary(time.monotonic() - start)
+
+    def summary(self, runtime_s: float) -> dict[str, Any]:
+        """What the robot did (rounds, evaluations with model hashes, rejections)."""
+        return {
+            "robot": self.robot_id,
+            "runtime_s": runtime_s,
+            "load_s": self.load_s,
+            "registrations": self.registrations,
+            "rounds": self.rounds,
+            "evals": self.evals,
+            "rejects": self.rejects,
+            "unlearn_ack": self.unlearn_ack,
+            "link": link_stats(self.link),
+            "sent_bytes": self.ep.sent_bytes,
+        }

@@ -1,0 +1,760 @@
+"""Edge server: registers robots, runs FedAvg rounds over the link, serves unlearning requests.
+
+One thread drives everything (Flower's ServerApp in spirit): it sends the global model to the
+registered robots, collects their uploads until all are in or the round deadline passes,
+validates each upload (authenticated sender, current round, scheduled robot, first accepted
+upload, decodable, same names/shapes/dtypes, finite, optional norm bound), aggregates with
+FedAvg (``scaleflu.fl.fedavg.aggregate``) and records the round in the history store
+(``scaleflu.fl.history``), so a restarted server resumes after its last completed round and
+SCALE can run on the history. A rejected message is logged with its reason and counted; it is
+never aggregated, and no malformed packet escapes the handler.
+
+Unlearning: a robot may ask to forget itself (``client``), one of its classes (``class``) or a
+fraction of its samples (``sample``); the request is refused unless the authenticated sender is
+the robot it concerns. After the last round the server runs the configured method
+(``scaleflu.unlearn``, SCALE by default) on its history, deploys the unlearned model, collects
+every robot's RA/FA on its own data and writes the report.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from scaleflu.config import ConfigError, save_config
+from scaleflu.fl.fedavg import aggregate, attack_success_rate, evaluate
+from scaleflu.fl.run import build_setup, open_history
+from scaleflu.link import Link
+from scaleflu.link.arq import SendHandle
+from scaleflu.testbed.common import (
+    Endpoint,
+    cast_like,
+    decode_state,
+    encode_state,
+    to_numpy,
+    to_torch,
+)
+from scaleflu.testbed.protocol import (
+    SERVER_ID,
+    MsgType,
+    ProtocolError,
+    ReplayGuard,
+    open_envelope,
+    state_sha256,
+    validate_update,
+)
+from scaleflu.testbed.transport import link_stats
+
+log = logging.getLogger(__name__)
+
+UNLEARN_KINDS = ("client", "class", "sample")
+
+
+@dataclass
+class RobotInfo:
+    """What the server knows about one registered robot."""
+
+    robot_id: int
+    num_samples: int = 0
+    registered_at: float = 0.0
+    registrations: int = 0
+    held: dict[str, np.ndarray] | None = None  # the model the robot holds (as delivered)
+    held_sha: str | None = None
+    forgotten: bool = False
+    link_bytes_tx: int = 0  # the robot's own ARQ byte counter, as it last reported it
+    held_src: str | None = None  # SHA-256 of the server-side state it was encoded from
+    resync_at: float = 0.0  # when the robot last said it does not hold what we think
+
+
+@dataclass
+class Outgoing:
+    """A model send in flight, with what the robot will hold once it is delivered."""
+
+    robot: int
+    handle: SendHandle
+    state: dict[str, np.ndarray]
+    sha: str
+    src_sha: str
+    purpose: str
+    round: int
+    changed: set[tuple[str, int]] = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class RoundState:
+    """The open round: scheduled robots and the uploads accepted so far."""
+
+    t: int
+    global_np: dict[str, np.ndarray]
+    deadline: float
+    scheduled: set[int] = field(default_factory=set)
+    updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    reported: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+def unlearn_request_text(meta: Mapping[str, Any], robot: int) -> str:
+    """The scaleflu.unlearn request text for a robot's request (client index = robot - 1)."""
+    kind = meta.get("kind")
+    n = robot - 1
+    if kind == "client":
+        return f"client:{n}"
+    if kind == "class":
+        classes = [int(c) for c in meta.get("classes") or []]
+        if not classes:
+            raise ValueError("a class request needs classes")
+        return f"class:{','.join(map(str, classes))}@{n}"
+    if kind == "sample":
+        frac = float(meta.get("fraction", 0.0))
+        if not 0.0 < frac <= 1.0:
+            raise ValueError("a sample request needs 0 < fraction <= 1")
+        return f"sample:{n}:{frac}"
+    raise ValueError(f"unknown request kind {kind!r}")
+
+
+def default_unlearn(
+    run_dir: Path, request: str, method: str, mode: str, overrides: list[str], progress: bool
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Run ``scaleflu.unlearn`` (SCALE or Retrain) on the run's history: (state, result dict)."""
+    from safetensors.torch import load_file
+
+    from scaleflu.unlearn.cli import run_unlearn
+
+    out = run_unlearn(
+        run_dir,
+        request,
+        mode=mode,
+        method=method,
+        out=run_dir / "unlearn",
+        overrides=list(overrides),
+        progress=progress,
+    )
+    state = load_file(str(out / "model.safetensors"))
+    result = json.loads((out / "result.json").read_text())
+    return state, result
+
+
+UnlearnFn = Callable[
+    [Path, str, str, str, list[str], bool], tuple[dict[str, torch.Tensor], dict[str, Any]]
+]
+
+
+class EdgeServer:
+    """The edge server application (see the module docstring)."""
+
+    def __init__(
+        self,
+        link: Link,
+        keys: Mapping[int, bytes],
+        cfg: Mapping[str, Any],
+        run_dir: str | Path,
+        progress: bool = True,
+        unlearn_fn: UnlearnFn | None = None,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> None:
+        """Open (or resume) the run in ``run_dir``; ``keys`` maps robot id -> pre-shared key."""
+        self.link = link
+        self.keys = dict(keys)
+        self.run_dir = Path(run_dir)
+        self.progress = progress
+        self.unlearn_fn = unlearn_fn or default_unlearn
+        self.on_event = on_event
+        self.cfg = self._resolve_config(dict(cfg))
+        tb = self.cfg["testbed"]
+        self.tb = tb
+        self.ep = Endpoint(link, SERVER_ID)
+        self.session = secrets.randbits(32) | 1
+        self.guard = ReplayGuard()
+        self.robots: dict[int, RobotInfo] = {}
+        self.round: RoundState | None = None
+        self.outgoing: list[Outgoing] = []
+        self.rejections: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
+        self.requests: list[dict[str, Any]] = []
+        self.eval_reports: dict[str, dict[int, dict[str, Any]]] = {}
+        self.rounds_log: list[dict[str, Any]] = []
+        self.closed_rounds: dict[int, set[int]] = {}
+        self.t0 = time.monotonic()
+        self.group_time: dict[tuple[str, int], float] = {}
+        self.bytes_rx = 0
+        torch.set_num_threads(max(1, int(self.cfg["fl"]["threads"]) or 1))
+        self.setup = build_setup(self.cfg)
+        self.model = self.setup.new_model()
+        self.history = open_history(self.cfg, self.run_dir, self.model)
+        last = self.history.last_completed_round()
+        if last == 0:
+            self.history.record_initial(self.model.state_dict())
+        else:
+            log.info("resuming %s after round %d (history store)", self.run_dir, last)
+            self._event("resume", last_completed_round=last)
+        self.global_state = self.history.global_model(last + 1)
+        self.model.load_state_dict(self.global_state)
+        self.global_np = to_numpy(self.global_state)
+        self.groups = self.history.groups
+        self.group_time = {g: 0.0 for g in self._all_groups()}
+        self._prev_broadcast = self.global_np
+
+    # -- setup -----------------------------------------------------------------------------
+
+    def _resolve_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
+        """Use the run's saved config when resuming; check robot ids against the clients."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        saved = self.run_dir / "config.yaml"
+        if saved.is_file() and (self.run_dir / "history").is_dir():
+            old = yaml.safe_load(saved.read_text())
+            for sec in ("data", "model", "seed"):
+                if old.get(sec) != cfg.get(sec):
+                    raise ConfigError(
+                        f"{self.run_dir} holds a run with a different {sec!r} section; "
+                        "use another --run-dir"
+                    )
+            cfg = {**old, "testbed": cfg.get("testbed", old.get("testbed"))}
+        cfg["fl"] = dict(cfg["fl"])
+        cfg["fl"]["rounds"] = int(cfg["testbed"]["rounds"])
+        n = int(cfg["data"]["num_clients"])
+        bad = [r for r in self.keys if not 1 <= r <= n]
+        if bad:
+            raise ConfigError(f"robot ids {bad} have no FL client (data.num_clients = {n})")
+        save_config(cfg, saved)
+        return cfg
+
+    def _all_groups(self) -> list[tuple[str, int]]:
+        return [(layer, j) for layer, g in self.groups.items() for j in range(len(g))]
+
+    def _event(self, kind: str, **data: Any) -> None:
+        row = {"t": round(time.monotonic() - self.t0, 3), "event": kind, **data}
+        self.events.append(row)
+        if self.on_event is not None:
+            self.on_event(kind, row)
+
+    def _reject(self, reason: str, robot: int | None, what: str, detail: str = "") -> None:
+        """Log and count a refused message."""
+        row = {
+            "t": round(time.monotonic() - self.t0, 3),
+            "round": self.round.t if self.round else None,
+            "robot": robot,
+            "message": what,
+            "reason": reason,
+            "detail": detail[:200],
+        }
+        self.rejections.append(row)
+        log.warning("rejected %s from robot %s: %s %s", what, robot, reason, detail)
+
+    # -- message handling ------------------------------------------------------------------
+
+    def poll(self, timeout: float) -> None:
+        """Handle at most one incoming message (waiting up to ``timeout``) and finished sends."""
+        self._check_sends()
+        got = self.link.recv(timeout)
+        if got is None:
+            return
+        src, data = got
+        self.bytes_rx += len(data)
+        try:
+            self._handle(src, data)
+        except ProtocolError as exc:
+            self._reject(exc.reason, src, "message", exc.detail)
+        except Exception as exc:  # a malformed packet must never take the server down
+            log.exception("message from node %s crashed its handler", src)
+            self._reject("handler_error", src, "message", repr(exc))
+
+    def _handle(self, src: int, data: bytes) -> None:
+        env = open_envelope(
+            data,
+            src,
+            self.keys,
+            SERVER_ID,
+            self.session,
+            self.guard,
+            max_skew_s=float(self.tb["max_skew_s"]),
+        )
+        r = env.sender
+        if env.type is MsgType.REGISTER:
+            self._on_register(r, env.meta)
+            return
+        robot = self.robots.get(r)
+        if robot is None:
+            raise ProtocolError("not_registered", f"{env.type.name} before REGISTER")
+        if env.type is MsgType.UPDATE:
+            self._on_update(robot, env.round, env.meta, env.body)
+        elif env.type is MsgType.UNLEARN_REQUEST:
+            self._on_unlearn_request(robot, env.meta)
+        elif env.type is MsgType.EVAL_REPORT:
+            purpose = str(env.meta.get("purpose", ""))
+            self.eval_reports.setdefault(purpose, {})[r] = dict(env.meta)
+            robot.link_bytes_tx = int(env.meta.get("link_bytes_tx", robot.link_bytes_tx))
+            log.info("robot %d evaluated the %s model: %s", r, purpose, env.meta.get("metrics"))
+        elif env.type is MsgType.RESYNC:
+            robot.held, robot.held_sha = None, None
+            robot.resync_at = time.monotonic()
+            log.info("robot %d asked for a full model next time", r)
+        else:
+            raise ProtocolError("unexpected_type", env.type.name)
+
+    def _on_register(self, r: int, meta: Mapping[str, Any]) -> None:
+        nonce = str(meta.get("nonce", ""))[:64]
+        num = int(meta.get("num_samples", 0))
+        info = self.robots.get(r) or RobotInfo(r)
+        info.num_samples = num
+        info.registered_at = time.monotonic()
+        info.registrations += 1
+        info.held, info.held_sha = None, None
+        info.resync_at = time.monotonic()
+        self.robots[r] = info
+        expected = self.setup.data_sizes[r - 1]
+        if num != expected:
+            log.warning("robot %d reports %d samples, the partition has %d", r, num, expected)
+        accepted = not info.forgotten
+        reply = {
+            "nonce": nonce,
+            "accepted": accepted,
+            "reason": "" if accepted else "forgotten",
+            "next_round": self.history.last_completed_round() + 1,
+        }
+        self.ep.send(MsgType.REGISTER_ACK, r, self.keys[r], self.session, 0, reply, timeout=20.0)
+        self._event("register", robot=r, registrations=info.registrations)
+        log.info("robot %d registered (%d samples, registration %d)", r, num, info.registrations)
+
+    def _on_update(self, robot: RobotInfo, t: int, meta: Mapping[str, Any], body: bytes) -> None:
+        r = robot.robot_id
+        rs = self.round
+        if t in self.closed_rounds and r in self.closed_rounds[t]:
+            self._reject("duplicate", r, f"UPDATE r{t}", "round already closed with its update")
+            self._notify_reject(r, t, "duplicate")
+            return
+        if rs is None or t != rs.t:
+            self._reject("late" if rs is None or t < rs.t else "wrong_round", r, f"UPDATE r{t}")
+            self._notify_reject(r, t, "late or wrong round")
+            return
+        if robot.forgotten:
+            self._reject("forgotten", r, f"UPDATE r{t}")
+            return
+        if r not in rs.scheduled:
+            self._reject("not_scheduled", r, f"UPDATE r{t}")
+            return
+        if r in rs.updates:
+            self._reject("duplicate", r, f"UPDATE r{t}")
+            self._notify_reject(r, t, "duplicate")
+            return
+        try:
+            ref = rs.global_np if meta.get("delta") else None
+            state = cast_like(decode_state(body, reference=ref), rs.global_np)
+        except Exception as exc:
+            self._reject("malformed_tensors", r, f"UPDATE r{t}", repr(exc))
+            self._notify_reject(r, t, "malformed tensors")
+            return
+        mn = self.tb.get("max_update_norm")
+        reason = validate_update(state, rs.global_np, None if mn is None else float(mn))
+        if reason is not None:
+            self._reject(reason.split(":")[0], r, f"UPDATE r{t}", reason)
+            self._notify_reject(r, t, reason)
+            return
+        rs.updates[r] = state
+        rs.reported[r] = dict(meta)
+        robot.link_bytes_tx = int(meta.get("link_bytes_tx", robot.link_bytes_tx))
+        log.info(
+            "round %d: update from robot %d accepted (%d/%d)",
+            t,
+            r,
+            len(rs.updates),
+            len(rs.scheduled),
+        )
+
+    def _notify_reject(self, r: int, t: int, reason: str) -> None:
+        self.ep.send(
+            MsgType.REJECT, r, self.keys[r], self.session, t, {"reason": reason}, timeout=10.0
+        )
+
+    def _on_unlearn_request(self, robot: RobotInfo, meta: Mapping[str, Any]) -> None:
+        r = robot.robot_id
+        target = meta.get("robot")
+        if target != r:
+            self._reject("not_own_request", r, "UNLEARN_REQUEST", f"asks for robot {target}")
+            self._reply_unlearn(r, False, f"only robot {target} may ask to forget its data")
+            return
+        if robot.forgotten or any(q["robot"] == r for q in self.requests):
+            self._reject("duplicate", r, "UNLEARN_REQUEST")
+            self._reply_unlearn(r, False, "already requested")
+            return
+        try:
+            text = unlearn_request_text(meta, r)
+        except (ValueError, TypeError) as exc:
+            self._reject("bad_request", r, "UNLEARN_REQUEST", str(exc))
+            self._reply_unlearn(r, False, str(exc))
+            return
+        req = {
+            "robot": r,
+            "kind": meta.get("kind"),
+            "text": text,
+            "classes": meta.get("classes"),
+            "fraction": meta.get("fraction"),
+            "received_s": round(time.monotonic() - self.t0, 3),
+        }
+        self.requests.append(req)
+        if req["kind"] == "client":
+            robot.forgotten = True  # it leaves the federation now: no further rounds
+            if self.round is not None and r not in self.round.updates:
+                self.round.scheduled.discard(r)
+        self._reply_unlearn(r, True, "queued: served after the last round")
+        self._event("unlearn_request", robot=r, request=text)
+        log.info("unlearning request from robot %d accepted: %s", r, text)
+
+    def _reply_unlearn(self, r: int, ok: bool, reason: str) -> None:
+        meta = {"accepted": ok, "reason": reason}
+        self.ep.send(MsgType.UNLEARN_ACK, r, self.keys[r], self.session, 0, meta, timeout=10.0)
+
+    # -- sending models --------------------------------------------------------------------
+
+    def _send_model(
+        self,
+        robot: RobotInfo,
+        state: dict[str, np.ndarray],
+        purpose: str,
+        t: int,
+        extra: dict[str, Any] | None = None,
+        src_sha: str | None = None,
+    ) -> Outgoing:
+        """Start sending ``state`` to a robot, as a delta against what it holds when allowed."""
+        tb = self.tb
+        src_sha = src_sha or state_sha256(state)
+        ref = robot.held if tb["broadcast"] == "delta" and robot.held is not None else None
+        enc = str(tb["broadcast_encoding"])
+        G = int(self.cfg["scale"]["groups_per_layer"])
+        body = encode_state(state, enc, ref, G)
+        # What the robot will hold: decode our own bytes (lossy encodings included).
+        held = cast_like(decode_state(body, reference=ref), state)
+        sha = state_sha256(held)
+        meta = {
+            "purpose": purpose,
+            "sha256": sha,
+            "base_sha256": robot.held_sha if ref is not None else None,
+            "deadline_s": max(0.0, (self.round.deadline - time.monotonic()) if self.round else 0),
+            **(extra or {}),
+        }
+        h = self.ep.send(
+            MsgType.MODEL,
+            robot.robot_id,
+            self.keys[robot.robot_id],
+            self.session,
+            t,
+            meta,
+            body,
+            timeout=float(tb["send_timeout_s"]),
+        )
+        changed = {
+            g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
+        }
+        out = Outgoing(robot.robot_id, h, held, sha, src_sha, purpose, t, changed)
+        self.outgoing.append(out)
+        log.info(
+            "%s model r%d -> robot %d: %d B (%s)",
+            purpose,
+            t,
+            robot.robot_id,
+            len(body),
+            "delta" if ref is not None else "full",
+        )
+        return out
+
+    def _group_changed(
+        self, g: tuple[str, int], new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]
+    ) -> bool:
+        layer, j = g
+        a, b = self.groups[layer][j]
+        x = new[layer].reshape(-1)[a:b]
+        y = old[layer].reshape(-1)[a:b]
+        return bool(np.max(np.abs(x.astype(np.float64) - y)) > float(self.history.update_tol))
+
+    def _check_sends(self) -> None:
+        """Account finished model sends: what each robot holds, and AoI of the groups."""
+        still = []
+        for o in self.outgoing:
+            if not o.handle.done():
+                still.append(o)
+                continue
+            robot = self.robots.get(o.robot)
+            if o.handle.status.value == "delivered":
+                if robot is not None and robot.resync_at < o.started:
+                    robot.held, robot.held_sha, robot.held_src = o.state, o.sha, o.src_sha
+                now = time.monotonic() - self.t0
+                for g in o.changed:
+                    self.group_time[g] = max(self.group_time.get(g, 0.0), now)
+            else:
+                log.warning(
+                    "%s model r%d to robot %d failed: %s",
+                    o.purpose,
+                    o.round,
+                    o.robot,
+                    o.handle.reason,
+                )
+                if robot is not None:
+                    robot.held, robot.held_sha, robot.held_src = None, None, None
+        self.outgoing = still
+
+    def aoi_seconds(self) -> float:
+        """Mean age (s) over parameter groups of their latest version at the robots."""
+        now = time.monotonic() - self.t0
+        vals = [now - v for v in self.group_time.values()]
+        return float(np.mean(vals)) if vals else 0.0
+
+    def _air_bytes(self) -> int:
+        """Bytes the server's ARQ put on the link plus what the robots report for theirs."""
+        st = link_stats(self.link).get("arq", {})
+        own = int(st.get("bytes_tx", self.ep.sent_bytes))
+        return own + sum(r.link_bytes_tx for r in self.robots.values())
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def announce(self) -> None:
+        """Tell every robot in the key file the (new) session, so restarted robots re-register."""
+        for r, key in self.keys.items():
+            self.ep.send(MsgType.SERVER_HELLO, r, key, self.session, 0, {}, timeout=5.0)
+
+    def wait_for_robots(self, n: int, timeout: float) -> bool:
+        """Handle messages until ``n`` robots are registered (and not forgotten) or timeout."""
+        n = min(n, len(self.keys) - len(self._forgotten_ids()))
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if len(self._active()) >= n:
+                return True
+            self.poll(0.2)
+        return len(self._active()) >= n
+
+    def _active(self) -> list[RobotInfo]:
+        return [r for r in self.robots.values() if not r.forgotten]
+
+    def run_round(self, t: int) -> dict[str, Any] | None:
+        """Round t: send, collect until all are in or the deadline, aggregate, record."""
+        tb = self.tb
+        w0 = time.perf_counter()
+        bytes0 = self._air_bytes()
+        rs = RoundState(t, self.global_np, time.monotonic() + float(tb["round_deadline_s"]))
+        self.round = rs
+        src = state_sha256(self.global_np)
+        for robot in self._active():
+            rs.scheduled.add(robot.robot_id)
+            self._send_model(robot, self.global_np, "train", t, src_sha=src)
+        self._prev_broadcast = self.global_np
+        self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
+        while time.monotonic() < rs.deadline:
+            if rs.scheduled and set(rs.updates) >= rs.scheduled - self._forgotten_ids():
+                break
+            self.poll(0.2)
+            # robots that joined, re-registered or lost their model get it (again)
+            for robot in self._active():
+                if robot.robot_id not in rs.updates and self._needs(robot, src):
+                    rs.scheduled.add(robot.robot_id)
+                    self._send_model(robot, self.global_np, "train", t, src_sha=src)
+        self.round = None
+        self.closed_rounds[t] = set(rs.updates)
+        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids())
+        if missing:
+            log.warning(
+                "round %d closed with robots %s missing (deadline %.0fs)",
+                t,
+                missing,
+                float(tb["round_deadline_s"]),
+            )
+            self._event("round_missing", round=t, robots=missing)
+        if not rs.updates:
+            log.warning("round %d: no update accepted", t)
+            return None
+        clients = sorted(r - 1 for r in rs.updates)
+        sizes = {r - 1: self.setup.data_sizes[r - 1] for r in rs.updates}
+        states = {r - 1: to_torch(s) for r, s in rs.updates.items()}
+        new_global = aggregate(states, sizes)
+        self.model.load_state_dict(new_global)
+        ev = evaluate(self.model, self.setup.test, int(self.cfg["fl"]["eval_batch_size"]))
+        metrics: dict[str, Any] = {"test_acc": ev["acc"], "test_loss": ev["loss"]}
+        if self.setup.triggered_test is not None:
+            metrics["asr"] = attack_success_rate(
+                self.model, self.setup.triggered_test, self.setup.poison.target_label
+            )
+        wall = time.perf_counter() - w0
+        self.history.record_round(t, clients, sizes, states, new_global, metrics, wall)
+        self.global_state = {k: v.clone() for k, v in new_global.items()}
+        self.global_np = to_numpy(self.global_state)
+        row = {
+            "round": t,
+            **metrics,
+            "participants": [c + 1 for c in clients],
+            "missing": missing,
+            "rejected": sum(1 for x in self.rejections if x["round"] == t),
+            "air_bytes": self._air_bytes() - bytes0,
+            "aoi_s": self.aoi_seconds(),
+            "wall_s": wall,
+            "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
+        }
+        self.rounds_log.append(row)
+        (self.run_dir / "rounds.jsonl").open("a").write(json.dumps(row) + "\n")
+        self._event("round_end", **{k: row[k] for k in ("round", "test_acc", "participants")})
+        log.info(
+            "round %d done: acc %.3f, robots %s, %.1fs", t, ev["acc"], row["participants"], wall
+        )
+        return row
+
+    def _needs(self, robot: RobotInfo, src_sha: str) -> bool:
+        """Whether a robot should be sent the state ``src_sha``: it lacks it, none in flight."""
+        if any(o.robot == robot.robot_id for o in self.outgoing):
+            return False
+        return robot.held is None or robot.held_src != src_sha
+
+    def _forgotten_ids(self) -> set[int]:
+        return {r.robot_id for r in self.robots.values() if r.forgotten}
+
+    def deploy(
+        self, state: dict[str, np.ndarray], purpose: str, extra: dict[str, Any], timeout: float
+    ) -> dict[int, dict[str, Any]]:
+        """Send a model to every registered robot and collect their evaluation reports."""
+        self.eval_reports[purpose] = {}
+        targets = list(self.robots.values())
+        t = self.history.last_completed_round()
+        src = state_sha256(state)
+        sends = [self._send_model(rb, state, purpose, t, extra, src) for rb in targets]
+        self._prev_broadcast = state
+        end = time.monotonic() + timeout
+        want = {o.robot for o in sends}
+        while time.monotonic() < end:
+            self.poll(0.2)
+            # a robot that registered again (restart) or lost the model gets it (again)
+            for rb in self.robots.values():
+                if rb.robot_id not in self.eval_reports[purpose] and self._needs(rb, src):
+                    want.add(rb.robot_id)
+                    self._send_model(rb, state, purpose, t, extra, src)
+            if set(self.eval_reports[purpose]) >= want:
+                break
+        return self.eval_reports[purpose]
+
+    def run(self) -> dict[str, Any]:
+        """Rounds, then the unlearning request (if any), deployment, report; returns the report."""
+        tb = self.tb
+        started = time.monotonic()
+        self.announce()
+        if not self.wait_for_robots(int(tb["min_robots"]), float(tb["register_timeout_s"])):
+            raise RuntimeError(f"fewer than {tb['min_robots']} robots registered in time")
+        T = int(tb["rounds"])
+        t = self.history.last_completed_round() + 1
+        retries = 0
+        while t <= T:
+            self.wait_for_robots(int(tb["min_robots"]), float(tb["register_timeout_s"]))
+            row = self.run_round(t)
+            if row is None:
+                retries += 1
+                if retries > int(tb["max_round_retries"]):
+                    raise RuntimeError(f"round {t} failed {retries} times")
+                continue
+            retries = 0
+            t += 1
+        fl_s = time.monotonic() - started
+        report: dict[str, Any] = {"rounds": self.rounds_log, "fl_s": fl_s}
+        wait_end = time.monotonic() + float(tb["unlearn"]["wait_s"])
+        while not self.requests and time.monotonic() < wait_end:
+            self.poll(0.2)
+        if self.requests:
+            report["unlearning"] = self.serve_unlearning(self.requests[0])
+        self.finish()
+        report.update(self._report_common(time.monotonic() - started))
+        return report
+
+    def serve_unlearning(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Evaluate the final model on the robots, unlearn, deploy Theta', evaluate again."""
+        tb = self.tb
+        timeout = float(tb["round_deadline_s"])
+        info = {
+            "robot": req["robot"],
+            "kind": req["kind"],
+            "classes": req["classes"],
+            "fraction": req["fraction"],
+        }
+        before_sha = state_sha256(self.global_np)
+        before = self.deploy(self.global_np, "before", {"request": info}, timeout)
+        self._event("unlearn_start", request=req["text"])
+        u = tb["unlearn"]
+        t0 = time.perf_counter()
+        state, result = self.unlearn_fn(
+            self.run_dir,
+            req["text"],
+            str(u["method"]),
+            str(u["mode"]),
+            list(u["overrides"]),
+            self.progress,
+        )
+        unlearn_s = time.perf_counter() - t0
+        new_np = cast_like(to_numpy(state), self.global_np)
+        sha = state_sha256(new_np)
+        self._event("unlearn_done", seconds=round(unlearn_s, 2))
+        bytes0 = self._air_bytes()
+        d0 = time.monotonic()
+        after = self.deploy(new_np, "unlearned", {"request": info}, timeout)
+        deploy_s = time.monotonic() - d0
+        self._check_sends()
+        exact = {r: rep.get("sha256") == sha for r, rep in after.items()}
+        return {
+            "request": req,
+            "method": u["method"],
+            "mode": u["mode"],
+            "protocol": result.get("protocol"),
+            "unlearn_s": unlearn_s,
+            "deploy_s": deploy_s,
+            "deploy_air_bytes": self._air_bytes() - bytes0,
+            "aoi_after_deploy_s": self.aoi_seconds(),
+            "model_sha256": sha,
+            "before_sha256": before_sha,
+            "bit_exact": exact,
+            "robots_before": before,
+            "robots_after": after,
+            "server_metrics": result.get("metrics"),
+            "server_original": result.get("original"),
+            "cost": result.get("cost"),
+            "aoi": result.get("aoi"),
+        }
+
+    def finish(self) -> None:
+        """Tell every robot the run is over (waits briefly for the BYEs to go out)."""
+        hs = [
+            self.ep.send(
+                MsgType.BYE, r.robot_id, self.keys[r.robot_id], self.session, 0, {}, timeout=5.0
+            )
+            for r in self.robots.values()
+        ]
+        for h in hs:
+            h.wait(6.0)
+
+    def _report_common(self, total_s: float) -> dict[str, Any]:
+        reasons: dict[str, int] = {}
+        for x in self.rejections:
+            reasons[x["reason"]] = reasons.get(x["reason"], 0) + 1
+        return {
+            "total_s": total_s,
+            "session": f"{self.session:08x}",
+            "robots": {
+                r.robot_id: {
+                    "registrations": r.registrations,
+                    "forgotten": r.forgotten,
+                    "num_samples": r.num_samples,
+                }
+                for r in self.robots.values()
+            },
+            "rejections": self.rejections,
+            "rejection_counts": reasons,
+            "events": self.events,
+            "server_link": link_stats(self.link),
+            "server_tx_bytes": self.ep.sent_bytes,
+            "server_rx_bytes": self.bytes_rx,
+            "air_bytes_total": self._air_bytes(),
+            "history_rounds": self.history.last_completed_round(),
+            "poison": {
+                "backdoor_clients": self.cfg["data"]["poison"]["backdoor_clients"],
+                "target_label": self.setup.poison.target_label,
+            },
+        }
