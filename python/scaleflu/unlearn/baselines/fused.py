@@ -149,7 +149,7 @@ def _train_adapters(
     frozen = {k: v.detach() for k, v in base.items()}
     model.eval()
     torch.manual_seed(derive_seed(ctx.seed, 82, t, n))
-    for pos in client_batches(len(indices), epochs, int(fl["batch_size"]), ctx.seed, t, n):
+    for pos in client_batches(len(indices), epochs, fl["batch_size"], ctx.seed, t, n):
         idx = idx_all[torch.as_tensor(pos)]
         params = dict(frozen)
         for name in adapters.names:

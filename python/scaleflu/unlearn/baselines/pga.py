@@ -129,13 +129,15 @@ class PGAUnlearner:
         opt = torch.optim.SGD(
             model.parameters(), lr=float(hp["lr"]), momentum=float(hp["momentum"])
         )
-        bs = int(hp["batch_size"] or ctx.cfg["fl"]["batch_size"])
+        bs = hp["batch_size"] or ctx.cfg["fl"]["batch_size"]  # None: full batch
         clip = float(hp["clip_grad"])
         steps, stopped, dist = 0, False, 0.0
         acc = accuracy_from_probs(predict(model, check), check.labels) or 0.0
         acc_trace = [acc]
         torch.manual_seed(derive_seed(ctx.seed, 73))
-        batches = client_batches(len(forget_idx), int(hp["epochs"]), bs, ctx.seed, 0, 73)
+        batches = client_batches(
+            len(forget_idx), int(hp["epochs"]), int(bs) if bs else None, ctx.seed, 0, 73
+        )
         model.train()
         for pos in tqdm(batches, desc="PGA", unit="step", disable=not ctx.progress, leave=False):
             if acc < stop_acc:
