@@ -1,0 +1,442 @@
+#!/usr/bin/env python3
+"""Link benchmark: scaleflu tensor goodput vs the stock gr-digital OFDM loopback, FER vs SNR,
+stock back-to-back loss with and without padding, bytes on air per encoding.
+
+Run by hand (about 3-4 minutes on 2 cores)::
+
+    .venv/bin/python benchmarks/link_bench.py          # -> benchmarks/results/link_bench.{json,png}
+    .venv/bin/python benchmarks/link_bench.py --quick  # fewer frames and repetitions
+
+Everything runs in one process on this machine's CPU: "rate" here is how fast GNU Radio
+modulates, passes through the channel model and demodulates, not an air-interface rate (the
+on-air numbers at 5 MS/s are computed from samples per frame). Our stack and the stock chain are
+measured in the same run with the same FFT, CP, modulation, frame size and channel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("GR_DONT_LOAD_PREFS", "1")
+
+import pmt  # noqa: E402
+from gnuradio import blocks, channels, digital, gr, pdu  # noqa: E402
+
+from scaleflu.link.frame import FRAME_OVERHEAD, max_payload  # noqa: E402
+from scaleflu.link.wire import Encoding, Message, MessageType, encode_message  # noqa: E402
+from scaleflu.radio.links import (  # noqa: E402
+    ChannelConfig,
+    OfdmLoopbackNetwork,
+    PhyConfig,
+    burst_power,
+)
+from scaleflu.radio.ofdm import ofdm_carriers, ofdm_link_rx, ofdm_link_tx, samples_per_frame  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FRAME = 1500  # frame bytes on both chains
+MULTIPATH = (1.0, 0.3 + 0.2j, 0.1j)
+CFO = 0.002
+SAMP_RATE = 5e6  # for on-air numbers only
+
+log = logging.getLogger("link_bench")
+
+
+def _u8(data: bytes):
+    return pmt.init_u8vector(len(data), list(data))
+
+
+def _nv(snr_db: float, power: float) -> float:
+    return math.sqrt(power / 10 ** (snr_db / 10.0))
+
+
+def _taps() -> list[complex]:
+    t = np.asarray(MULTIPATH, dtype=np.complex128)
+    return list(t / np.sqrt(np.sum(np.abs(t) ** 2)))
+
+
+def _stock_tx_rx(mob: int):
+    occ, pil, psym = ofdm_carriers(64)
+    kw = dict(
+        fft_len=64,
+        cp_len=16,
+        packet_length_tag_key="packet_len",
+        occupied_carriers=occ,
+        pilot_carriers=pil,
+        pilot_symbols=psym,
+        bps_header=1,
+        bps_payload=2,
+        scramble_bits=True,
+    )
+    tx = digital.ofdm_tx(**kw)
+    rx = digital.ofdm_rx(**kw)
+    if mob:
+        tx._impl.set_min_output_buffer(mob)
+        rx._impl.set_min_output_buffer(mob)
+    return tx, rx
+
+
+# -- 1. stock back-to-back loss ------------------------------------------------------------
+def stock_back_to_back_loss(n: int, padding: int) -> dict:
+    """Stock ofdm_tx -> ofdm_rx without noise, frames abutting (padding 0) or padded."""
+    rng = np.random.default_rng(1)
+    data, tags = [], []
+    for _ in range(n):
+        tags.append(
+            gr.tag_utils.python_to_tag(
+                (len(data), pmt.intern("packet_len"), pmt.from_long(FRAME), pmt.PMT_NIL)
+            )
+        )
+        data.extend(rng.integers(0, 256, FRAME, dtype=np.uint8).tolist())
+    tx, _ = _stock_tx_rx(32768)
+    tb = gr.top_block()
+    sink = blocks.vector_sink_c()
+    src = blocks.vector_source_b(data, False, 1, tags)
+    if padding:
+        shaper = digital.burst_shaper_cc([], padding, 0, False, "packet_len")
+        shaper.set_min_output_buffer(32768)
+        tb.connect(src, tx, shaper, sink)
+    else:
+        tb.connect(src, tx, sink)
+    tb.run()
+    samples = np.concatenate([np.asarray(sink.data(), np.complex64), np.zeros(5000, np.complex64)])
+    _, rx = _stock_tx_rx(32768)
+    tb = gr.top_block()
+    t2p = pdu.tagged_stream_to_pdu(gr.types.byte_t, "packet_len")
+    debug = blocks.message_debug()
+    tb.connect(blocks.vector_source_c(samples.tolist(), False), rx, t2p)
+    tb.msg_connect(t2p, "pdus", debug, "store")
+    tb.run()
+    got = debug.num_messages()
+    return {"frames": n, "received": got, "loss": (n - got) / n, "padding": padding}
+
+
+# -- 2. stock loopback raw payload rate ----------------------------------------------------
+def stock_loopback_rate(n: int, snr_db: float, mob: int, idle: float = 2.0) -> dict:
+    """PDUs of FRAME bytes through stock ofdm_tx -> channel -> ofdm_rx in one live flowgraph."""
+    tx, rx = _stock_tx_rx(mob)
+    power = burst_power(PhyConfig(post_padding=0))
+    tb = gr.top_block()
+    p2s = pdu.pdu_to_tagged_stream(gr.types.byte_t, "packet_len")
+    chan = channels.channel_model(_nv(snr_db, power), CFO, 1.0, _taps(), 7, False)
+    gate = blocks.tag_gate(gr.sizeof_gr_complex, False)  # as in the stock examples
+    t2p = pdu.tagged_stream_to_pdu(gr.types.byte_t, "packet_len")
+    debug = blocks.message_debug()
+    tb.connect(p2s, tx, chan, gate, rx, t2p)
+    tb.msg_connect(t2p, "pdus", debug, "store")
+    rng = np.random.default_rng(2)
+    msgs = [
+        pmt.cons(pmt.make_dict(), _u8(rng.integers(0, 256, FRAME, dtype=np.uint8).tobytes()))
+        for _ in range(n)
+    ]
+    tb.start()
+    t0 = time.monotonic()
+    for m in msgs:
+        p2s.to_basic_block()._post(pmt.intern("pdus"), m)
+    last_n, last_t = 0, t0
+    while time.monotonic() - last_t < idle and time.monotonic() - t0 < 120:
+        time.sleep(0.02)
+        k = debug.num_messages()
+        if k != last_n:
+            last_n, last_t = k, time.monotonic()
+    tb.stop()
+    tb.wait()
+    dt = max(1e-9, last_t - t0)
+    return {
+        "frames": n,
+        "received": last_n,
+        "loss": (n - last_n) / n,
+        "seconds": dt,
+        "payload_bytes_per_s": last_n * FRAME / dt,
+        "min_output_buffer": mob,
+    }
+
+
+# -- 3. our goodput ------------------------------------------------------------------------
+def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int) -> dict:
+    """One tensor message of nbytes (fp32, RAW) server -> robot over the OFDM loopback + ARQ."""
+    rng = np.random.default_rng(seed)
+    tensors = {"w": rng.standard_normal(nbytes // 4).astype(np.float32)}
+    data = encode_message(Message(type=MessageType.MODEL, tensors=tensors))
+    ch = ChannelConfig(snr_db=snr_db, cfo=CFO, taps=MULTIPATH, drop_rate=drop_rate, seed=seed)
+    with OfdmLoopbackNetwork(nodes=(0, 1), channel=ch) as net:
+        s, r = net.link(0), net.link(1)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        res = s.send(1, data, timeout=120)
+        got = r.recv(timeout=5)
+        dt = time.monotonic() - t0
+        counters = net.counters()
+        stats = s.stats()["arq"]
+    ok = res.ok and got is not None and got[1] == data
+    return {
+        "message_bytes": len(data),
+        "tensor_bytes": nbytes,
+        "snr_db": snr_db,
+        "drop_rate": drop_rate,
+        "bit_exact": ok,
+        "seconds": dt,
+        "goodput_bytes_per_s": len(data) / dt if ok else 0.0,
+        "frames_sent": res.frames_sent,
+        "retransmissions": res.retransmissions,
+        "fast_retransmissions": stats["fast_retransmissions"],
+        "rto_expiries": stats["rto_expiries"],
+        "counters": counters,
+    }
+
+
+# -- 4. FER vs SNR -------------------------------------------------------------------------
+def fer_point(snr_db: float, multipath: bool, n: int, seed: int) -> dict:
+    """Frame error rate of ofdm_link_tx -> channel -> ofdm_link_rx with n frames of FRAME bytes."""
+    phy = PhyConfig()
+    power = burst_power(phy)
+    tb = gr.top_block()
+    tx = ofdm_link_tx(mtu=FRAME)
+    rx = ofdm_link_rx(mtu=FRAME)
+    taps = _taps() if multipath else [1.0]
+    chan = channels.channel_model(_nv(snr_db, power), CFO, 1.0, taps, seed, False)
+    debug = blocks.message_debug()
+    tb.connect(tx, chan, rx)
+    tb.msg_connect(rx, "out", debug, "store")
+    rng = np.random.default_rng(seed)
+    tb.start()
+    t0 = time.monotonic()
+    for i in range(n):
+        meta = pmt.dict_add(pmt.make_dict(), pmt.intern("seq"), pmt.from_long(i))
+        meta = pmt.dict_add(meta, pmt.intern("count"), pmt.from_long(n))
+        payload = rng.integers(0, 256, max_payload(FRAME), dtype=np.uint8).tobytes()
+        tx.framer.to_basic_block()._post(pmt.intern("in"), pmt.cons(meta, _u8(payload)))
+    last, last_t = 0, time.monotonic()
+    while time.monotonic() - last_t < 1.0 and time.monotonic() - t0 < 90:
+        time.sleep(0.01)
+        k = debug.num_messages()
+        if k != last:
+            last, last_t = k, time.monotonic()
+        elif tx.frames_built() < n:
+            last_t = max(last_t, time.monotonic() - 0.5)
+    tb.stop()
+    tb.wait()
+    ok = rx.frames_ok()
+    dt = max(1e-9, last_t - t0)
+    return {
+        "seconds": dt,
+        "frame_bytes_per_s": ok * FRAME / dt,
+        "snr_db": snr_db,
+        "multipath": multipath,
+        "frames": n,
+        "ok": ok,
+        "fer": 1.0 - ok / n,
+        "crc_errors": rx.crc_errors(),
+        "headers_rejected": rx.headers_rejected(),
+    }
+
+
+# -- 5. bytes on air per encoding ----------------------------------------------------------
+def _on_air(nbytes: int) -> dict:
+    mp = max_payload(FRAME)
+    frames = max(1, math.ceil(nbytes / mp))
+    frame_bytes = nbytes + frames * FRAME_OVERHEAD
+    full, rest = divmod(nbytes, mp)
+    samples = full * samples_per_frame(FRAME)
+    if rest:
+        samples += samples_per_frame(rest + FRAME_OVERHEAD)
+    return {
+        "message_bytes": nbytes,
+        "frames": frames,
+        "frame_bytes": frame_bytes,
+        "samples": samples,
+        "seconds_at_5MSps": samples / SAMP_RATE,
+    }
+
+
+def encoding_sizes(model_name: str, changed_fraction: float, seed: int = 0) -> dict:
+    """Wire bytes of a model's state dict as fp32, fp16, int8 and int8+delta."""
+    import torch
+
+    from scaleflu.fl.models import build_model
+    from scaleflu.link.wire import group_bounds, state_dict_to_numpy
+
+    torch.manual_seed(seed)
+    model = build_model(model_name, 10, 1, 28)
+    ref = state_dict_to_numpy(model.state_dict())
+    n_params = int(sum(v.size for v in ref.values()))
+    rng = np.random.default_rng(seed)
+    # the next global model: a fraction of the parameter groups (G = 8 per tensor) changed
+    new = {}
+    groups_total = groups_changed = 0
+    for k, v in ref.items():
+        v2 = v.copy()
+        if v.dtype.kind == "f" and v.size:
+            b = group_bounds(v.size, 8)
+            flat = v2.reshape(-1)
+            for g in range(len(b) - 1):
+                groups_total += 1
+                if rng.random() < changed_fraction:
+                    groups_changed += 1
+                    seg = flat[b[g] : b[g + 1]]
+                    seg += (0.01 * (np.std(v) + 1e-3) * rng.standard_normal(seg.size)).astype(
+                        v.dtype
+                    )
+        new[k] = v2
+    msg = Message(type=MessageType.MODEL, tensors=new)
+    sizes = {
+        "fp32": len(encode_message(msg, Encoding.FP32)),
+        "fp16": len(encode_message(msg, Encoding.FP16)),
+        "int8": len(encode_message(msg, Encoding.INT8)),
+        "int8+delta": len(
+            encode_message(
+                Message(type=MessageType.DELTA, tensors=new), Encoding.INT8, reference=ref
+            )
+        ),
+    }
+    out = {
+        "model": model_name,
+        "parameters": n_params,
+        "changed_group_fraction": groups_changed / max(1, groups_total),
+        "encodings": {k: _on_air(v) for k, v in sizes.items()},
+    }
+    out["fp32_over_int8_delta"] = sizes["fp32"] / sizes["int8+delta"]
+    out["fp32_over_int8"] = sizes["fp32"] / sizes["int8"]
+    return out
+
+
+# -- main ----------------------------------------------------------------------------------
+def _plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
+    for mp, style in ((False, "o-"), (True, "s--")):
+        pts = [p for p in res["fer_vs_snr"] if p["multipath"] == mp]
+        ax[0].semilogy(
+            [p["snr_db"] for p in pts],
+            [max(p["fer"], 1e-3) for p in pts],
+            style,
+            label=f"AWGN + CFO{' + 3-tap multipath' if mp else ''}",
+        )
+    ax[0].set_xlabel("SNR (dB, over the burst power)")
+    ax[0].set_ylabel("frame error rate (floor 1e-3 = no error seen)")
+    ax[0].set_title("OFDM link, FFT 64 CP 16, BPSK hdr / QPSK payload, 1500 B frames")
+    ax[0].grid(True, which="both", alpha=0.3)
+    ax[0].legend()
+    names = ["fp32", "fp16", "int8", "int8+delta"]
+    width = 0.38
+    for i, m in enumerate(res["encodings"]):
+        vals = [m["encodings"][n]["frame_bytes"] / 1e6 for n in names]
+        x = np.arange(len(names)) + (i - 0.5) * width
+        ax[1].bar(x, vals, width, label=f"{m['model']} ({m['parameters']:,} params)")
+    ax[1].set_yscale("log")
+    ax[1].set_xticks(np.arange(len(names)), names)
+    ax[1].set_ylabel("MB on air (frames incl. headers)")
+    ax[1].set_title("bytes on air per encoding")
+    ax[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer frames and repetitions")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--message-mb", type=float, default=2.0, help="tensor bytes per transfer")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    reps = 1 if a.quick else a.reps
+    nfr = 150 if a.quick else 400
+    nbytes = int((0.5 if a.quick else a.message_mb) * 1e6)
+    a.out.mkdir(parents=True, exist_ok=True)
+    res: dict = {
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "gnuradio": gr.version()},
+        "phy": {
+            "fft_len": 64,
+            "cp_len": 16,
+            "header": "BPSK",
+            "payload": "QPSK",
+            "frame_bytes": FRAME,
+            "post_padding": PhyConfig().post_padding,
+        },
+        "channel": {"cfo": CFO, "multipath_taps": [str(t) for t in MULTIPATH]},
+    }
+    t_all = time.monotonic()
+
+    log.info("stock back-to-back loss")
+    res["stock_back_to_back"] = [stock_back_to_back_loss(nfr * 2, p) for p in (0, 160)]
+    log.info("  %s", res["stock_back_to_back"])
+
+    log.info("stock loopback rate at 20 dB")
+    stock = {}
+    for mob in (32768, 65536, 131072):
+        runs = [stock_loopback_rate(nfr, 20.0, mob) for _ in range(reps)]
+        stock[str(mob)] = runs
+        log.info("  mob %d: %s", mob, [round(r["payload_bytes_per_s"]) for r in runs])
+    res["stock_loopback_20dB"] = stock
+    best_stock = max(
+        statistics.median(r["payload_bytes_per_s"] for r in runs) for runs in stock.values()
+    )
+    res["stock_payload_bytes_per_s"] = best_stock
+
+    log.info("our PHY chain without ARQ (raw frames) at 20 dB")
+    raw = [fer_point(20.0, True, nfr, seed=90 + i) for i in range(reps)]
+    res["our_phy_raw_20dB"] = raw
+    raw_rate = statistics.median(r["frame_bytes_per_s"] for r in raw)
+    log.info("  %s", [round(r["frame_bytes_per_s"]) for r in raw])
+
+    ours = {}
+    for label, drop in (("20dB", 0.0), ("20dB_5pct_loss", 0.05)):
+        runs = [our_goodput(nbytes, 20.0, drop, seed=10 + i) for i in range(reps)]
+        ours[label] = runs
+        log.info("  ours %s: %s", label, [round(r["goodput_bytes_per_s"]) for r in runs])
+    res["ours"] = ours
+    g0 = statistics.median(r["goodput_bytes_per_s"] for r in ours["20dB"])
+    g5 = statistics.median(r["goodput_bytes_per_s"] for r in ours["20dB_5pct_loss"])
+    res["goodput_bytes_per_s"] = {"20dB": g0, "20dB_5pct_loss": g5}
+    res["ratio_vs_stock"] = {"20dB": g0 / best_stock, "20dB_5pct_loss": g5 / best_stock}
+    res["our_phy_raw_frame_bytes_per_s"] = raw_rate
+    res["ratio_vs_our_raw_phy"] = {"20dB": g0 / raw_rate, "20dB_5pct_loss": g5 / raw_rate}
+    res["targets"] = {
+        "20dB >= 0.9 x stock": g0 >= 0.9 * best_stock,
+        "5% loss >= 0.8 x stock": g5 >= 0.8 * best_stock,
+    }
+
+    log.info("FER vs SNR")
+    snrs = [8, 10, 12, 14, 16, 18, 20, 22, 25, 30]
+    res["fer_vs_snr"] = []
+    for mp in (False, True):
+        for s in snrs:
+            p = fer_point(s, mp, 100 if a.quick else 200, seed=int(s) + 50 * mp)
+            res["fer_vs_snr"].append(p)
+            log.info("  snr %s mp %s fer %.3f", s, mp, p["fer"])
+
+    log.info("bytes on air per encoding")
+    res["encodings"] = [encoding_sizes("lenet", 0.3), encoding_sizes("resnet18", 0.3)]
+    res["encodings_all_changed"] = [encoding_sizes("lenet", 1.0)]
+    res["targets"]["int8+delta >= 4x fewer bytes than fp32"] = all(
+        m["fp32_over_int8_delta"] >= 4.0 for m in res["encodings"]
+    )
+    res["seconds"] = time.monotonic() - t_all
+    (a.out / "link_bench.json").write_text(json.dumps(res, indent=2))
+    _plot(res, a.out / "link_bench.png")
+    log.info(
+        "goodput %.0f / %.0f B/s vs stock %.0f B/s -> %s", g0, g5, best_stock, res["ratio_vs_stock"]
+    )
+    log.info("targets %s", res["targets"])
+    log.info("wrote %s", a.out / "link_bench.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
