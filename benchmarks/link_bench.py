@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     }
 
     log.info("FER vs SNR")
-    snrs = [8, 10, 12, 14, 16, 18, 20, 22, 25, 30]
+    snrs = [8, 10, 12, 14, 16, 17, 18, 19, 20, 22, 25, 30]
     res["fer_vs_snr"] = []
     for mp in (False, True):
         for s in snrs:

@@ -57,10 +57,14 @@ def test_three_nodes_star_and_broadcast_filter(lenet_state_dict):
     ) as net:
         s, r1, r2 = net.link(0), net.link(1), net.link(2)
         small = {"w": np.arange(3000, dtype=np.float32)}
+        # two downlinks and an uplink at the same time
         h1 = s.send_async(1, encode_tensors(small), timeout=30)
         h2 = s.send_async(2, encode_tensors({"w": -np.arange(2000, dtype=np.float32)}), timeout=30)
-        assert h1.wait(35) and h2.wait(35)
-        assert h1.status.value == "delivered" and h2.status.value == "delivered"
+        up = r1.send_async(0, encode_tensors({"u": np.ones(5000, np.float32)}), timeout=30)
+        assert h1.wait(35) and h2.wait(35) and up.wait(35)
+        assert {h.status.value for h in (h1, h2, up)} == {"delivered"}
+        src, raw = s.recv(timeout=5)
+        assert src == 1 and decode_tensors(raw)["u"].sum() == 5000
         assert np.array_equal(decode_tensors(r1.recv(timeout=5)[1])["w"], small["w"])
         assert decode_tensors(r2.recv(timeout=5)[1])["w"][1] == -1.0
         assert r1.recv(timeout=0.2) is None  # robot 1 never gets robot 2's message

@@ -214,10 +214,13 @@ class GrLink(Link):
 
 
 # ARQ defaults for the OFDM back-ends. Frames wait in the transmitter's queue and GNU Radio's
-# buffers, so round-trip times vary by a few hundred ms under load: a floor on the RTO keeps
-# that from causing spurious retransmissions (losses are repaired by the ACK bitmaps' fast
-# retransmit, not by timeouts). Measured in benchmarks/link_bench.py.
-OFDM_ARQ_DEFAULTS: dict[str, Any] = {"window": 64, "initial_rto": 1.0, "min_rto": 0.6}
+# buffers, so round-trip times reach seconds when several flows share a CPU-bound PHY: the first
+# window goes out before any RTT sample, so a short initial RTO fires for most of it and the
+# spurious copies slow everything further (4 nodes, 6 simultaneous 250 kB transfers: 2000+
+# retransmissions and 24 s with window 64 / initial RTO 1 s; 58 and 14 s with 32 / 3 s). Losses
+# are repaired by the ACK bitmaps' fast retransmit, not by timeouts, so the long timers cost
+# little (docs/link.md section 9).
+OFDM_ARQ_DEFAULTS: dict[str, Any] = {"window": 32, "initial_rto": 3.0, "min_rto": 0.6}
 
 
 def _arq_block(node_id: int, phy: PhyConfig, arq_opts: Mapping[str, Any]) -> link_arq:
@@ -485,6 +488,7 @@ class UhdLink(GrLink):
         tx_subdev: str = "",
         rx_subdev: str = "",
         clock_source: str = "",
+        time_source: str = "",
         lo_offset: float = 0.0,
         tx_rms: float = 0.2,
         pacing: float = 0.9,
@@ -505,7 +509,7 @@ class UhdLink(GrLink):
             tx_antenna,
             tx_subdev,
             clock_source,
-            "",
+            time_source,
             lo_offset,
         )
         self.source = usrp_rx(
@@ -516,7 +520,7 @@ class UhdLink(GrLink):
             rx_antenna,
             rx_subdev,
             clock_source,
-            "",
+            time_source,
             lo_offset,
         )
         opts = dict(arq_opts)
@@ -575,7 +579,7 @@ def make_link(kind: str, node_id: int, **opts: Any) -> Link:
       (channel off unless given).
     * ``"uhd"``: ``tx_args``, ``rx_args``, ``freq``, ``tx_freq``, ``rx_freq``, ``samp_rate``,
       ``tx_gain``, ``rx_gain``, ``tx_antenna``, ``rx_antenna``, ``tx_subdev``, ``rx_subdev``,
-      ``clock_source``, ``lo_offset``, ``tx_rms``, ``pacing``; PHY options. Raises
+      ``clock_source``, ``time_source``, ``lo_offset``, ``tx_rms``, ``pacing``; PHY options. Raises
       scaleflu.radio.uhd.RadioNotFound when a device does not answer.
     """
     opts = dict(opts)
