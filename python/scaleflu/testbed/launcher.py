@@ -50,8 +50,8 @@ DEMO_SETTINGS: dict[str, Any] = {
     "scale": {
         "ppo": {"episodes": 32, "n_steps": 64, "batch_size": 32, "epochs": 4},
         "val_size": 300,
-        "recovery_rounds": 1,
-        "recovery_local_epochs": 1,
+        "recovery_rounds": 2,  # the backdoor of a large robot outlives one recovery round
+        "recovery_local_epochs": 2,
         "eval": {"max_samples": 2000, "mia_samples": 300, "relearn_max_rounds": 0},
     },
 }

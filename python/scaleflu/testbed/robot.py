@@ -36,6 +36,7 @@ from scaleflu.testbed.protocol import (
     ProtocolError,
     ReplayGuard,
     open_envelope,
+    peek,
     state_sha256,
 )
 from scaleflu.testbed.transport import link_stats
@@ -222,12 +223,14 @@ class RobotClient:
             return
         src, data = got
         try:
+            # A SERVER_HELLO announces a new session: authenticated, any session accepted.
+            hello = peek(data).type is MsgType.SERVER_HELLO
             env = open_envelope(
                 data,
                 src,
                 self.keys,
                 self.robot_id,
-                self.session,
+                None if hello else self.session,
                 self.guard,
                 peer_of=self.robot_id,
             )
@@ -326,7 +329,8 @@ class RobotClient:
         fault_now = t == self.fault_round
         if fault_now and "crash" in self.faults:
             log.warning("robot %d: fault 'crash': exiting in round %d", self.robot_id, t)
-            logging.shutdown()
+            for h in logging.getLogger().handlers:
+                h.flush()
             os._exit(3)
         t0 = time.perf_counter()
         global_state = {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
@@ -350,7 +354,11 @@ class RobotClient:
             "link_bytes_tx": int(stats.get("bytes_tx", self.ep.sent_bytes)),
         }
         body = encode_state(local_np, str(self.tb["upload_encoding"]))
+        # No point uploading past the round deadline (the server would refuse it as late).
+        left = float(meta.get("deadline_s") or 0.0) - train_s
         timeout = float(self.tb["send_timeout_s"])
+        if left > 0:
+            timeout = min(timeout, left + 2.0)
         if fault_now:
             self._fault_uploads_before(t, local_np, up_meta, timeout)
         sealed = self.ep.build(MsgType.UPDATE, SERVER_ID, self.key, self.session, t, up_meta, body)

@@ -1,0 +1,165 @@
+"""Edge server and robots in one process over MemoryChannel: faults, requests, resume."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from scaleflu.config import load_config
+from scaleflu.link import MemoryChannel
+from scaleflu.testbed.protocol import SERVER_ID, MsgType, generate_keys, state_sha256
+from scaleflu.testbed.robot import RobotClient, RobotData
+from scaleflu.testbed.server import EdgeServer
+
+pytestmark = pytest.mark.timeout(240)
+
+OVERRIDES = [
+    "data.num_clients=3",
+    "fl.clients_per_round=3",
+    "data.train_subset=1500",
+    "data.test_subset=300",
+    "fl.local_epochs=1",
+    "fl.lr=0.05",
+    "data.poison.backdoor_clients=[0]",
+    "testbed.rounds=2",
+    "testbed.round_deadline_s=8",
+    "testbed.register_timeout_s=20",
+    "testbed.unlearn.wait_s=3",
+    "testbed.eval_test_samples=100",
+    "testbed.min_robots=3",
+]
+
+
+def fake_unlearn(run_dir, request, method, mode, overrides, progress):
+    """Stand-in for SCALE (tested elsewhere): halve the final model, say which request ran."""
+    from scaleflu.fl.run import load_run
+
+    run = load_run(run_dir)
+    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
+    return state, {"protocol": "backdoor", "request": request}
+
+
+@pytest.fixture(scope="module")
+def cfg() -> dict[str, Any]:
+    return load_config(None, OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def robot_data(cfg) -> dict[int, RobotData]:
+    return {r: RobotData(cfg, r) for r in (1, 2, 3)}
+
+
+def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], channel_kw=None):
+    keys = generate_keys([1, 2, 3])
+    ch = MemoryChannel(seed=3, **(channel_kw or {"loss": 0.02}))
+    server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, run_dir, False, fake_unlearn)
+    robots = [
+        RobotClient(ch.attach(r), r, keys[r], cfg, data=robot_data[r], **robot_kw.get(r, {}))
+        for r in (1, 2, 3)
+    ]
+    outs: dict[int, dict] = {}
+
+    def target(rb: RobotClient) -> None:
+        try:
+            outs[rb.robot_id] = rb.run(90)
+        except SystemExit:  # the "crash" fault (os._exit is patched to raise in-process)
+            rb.link.close()
+
+    threads = [threading.Thread(target=target, args=(rb,)) for rb in robots]
+    for t in threads:
+        t.start()
+    try:
+        report = server.run()
+    finally:
+        for t in threads:
+            t.join(60)
+        ch.close()
+    return report, outs, server, keys
+
+
+def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
+    kw = {
+        1: {"unlearn": {"kind": "client"}, "unlearn_after_round": 2},
+        2: {"faults": ("nan", "shape", "duplicate", "replay", "forged", "garbage")},
+    }
+    report, outs, server, _ = run_testbed(cfg, robot_data, tmp_path, kw)
+    counts = report["rejection_counts"]
+    for reason in ("non_finite", "wrong_shape", "duplicate", "replay", "bad_hmac", "malformed"):
+        assert counts.get(reason, 0) >= 1, (reason, counts)
+    # robot 2's genuine update was still aggregated in round 1
+    assert report["rounds"][0]["participants"] == [1, 2, 3]
+    assert server.history.last_completed_round() == 2
+    un = report["unlearning"]
+    assert un["request"]["text"] == "client:0"
+    assert all(un["bit_exact"].values()) and set(un["bit_exact"]) == {1, 2, 3}
+    for r in (1, 2, 3):
+        assert outs[r]["evals"]["unlearned"]["sha256"] == un["model_sha256"]
+    assert "fa" in outs[1]["evals"]["before"]["metrics"]
+    assert "fa" not in outs[2]["evals"]["before"]["metrics"]
+
+
+def test_request_for_another_robot_refused(cfg, robot_data, tmp_path):
+    keys = generate_keys([1, 2, 3])
+    with MemoryChannel(seed=1) as ch:
+        server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        robot = RobotClient(ch.attach(2), 2, keys[2], cfg, data=robot_data[2])
+        th = threading.Thread(target=robot.register, args=(10.0,))
+        th.start()
+        server.wait_for_robots(1, 10.0)
+        th.join()
+        robot.unlearn = {"kind": "client"}
+        robot.ep.send(
+            MsgType.UNLEARN_REQUEST,
+            SERVER_ID,
+            keys[2],
+            robot.session,
+            0,
+            {"robot": 3, "kind": "client"},
+        )
+        for _ in range(40):
+            server.poll(0.1)
+            robot.poll(0.05)
+            if robot.unlearn_ack:
+                break
+        assert robot.unlearn_ack and not robot.unlearn_ack["accepted"]
+        assert server.rejections[-1]["reason"] == "not_own_request"
+        assert not server.requests
+
+
+def test_killed_robot_closes_round_at_deadline_and_server_resumes(cfg, robot_data, tmp_path):
+    # robot 3 dies (here: stops answering) in round 1; the round closes at its deadline
+    kw = {3: {"faults": ("crash",), "fault_round": 1}}
+    import os as _os
+
+    exits = []
+    orig = _os._exit
+    _os._exit = lambda code: (exits.append(code), (_ for _ in ()).throw(SystemExit(code)))
+    try:
+        one = [*OVERRIDES, "testbed.rounds=1"]
+        report, outs, server, keys = run_testbed(load_config(None, one), robot_data, tmp_path, kw)
+    finally:
+        _os._exit = orig
+    assert exits == [3]
+    row = report["rounds"][0]
+    assert row["participants"] == [1, 2] and row["missing"] == [3]
+    assert row["wall_s"] < 8 + 6
+    final = server.history.final_model()
+    # a new server on the same run folder resumes after round 1 and loses nothing
+    report2, _, server2, _ = run_testbed(load_config(None, OVERRIDES), robot_data, tmp_path, {})
+    assert server2.history.last_completed_round() == 2
+    assert [r["round"] for r in report2["rounds"]] == [2]
+    assert any(e["event"] == "resume" for e in report2["events"])
+    g2 = server2.history.global_model(2)
+    assert all(torch.equal(final[k], g2[k]) for k in final)
+    assert report2["rounds"][0]["participants"] == [1, 2, 3]  # robot 3 rejoined
+
+
+def test_state_hash_matches_between_numpy_and_torch_roundtrip():
+    a = {"w": np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)}
+    b = {k: torch.from_numpy(v.copy()).numpy() for k, v in a.items()}
+    assert state_sha256(a) == state_sha256(b)
