@@ -60,6 +60,7 @@ def _summary(name: str, stamps: list[float], start: float, test_acc: float) -> d
         "total_s_incl_startup": stamps[-1] - start,
         "total_rounds_per_s": len(per_round) / (stamps[-1] - start),
         "test_acc": test_acc,
+        "load_avg_1min_at_end": os.getloadavg()[0],  # the box is shared: context for the numbers
     }
 
 

@@ -113,3 +113,17 @@ def test_uncommitted_files_removed_on_open(tmp_path: Path) -> None:
     assert not (hist / "global_00004.safetensors").exists()
     assert not (hist / "updates_00003.safetensors").exists()
     assert (hist / "global_00003.safetensors").exists()
+
+
+def test_batchnorm_buffers_in_updates(tmp_path: Path) -> None:
+    model = build_model("resnet18", 10, 1, 28)
+    store = HistoryStore(tmp_path, groups=layer_groups(model, 2))
+    g = {k: v.clone() for k, v in model.state_dict().items()}
+    store.record_initial(g)
+    local = {k: (v + 1 if v.is_floating_point() else v + 3) for k, v in g.items()}
+    store.record_round(1, [0], {0: 5}, {0: local}, local)
+    upd = store.client_update(1, 0)
+    assert "bn1.running_mean" in upd and "bn1.num_batches_tracked" not in upd
+    assert torch.allclose(upd["bn1.running_var"], torch.ones_like(upd["bn1.running_var"]))
+    assert int(store.final_model()["bn1.num_batches_tracked"]) == 3
+    assert int(store.client_model(1, 0)["bn1.num_batches_tracked"]) == 0  # from Theta[1]
