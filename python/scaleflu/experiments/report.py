@@ -325,20 +325,25 @@ def plot_sensitivity(
                 score = {e["layer"]: e["score"] for e in sens["layers"]}
                 top = set(sens.get("top") or [])
                 xs = [j + (i - (len(per_sc) - 1) / 2) * w for j in range(len(layers))]
-                ax.bar(
-                    xs,
-                    [score.get(n, 0.0) for n in layers],
-                    w,
-                    label=sc,
-                    edgecolor=["k" if n in top else "none" for n in layers],
-                    linewidth=1.2,
-                )
+                color = f"C{i}"
+                for x, n in zip(xs, layers, strict=True):
+                    sel = n in top
+                    ax.bar(
+                        x,
+                        score.get(n, 0.0),
+                        w,
+                        color=color,
+                        alpha=1.0 if sel else 0.35,
+                        hatch="//" if sel else None,
+                        edgecolor="k" if sel else color,
+                        label=sc if n == layers[0] else None,
+                    )
             ax.set_xticks(range(len(layers)))
             ax.set_xticklabels(
                 [n.removesuffix(".weight") for n in layers], rotation=45, ha="right", fontsize=7
             )
             ax.set_ylabel("sensitivity S_l")
-            ax.set_title(f"{model} layer sensitivity ({ds}; top-M outlined)")
+            ax.set_title(f"{model} layer sensitivity ({ds}; top-M hatched)")
             ax.legend(fontsize=8)
             fig.tight_layout()
             p = out / f"layer_sensitivity_{ds}_{model}.png"
