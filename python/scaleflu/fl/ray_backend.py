@@ -1,5 +1,9 @@
 """Ray backend: every selected client of a round trains as one Ray task.
 
+A task that fails (after Ray's own retries of crashed workers) is logged and left out of the
+round, like Flower drops failed replies; the history then records only the clients that
+answered, and such a round is no longer reproducible from the seed alone.
+
 Tasks run the same :func:`scaleflu.fl.fedavg.train_client` as the sequential trainer, so a
 Ray run equals a local one up to float rounding. Models travel as safetensors bytes (never
 pickled tensors); the training set is put into the object store once per run and cached in
@@ -143,7 +147,15 @@ class RayTrainer:
             )
             for n in clients
         }
-        return {n: st_load(self._ray.get(f)) for n, f in futures.items()}
+        out: dict[int, State] = {}
+        for n, f in futures.items():
+            try:
+                out[n] = st_load(self._ray.get(f))
+            except self._ray.exceptions.RayError as exc:  # failed replies dropped and logged
+                log.warning("round %d: client %d failed on Ray and is left out: %s", t, n, exc)
+        if not out:
+            raise RuntimeError(f"round {t}: every client task failed on Ray")
+        return out
 
     def shutdown(self) -> None:
         """Stop the local Ray instance if this trainer started it."""

@@ -381,6 +381,7 @@ def train(
             t0 = time.perf_counter()
             clients = select_clients(seed, t, len(setup.parts), int(fl["clients_per_round"]))
             states = trainer.train(global_state, clients, t)
+            clients = [n for n in clients if n in states]  # a backend may drop failed clients
             global_state = aggregate(states, {n: sizes[n] for n in clients})
             model.load_state_dict(global_state)
             row: dict[str, Any] = {"round": t, "test_acc": None, "test_loss": None}
