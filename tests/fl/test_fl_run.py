@@ -208,3 +208,33 @@ def test_cifar100_binary_run_end_to_end(tmp_path: Path, small_cfg: CfgFactory) -
     loaded = load_run(tmp_path / "run")
     assert loaded.train.in_channels == 3 and loaded.train.image_size == 32
     assert len(loaded.history.participants(1)) == 2
+
+
+@needs_fmnist
+def test_resume_after_crash_inside_a_round(
+    tmp_path: Path, small_cfg: CfgFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crash between local training and the history write: the round is redone on resume."""
+    import scaleflu.fl.run as run_mod
+
+    cfg = small_cfg(
+        "fl.rounds=3", "fl.clients_per_round=2", "data.train_subset=400", "data.test_subset=100"
+    )
+    full = train(cfg, tmp_path / "full", progress=False)
+    real = run_mod.aggregate
+    calls = {"n": 0}
+
+    def flaky(states: Any, sizes: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise _CrashError("killed during round 2")
+        return real(states, sizes)
+
+    monkeypatch.setattr(run_mod, "aggregate", flaky)
+    with pytest.raises(_CrashError):
+        train(cfg, tmp_path / "crash", progress=False)
+    monkeypatch.setattr(run_mod, "aggregate", real)
+    assert load_run(tmp_path / "crash").history.last_completed_round() == 1
+    resumed = train(cfg, tmp_path / "crash", resume=True, progress=False)
+    for k, v in full.model.state_dict().items():
+        assert torch.equal(resumed.model.state_dict()[k], v), k
