@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 MODES = ("default", "paper")
+UNLEARN_SECTIONS = ("scale", "baselines")  # what an unlearning run may set
 State = dict[str, torch.Tensor]
 
 
@@ -133,29 +134,35 @@ def resolve_unlearn_config(
 ) -> dict[str, Any]:
     """The run's config with current ``scale`` defaults filled in and user scale settings on top.
 
-    Only ``scale.*`` may differ from the run: data, model and FL settings belong to the run.
+    Only ``scale.*`` and ``baselines.*`` may differ from the run: data, model and FL settings
+    belong to the run.
     """
     from scaleflu.config import _read_file, parse_override
 
     cfg = copy.deepcopy(dict(run_cfg))
-    scale = default_config()["scale"]
-    _deep_update(scale, cfg.get("scale") or {})
-    cfg["scale"] = scale
+    defaults = default_config()
+    for section in UNLEARN_SECTIONS:
+        if section in defaults:
+            filled = copy.deepcopy(defaults[section])
+            _deep_update(filled, cfg.get(section) or {})
+            cfg[section] = filled
     updates: list[Mapping[str, Any]] = []
     if path is not None:
         updates.append(_read_file(Path(path)))
     updates += [parse_override(o) for o in overrides]
     for upd in updates:
         for key, value in upd.items():
-            if key == "scale":
+            if key in UNLEARN_SECTIONS:
                 continue
             if key not in cfg or merge({key: cfg[key]}, {key: value}) != {key: cfg[key]}:
                 raise ConfigError(
-                    f"unlearn settings may only change scale.*; {key} differs from the run "
+                    f"unlearn settings may only change scale.* or baselines.*; {key} differs "
+                    "from the run "
                     "(train a new run to change it)"
                 )
-        if "scale" in upd:
-            cfg = merge(cfg, {"scale": upd["scale"]})
+        mine = {k: v for k, v in upd.items() if k in UNLEARN_SECTIONS}
+        if mine:
+            cfg = merge(cfg, mine)
     return cfg
 
 
@@ -216,6 +223,7 @@ class UnlearnContext:
         self.groups = run.history.groups
         self.link = run.history.link
         self._original_metrics: dict[str, Any] | None = None
+        self.last_state: State | None = None
         self._p_old: torch.Tensor | None = None
 
     @staticmethod
@@ -408,7 +416,11 @@ class UnlearnContext:
         details: Mapping[str, Any] | None = None,
         mode: str | None = None,
     ) -> UnlearnResult:
-        """Measure ``state`` and pack the result (costs are the method's own)."""
+        """Measure ``state`` and pack the result (costs are the method's own).
+
+        The state is kept as ``self.last_state`` so callers (the CLI) can save the model.
+        """
+        self.last_state = {k: v.detach().clone() for k, v in state.items()}
         metrics = self.evaluate(state)
         sc = self.scale_cfg
         sel = aoi.mean(top_layers) if top_layers else aoi.mean()

@@ -19,18 +19,23 @@ from scaleflu.config import save_config
 
 log = logging.getLogger(__name__)
 
-METHODS = ("scale", "retrain")
+METHODS = ("scale", "retrain", "fedraser", "pga", "fused")
 
 
-def make_unlearner(method: str, mode: str) -> Any:
-    """The Unlearner object for a method name."""
-    from scaleflu.unlearn.retrain import RetrainUnlearner
-    from scaleflu.unlearn.scale import ScaleUnlearner
-
+def make_unlearner(method: str, mode: str, cfg: dict[str, Any] | None = None) -> Any:
+    """The Unlearner object for a method name (baselines through their registry)."""
     if method == "scale":
+        from scaleflu.unlearn.scale import ScaleUnlearner
+
         return ScaleUnlearner(mode)
     if method == "retrain":
+        from scaleflu.unlearn.retrain import RetrainUnlearner
+
         return RetrainUnlearner()
+    if method in METHODS:
+        from scaleflu.unlearn.baselines.registry import get_method
+
+        return get_method(method, cfg)
     raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
 
 
@@ -54,7 +59,7 @@ def run_unlearn(
     )
     if mode is None:
         ctx.mode = str(ctx.scale_cfg["mode"])
-    unlearner = make_unlearner(method, ctx.mode)
+    unlearner = make_unlearner(method, ctx.mode, ctx.cfg)
     slug = ctx.request.request.slug
     out_dir = Path(out) if out else Path(run_dir) / "unlearn" / f"{slug}-{ctx.mode}"
     if method != "scale":
@@ -63,7 +68,10 @@ def run_unlearn(
     save_config(resolve_unlearn_config(ctx.cfg), out_dir / "config.yaml")
     result = unlearner.run(ctx)
     model_path = out_dir / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in unlearner.state.items()}, str(model_path))
+    state = ctx.last_state if ctx.last_state is not None else getattr(unlearner, "state", None)
+    if state is None:
+        raise RuntimeError(f"method {method} produced no model state")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(model_path))
     result.model_path = str(model_path)
     result.save(out_dir / "result.json")
     if method == "scale":
@@ -111,7 +119,7 @@ def add_unlearn_parser(subparsers: Any) -> None:
         description=(
             "Unlearn from RUN_DIR. Requests: client:7 | client:3,7 | class:3 (whole "
             "federation) | class:3@7 (client 7 only) | sample:7:0.1 (client 7's poisoned "
-            "samples first). --config/--set change scale.* only."
+            "samples first). --config/--set change scale.* and baselines.* only."
         ),
     )
     p.add_argument("--run", required=True, help="run directory written by `scaleflu train`")

@@ -70,14 +70,29 @@ class EnvSpec:
     attribution: dict[str, torch.Tensor] = field(default_factory=dict)  # default mode: C_l
     utility: Utility | None = None  # default mode: validation accuracy of given layer weights
     aoi_unit: str = "seconds"
+    op: str = "zero"  # default mode: zero | subtract (W_i - C_i instead of 0; an option)
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "default"):
             raise ValueError(f"mode must be paper or default, got {self.mode!r}")
         if self.mode == "default" and not self.attribution:
             raise ValueError("default mode needs the attribution map C_l")
+        if self.op not in ("zero", "subtract"):
+            raise ValueError(f"sparsify op must be zero or subtract, got {self.op!r}")
         if self.s_levels < 1 or self.episode_steps < 1 or not self.layers:
             raise ValueError("s_levels, episode_steps and the layer list must be positive")
+
+
+@dataclass
+class EpisodeRecord:
+    """A finished episode: its return, final layer tensors, AoI state, Sum AoI and steps."""
+
+    ret: float
+    layers: dict[str, torch.Tensor]
+    aoi: AoITracker
+    sum_aoi_trace: list[float]
+    steps: list[dict[str, Any]]
+    zeroed_share: float
 
 
 class SparsifyEnv(gym.Env):
@@ -112,12 +127,14 @@ class SparsifyEnv(gym.Env):
                 self._attr_mass[k] = float(a.sum()) or 1.0
                 for j, (s, e) in enumerate(spec.groups[k]):
                     self._order[(k, j)] = torch.argsort(a[s:e], descending=True, stable=True)
-        self._attr_abs = {
-            k: spec.attribution[k].detach().flatten().double().abs() for k in spec.attribution
-        }
+        self._attr = {k: v.detach().flatten().double() for k, v in spec.attribution.items()}
+        self._attr_abs = {k: v.abs() for k, v in self._attr.items()}
         self.total_params = sum(self._flat0[k].numel() for k in spec.layers)
         self.episode_returns: list[float] = []
         self.episode_infos: list[dict[str, float]] = []
+        self.keep_best = False
+        self.best_return = -np.inf
+        self.best: EpisodeRecord | None = None
         self.reset()
 
     # -- state ---------------------------------------------------------------------------
@@ -166,6 +183,7 @@ class SparsifyEnv(gym.Env):
         if self.default and self.spec.utility is not None and self.spec.w_u:
             self.util0 = self.util_prev = max(self.spec.utility(self.layer_state()), 1e-6)
         self.sum_aoi_trace: list[float] = []
+        self.step_infos: list[dict[str, Any]] = []
         return self._obs(), {}
 
     def layer_state(self) -> dict[str, torch.Tensor]:
@@ -228,7 +246,10 @@ class SparsifyEnv(gym.Env):
                 start, end = self.spec.groups[layer][j]
                 size = end - start
                 before = self.cur[layer][idx].clone()
-                self.cur[layer][idx] = 0.0
+                if self.default and self.spec.op == "subtract":
+                    self.cur[layer][idx] = self._flat0[layer][idx] - self._attr[layer][idx]
+                else:
+                    self.cur[layer][idx] = 0.0
                 if self.default:
                     newly = len(idx)
                     self.zeroed[layer][idx] = True
@@ -239,7 +260,7 @@ class SparsifyEnv(gym.Env):
                 else:
                     r_f += rel * s
                     r_c += aoi_before[(layer, j)] / amax * s
-                if len(idx) and bool((before != 0).any()):
+                if len(idx) and bool((before != self.cur[layer][idx]).any()):
                     changed.append((layer, j))
             r_c /= len(chosen)
             if self.default and changed and self.spec.utility is not None and self.spec.w_u:
@@ -268,7 +289,18 @@ class SparsifyEnv(gym.Env):
             "sum_aoi_s": sum_aoi,
             "utility": self.util_prev,
         }
+        self.step_infos.append({**info, "reward": float(reward)})
         if terminated or truncated:
+            if self.keep_best and self.ret > self.best_return:
+                self.best_return = self.ret
+                self.best = EpisodeRecord(
+                    self.ret,
+                    {k: v.clone() for k, v in self.layer_state().items()},
+                    self.aoi.copy(),
+                    list(self.sum_aoi_trace),
+                    list(self.step_infos),
+                    self.zeroed_share(),
+                )
             self.episode_returns.append(self.ret)
             self.episode_infos.append(
                 {"return": self.ret, "utility": self.util_prev, "zeroed": self.zeroed_share()}
@@ -276,7 +308,10 @@ class SparsifyEnv(gym.Env):
         return self._obs(), float(reward), terminated, truncated, info
 
     def zeroed_share(self) -> float:
-        """Share of the top-M parameters that are zero now and were not in Theta."""
+        """Share of the top-M parameters Sparsify changed (zeroed, or subtracted in default)."""
+        if self.default:
+            done = sum(int(self.zeroed[k].sum()) for k in self.spec.layers)
+            return done / max(self.total_params, 1)
         newly = sum(
             int(((self.cur[k] == 0) & (self._flat0[k] != 0)).sum()) for k in self.spec.layers
         )

@@ -6,7 +6,10 @@ normalised scores, attribution-guided Sparsify, a per-episode budget, a validati
 and optional FedAvg recovery rounds with the remaining clients (GUIDE 3.1-3.5).
 
 After PPO (``scale.ppo.episodes`` x ``scale.episode_steps`` environment steps) the trained
-policy is rolled out deterministically for one episode from Theta to produce Theta'.
+policy is rolled out deterministically for one episode from Theta to produce Theta'. In default
+mode with ``scale.keep_best`` the best-return episode seen during training replaces the rollout
+when its return is higher (a short CPU-sized PPO run often ends with a policy whose greedy
+actions are worse than what it already found).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
+from stable_baselines3 import PPO  # imported here: its ~10 s first import is not unlearning time
+from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
 from scaleflu.unlearn.aoi import AoITracker
@@ -68,9 +73,6 @@ class _Utility:
 
 def _ppo(env: SparsifyEnv, ctx: UnlearnContext, total_steps: int) -> Any:
     """Train SB3 PPO with Table I hyper-parameters (config ``scale.ppo``) and a tqdm bar."""
-    from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
-
     p = ctx.scale_cfg["ppo"]
     n_steps = max(2, min(int(p["n_steps"]), total_steps))
     batch = max(2, min(int(p["batch_size"]), n_steps))
@@ -164,22 +166,38 @@ class ScaleUnlearner:
             attribution={k: report.attribution[k] for k in report.top} if default else {},
             utility=utility,
             aoi_unit=str(sc["aoi_unit"]),
+            op=str(sc.get("sparsify_op", "zero")),
         )
         env = SparsifyEnv(spec)
+        env.keep_best = default and bool(sc["keep_best"])
         total = max(1, int(sc["ppo"]["episodes"]) * int(sc["episode_steps"]))
         policy = _ppo(env, ctx, total)
         t2 = time.perf_counter()
         curve = list(env.episode_returns)
+        best = env.best  # the best training episode (default mode with keep_best)
         steps = rollout(env, policy)
+        rollout_return = float(sum(s["reward"] for s in steps))
+        chosen = "rollout"
+        layers, aoi, trace = env.layer_state(), env.aoi, list(env.sum_aoi_trace)
+        zeroed = env.zeroed_share()
+        if best is not None and best.ret > rollout_return:
+            chosen = "best_episode"
+            layers, aoi, trace, steps = best.layers, best.aoi, list(best.sum_aoi_trace), best.steps
+            zeroed = best.zeroed_share
+        log.info(
+            "Theta' from the %s (return %.3f; deterministic rollout %.3f)",
+            chosen,
+            best.ret if chosen == "best_episode" and best is not None else rollout_return,
+            rollout_return,
+        )
         new_state = dict(theta)
-        for k, v in env.layer_state().items():
+        for k, v in layers.items():
             new_state[k] = v.clone()
-        aoi = env.aoi  # the rollout's AoI state (payload of each step charged to the link)
+        # the chosen episode's AoI state: each step's payload was charged to the link
         link_s = sum(s["link_s"] for s in steps)
         nbytes = sum(
             aoi.payload_bytes([(s["layer"], j) for j in s["changed_groups"]]) for s in steps
         )
-        trace = list(env.sum_aoi_trace)
         recovery = {"rounds": 0, "bytes": 0, "link_s": 0.0, "wall_s": 0.0}
         pre_recovery_acc = None
         if default and int(sc["recovery_rounds"]) > 0:
@@ -208,7 +226,10 @@ class ScaleUnlearner:
             "episode_returns": curve,
             "episode_infos": env.episode_infos,
             "rollout": steps,
-            "zeroed_share": env.zeroed_share(),
+            "theta_from": chosen,
+            "rollout_return": rollout_return,
+            "best_episode_return": best.ret if best is not None else None,
+            "zeroed_share": zeroed,
             "recovery": recovery,
             "val_acc_before_recovery": pre_recovery_acc,
             "action_encoding": (
