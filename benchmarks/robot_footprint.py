@@ -19,7 +19,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -74,11 +73,13 @@ def measure(model: str, rounds: int, train_subset: int, robots: int, workdir: Pa
     ]  # fmt: skip
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=ROOT)
-    report: dict = {}
-    th = threading.Thread(target=lambda: report.update(server.run()))
-    th.start()
-    th.join()
-    proc.wait(120)
+    try:
+        report = server.run()  # in this thread: the history store's SQLite belongs to it
+        proc.wait(120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
     wall = time.perf_counter() - t0
     link.close()
     hub.close()

@@ -163,3 +163,38 @@ def test_state_hash_matches_between_numpy_and_torch_roundtrip():
     a = {"w": np.random.default_rng(0).standard_normal((3, 4)).astype(np.float32)}
     b = {k: torch.from_numpy(v.copy()).numpy() for k, v in a.items()}
     assert state_sha256(a) == state_sha256(b)
+
+
+def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
+    keys = generate_keys([1, 2, 3])
+    rng = np.random.default_rng(5)
+    with MemoryChannel(seed=2) as ch:
+        server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        evil = ch.attach(2)
+        from scaleflu.testbed.common import Endpoint
+
+        ep = Endpoint(evil, 2)
+        junk = [rng.bytes(int(n)) for n in rng.integers(0, 3000, 20)]
+        # authenticated but nonsensical: before REGISTER, bad meta types, bad tensors
+        junk.append(ep.build(MsgType.UPDATE, SERVER_ID, keys[2], server.session, 1, {}, b"x"))
+        junk.append(ep.build(MsgType.REGISTER, SERVER_ID, keys[2], 0, 0, {"num_samples": "x"}))
+        junk.append(ep.build(MsgType.REGISTER, SERVER_ID, keys[2], 0, 0, {"num_samples": 5}))
+        junk.append(
+            ep.build(MsgType.EVAL_REPORT, SERVER_ID, keys[2], server.session, 0,
+                     {"purpose": [], "link_bytes_tx": "many"})
+        )  # fmt: skip
+        junk.append(
+            ep.build(MsgType.UPDATE, SERVER_ID, keys[2], server.session, 7, {"delta": 1}, b"\0")
+        )
+        junk.append(
+            ep.build(MsgType.UNLEARN_REQUEST, SERVER_ID, keys[2], server.session, 0,
+                     {"robot": 2, "kind": "sample", "fraction": "lots"})
+        )  # fmt: skip
+        for data in junk:
+            assert evil.send(SERVER_ID, data, timeout=10).ok
+        for _ in range(len(junk) + 5):
+            server.poll(0.2)
+        reasons = {x["reason"] for x in server.rejections}
+        assert "malformed" in reasons and "not_registered" in reasons
+        assert len(server.rejections) >= len(junk) - 1  # the good REGISTER is accepted
+        assert 2 in server.robots

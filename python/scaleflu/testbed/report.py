@@ -127,7 +127,9 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
             f"{_f(r.get('wall_s'), '{:.1f}'):>6}\n"
         )
     un = report.get("unlearning")
-    if un:
+    if un and un.get("error"):
+        w(f"\nunlearning of {un.get('request', {}).get('text')} FAILED: {un['error']}\n")
+    elif un:
         req = un.get("request", {})
         w(
             f"\nunlearning: robot {req.get('robot')} asked '{req.get('text')}' -> "

@@ -596,7 +596,8 @@ class EdgeServer:
             "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
         }
         self.rounds_log.append(row)
-        (self.run_dir / "rounds.jsonl").open("a").write(json.dumps(row) + "\n")
+        with (self.run_dir / "rounds.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
         self._event("round_end", **{k: row[k] for k in ("round", "test_acc", "participants")})
         log.info(
             "round %d done: acc %.3f, robots %s, %.1fs", t, ev["acc"], row["participants"], wall
@@ -661,7 +662,11 @@ class EdgeServer:
         while not self.requests and time.monotonic() < wait_end:
             self.poll(0.2)
         if self.requests:
-            report["unlearning"] = self.serve_unlearning(self.requests[0])
+            try:
+                report["unlearning"] = self.serve_unlearning(self.requests[0])
+            except Exception as exc:  # keep the rounds' report and release the robots
+                log.exception("unlearning failed")
+                report["unlearning"] = {"request": self.requests[0], "error": repr(exc)}
         self.finish()
         report.update(self._report_common(time.monotonic() - started))
         return report
