@@ -11,7 +11,8 @@ Result schema (``UnlearnResult.to_dict()``, ``schema: 1``) -- documented in docs
 ``method, mode, request{...}, protocol, run_dir, metrics{test_acc, ra, fa, fr, fa_protocol,
 fa_clean, backdoor_asr, fa_class_test, ra_class_test, mia_loss_member_rate, mia_loss_auc,
 mia_entropy_member_rate, mia_entropy_auc, relearn_rounds}, original{same keys for the model
-before unlearning}, cost{wall_s, bytes, link_s, fl_rounds, steps, overhead}, aoi{mean_s,
+before unlearning}, cost{wall_s, cpu_s, bytes, link_s, fl_rounds, steps,
+overhead}, aoi{mean_s,
 mean_rounds, mean_s_all, mean_rounds_all, sum_s_trace}, details{...method specific},
 config{...}, model_path, created``.
 """
@@ -415,6 +416,7 @@ class UnlearnContext:
         sum_aoi_trace: list[float] | None = None,
         details: Mapping[str, Any] | None = None,
         mode: str | None = None,
+        cpu_s: float | None = None,
     ) -> UnlearnResult:
         """Measure ``state`` and pack the result (costs are the method's own).
 
@@ -435,6 +437,7 @@ class UnlearnContext:
         }
         cost = {
             "wall_s": wall_s,
+            "cpu_s": cpu_s,
             "bytes": int(bytes_),
             "link_s": link_s,
             "fl_rounds": fl_rounds,

@@ -33,6 +33,7 @@ class RetrainUnlearner:
     def run(self, ctx: UnlearnContext) -> UnlearnResult:
         """Retrain and measure."""
         t0 = time.perf_counter()
+        c0 = time.process_time()
         rounds = int(self.rounds if self.rounds is not None else ctx.cfg["fl"]["rounds"])
         init = ctx.initial_state()
         aoi = AoITracker.from_history(ctx.run.history)
@@ -42,6 +43,7 @@ class RetrainUnlearner:
         aoi.now_round, aoi.now_s = 0.0, initial_s
         state, cost = ctx.fedavg_rounds(init, rounds, 1, aoi=aoi, desc="Retrain")
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         self.state = state
         return ctx.make_result(
             "retrain",
@@ -52,4 +54,5 @@ class RetrainUnlearner:
             fl_rounds=cost.rounds,
             aoi=aoi,
             details={"rounds": rounds},
+            cpu_s=cpu,
         )

@@ -141,6 +141,7 @@ class ScaleUnlearner:
         mode = self.mode or ctx.mode
         sc = ctx.scale_cfg
         t0 = time.perf_counter()
+        c0 = time.process_time()
         report = phase_one(ctx, mode)
         t1 = time.perf_counter()
         log.info("Phase I (%s): top-%d layers %s", mode, len(report.top), report.top)
@@ -218,6 +219,7 @@ class ScaleUnlearner:
             }
             trace.append(float(aoi.total(report.top)["aoi_s"]))
         wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         details = {
             "sensitivity": report.to_json(),
             "phase1_s": t1 - t0,
@@ -249,6 +251,7 @@ class ScaleUnlearner:
             sum_aoi_trace=trace,
             details=details,
             mode=mode,
+            cpu_s=cpu,
         )
         self.state = new_state
         self.report = report
