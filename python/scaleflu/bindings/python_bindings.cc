@@ -24,6 +24,7 @@ namespace py = pybind11;
     void bind_frame_builder(py::module& m);
     void bind_frame_parser(py::module& m);
     void bind_frame_format(py::module& m);
+    void bind_header_guard(py::module& m);
 // ) END BINDING_FUNCTION_PROTOTYPES
 
 
@@ -55,5 +56,6 @@ PYBIND11_MODULE(scaleflu_python, m)
     bind_frame_builder(m);
     bind_frame_parser(m);
     bind_frame_format(m);
+    bind_header_guard(m);
     // ) END BINDING_FUNCTION_CALLS
 }

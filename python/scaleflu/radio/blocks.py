@@ -26,12 +26,11 @@ from scaleflu.link.frame import (
     encode_frame,
 )
 
-from .ofdm import header_guard, ofdm_link_rx, ofdm_link_tx
+from .ofdm import ofdm_link_rx, ofdm_link_tx
 
 __all__ = [
     "frame_drop",
     "frame_to_pdu",
-    "header_guard",
     "link_arq",
     "ofdm_link_rx",
     "ofdm_link_tx",

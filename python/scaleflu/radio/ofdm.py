@@ -29,7 +29,6 @@ except ImportError as exc:  # pragma: no cover - build problem, say so plainly
 
 __all__ = [
     "DEFAULT_POST_PADDING",
-    "header_guard",
     "ofdm_carriers",
     "auto_min_output_buffer",
     "ofdm_link_rx",
@@ -185,40 +184,13 @@ class ofdm_link_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         return int(self.framer.frames_built())
 
 
-class header_guard(gr.basic_block):  # noqa: N801 - GNU Radio block naming
-    """Passes OFDM header_data messages, turning headers that announce oversized frames into F.
-
-    A noisy header whose 8-bit CRC passes by chance can announce up to 4095 bytes; the stock
-    header/payload demux then waits for more samples than its buffer holds and the receiver
-    stalls for good. Frames longer than the MTU are never sent, so such headers are rejected
-    (PMT_F makes the demux resume searching) and counted.
-    """
-
-    def __init__(self, max_packet_len: int, len_tag_key: str = LEN_TAG_KEY) -> None:
-        """``max_packet_len``: largest packet length accepted, in the header's own unit
-        (payload symbols for packet_header_ofdm)."""
-        gr.basic_block.__init__(self, name="header_guard", in_sig=None, out_sig=None)
-        self.max_packet_len = int(max_packet_len)
-        self.rejected = 0
-        self._key = pmt.intern(len_tag_key)
-        self.message_port_register_in(pmt.intern("in"))
-        self.message_port_register_out(pmt.intern("out"))
-        self.set_msg_handler(pmt.intern("in"), self._handle)
-
-    def _handle(self, msg) -> None:
-        if pmt.is_dict(msg):
-            n = pmt.dict_ref(msg, self._key, pmt.PMT_NIL)
-            if not pmt.is_integer(n) or pmt.to_long(n) > self.max_packet_len:
-                self.rejected += 1
-                msg = pmt.PMT_F
-        self.message_port_pub(pmt.intern("out"), msg)
-
-
 class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
     """Complex samples in -> CRC-checked frame PDUs out (port "out").
 
     The receiver is gr-digital's ofdm_rx, block for block (Schmidl & Cox sync, header/payload
-    demux, simple DFE equalisers, CRC32), with two changes: a header guard (see header_guard)
+    demux, simple DFE equalisers, CRC32), with two changes: a header guard (the C++ block
+    scaleflu.header_guard: OFDM headers announcing more than ``mtu`` bytes are rejected, since a
+    noisy header that passes its 8-bit CRC would otherwise stall the demux for good)
     and minimum output buffers sized for frames of ``mtu`` bytes on each block rather than one
     size everywhere. Stream tags at the input are dropped (a radio never passes tags; a
     transmitter's own "packet_len" tags in the same flowgraph would corrupt the receiver).
@@ -235,6 +207,7 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         mtu: int = 1500,
         min_output_buffer: int | None = None,
         len_tag_key: str = LEN_TAG_KEY,
+        guard_headers: bool = True,
     ) -> None:
         gr.hier_block2.__init__(
             self,
@@ -295,10 +268,13 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         )
         hdr_parser = digital.packet_headerparser_b(hdr_format.formatter())
         # header_data counts the packet in payload symbols (bits / bps), not bytes
-        self.guard = header_guard(math.ceil(8 * max_packet / bps_payload), len_tag_key)
+        self.guard = _gr_scaleflu.header_guard(math.ceil(8 * max_packet / bps_payload), len_tag_key)
         self.connect((hpd, 0), hdr_fft, chanest, hdr_eq, hdr_ser, hdr_demod, hdr_parser)
-        self.msg_connect(hdr_parser, "header_data", self.guard, "in")
-        self.msg_connect(self.guard, "out", hpd, "header_data")
+        if guard_headers:
+            self.msg_connect(hdr_parser, "header_data", self.guard, "in")
+            self.msg_connect(self.guard, "out", hpd, "header_data")
+        else:
+            self.msg_connect(hdr_parser, "header_data", hpd, "header_data")
 
         pay_const = _ofdm_txrx._get_constellation(bps_payload)
         pay_fft = fft.fft_vcc(fft_len, True, (), True)
@@ -338,4 +314,4 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
 
     def headers_rejected(self) -> int:
         """OFDM headers rejected by the header guard (oversized, i.e. corrupt)."""
-        return int(self.guard.rejected)
+        return int(self.guard.rejected())
