@@ -24,6 +24,8 @@ from scaleflu.testbed.transport import LINK_KINDS, make_testbed_link
 
 log = logging.getLogger(__name__)
 
+APP_LINKS = tuple(k for k in LINK_KINDS if k != "ofdm-loopback")  # one process per node
+
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     """Config, keys, link and radio options shared by both apps."""
@@ -38,7 +40,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--keys", required=True, help="pre-shared key file (JSON, see docs/testbed.md)")
     p.add_argument(
-        "--link", choices=LINK_KINDS, default=None, help="link back-end (default: testbed.link)"
+        "--link", choices=APP_LINKS, default=None, help="link back-end (default: testbed.link)"
     )
     p.add_argument("--hub", default="tcp://127.0.0.1:5560", help="frames link: hub address")
     p.add_argument("--base-port", type=int, default=None, help="ofdm-zmq: base TCP port")
