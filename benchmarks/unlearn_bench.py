@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
         "",
-        "FA (protocol): client = backdoor attack success on the triggered test set; class = "
-        "test accuracy on the forgotten class; sample = accuracy on the flipped labels. dFA "
+        "FA (protocol): backdoor requests (client, sample) = attack success on the triggered "
+        "test set; class = test accuracy on the forgotten class; label-flip samples = accuracy "
+        "on the flipped labels. dFA "
         "uses FA (protocol). time/Retrain, CPU/Retrain and bytes/Retrain: wall time, process "
         "CPU time (robust to other jobs on a shared machine) and bytes on the link. The sample "
         "scenario forgets client 3's triggered samples (client 3 stays with its clean rest).",
