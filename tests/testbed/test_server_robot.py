@@ -198,3 +198,31 @@ def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
         assert "malformed" in reasons and "not_registered" in reasons
         assert len(server.rejections) >= len(junk) - 1  # the good REGISTER is accepted
         assert 2 in server.robots
+
+
+def test_unlearn_request_texts():
+    from scaleflu.testbed.server import unlearn_request_text
+
+    assert unlearn_request_text({"kind": "client"}, 3) == "client:2"
+    assert unlearn_request_text({"kind": "class", "classes": [1, 4]}, 1) == "class:1,4@0"
+    assert unlearn_request_text({"kind": "sample", "fraction": 0.25}, 2) == "sample:1:0.25"
+    for bad in ({"kind": "class"}, {"kind": "sample", "fraction": 0}, {"kind": "all"}):
+        with pytest.raises(ValueError):
+            unlearn_request_text(bad, 1)
+
+
+def test_robot_metrics_per_request_kind(robot_data):
+    from scaleflu.fl.models import build_model
+    from scaleflu.testbed.robot import robot_metrics
+
+    data = robot_data[1]  # client 0 carries the backdoor in these settings
+    model = build_model(*data.model_args)
+    m = robot_metrics(model, data, {"robot": 1, "kind": "client"}, 1)
+    assert m["fa_protocol"] == "backdoor" and m["forget_samples"] == len(data)
+    m = robot_metrics(model, data, {"robot": 1, "kind": "class", "classes": [3]}, 1)
+    n3 = int((data.clean.labels == 3).sum())
+    assert m["forget_samples"] == n3 and m["fa_protocol"] == "class"
+    m = robot_metrics(model, data, {"robot": 1, "kind": "sample", "fraction": 0.1}, 1)
+    assert m["forget_samples"] == round(0.1 * len(data))
+    other = robot_metrics(model, data, {"robot": 2, "kind": "client"}, 1)
+    assert "fa" not in other and other["forget_samples"] == 0 and other["ra"] is not None

@@ -73,6 +73,10 @@ def plot_report(report: Mapping[str, Any], run_dir: Path) -> list[Path]:
             ax[2].plot([t[-1] + 1], [un["aoi_after_deploy_s"]], "r*", ms=12, label="after deploy")
         ax[2].set(xlabel="round", ylabel="s", title="AoI of parameter groups at the robots")
         ax[2].legend(fontsize=8)
+        from matplotlib.ticker import MaxNLocator
+
+        for a in ax:
+            a.xaxis.set_major_locator(MaxNLocator(integer=True))
         fig.tight_layout()
         p = run_dir / "rounds.png"
         fig.savefig(p, dpi=110)

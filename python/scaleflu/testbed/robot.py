@@ -116,7 +116,7 @@ def robot_metrics(
     if mine:
         bd = allpos[forget & data.backdoor]
         bd = bd[data.clean.labels.numpy()[bd] != data.target_label]
-        if len(bd):  # backdoor protocol: FA = attack success on the robot's triggered samples
+        if len(bd) and kind != "class":  # backdoor: attack success on its triggered samples
             out["fa_protocol"] = "backdoor"
             out["fa"] = _acc(
                 model, data.train, bd, torch.full_like(data.train.labels, data.target_label)
