@@ -197,6 +197,7 @@ class EdgeServer:
         else:
             log.info("resuming %s after round %d (history store)", self.run_dir, last)
             self._event("resume", last_completed_round=last)
+            self._reload_logs(last)
         self.global_state = self.history.global_model(last + 1)
         self.model.load_state_dict(self.global_state)
         self.global_np = to_numpy(self.global_state)
@@ -231,6 +232,27 @@ class EdgeServer:
     def _all_groups(self) -> list[tuple[str, int]]:
         return [(layer, j) for layer, g in self.groups.items() for j in range(len(g))]
 
+    def _reload_logs(self, last: int) -> None:
+        """Rounds and rejections logged before a restart (the report covers the whole run)."""
+        rows: dict[int, dict[str, Any]] = {}
+        path = self.run_dir / "rounds.jsonl"
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by the crash
+                    continue
+                if isinstance(row, dict) and int(row.get("round", 0)) <= last:
+                    rows[int(row["round"])] = row
+        self.rounds_log = [rows[t] for t in sorted(rows)]
+        path = self.run_dir / "rejections.jsonl"
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    self.rejections.append({**json.loads(line), "before_restart": True})
+                except json.JSONDecodeError:
+                    continue
+
     def _event(self, kind: str, **data: Any) -> None:
         row = {"t": round(time.monotonic() - self.t0, 3), "event": kind, **data}
         self.events.append(row)
@@ -248,6 +270,8 @@ class EdgeServer:
             "detail": detail[:200],
         }
         self.rejections.append(row)
+        with (self.run_dir / "rejections.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
         log.warning("rejected %s from robot %s: %s %s", what, robot, reason, detail)
 
     # -- message handling ------------------------------------------------------------------
