@@ -65,12 +65,3 @@ def round_link(
 def param_names(ctx: UnlearnContext) -> list[str]:
     """Names of the model's trainable parameters (state-dict keys)."""
     return [k for k, _ in ctx.new_model().named_parameters()]
-
-
-def weighted_mean(
-    states: Mapping[int, Mapping[str, torch.Tensor]], sizes: Mapping[int, int]
-) -> State:
-    """Weighted mean of float entries (FedAvg weights); integer entries: the maximum."""
-    from scaleflu.fl.fedavg import aggregate
-
-    return aggregate(states, sizes)
