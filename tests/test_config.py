@@ -69,3 +69,20 @@ def test_bad_overrides_and_missing_file(tmp_path):
         parse_override("=3")
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1e-3", 1e-3), ("1.0e12", 1e12), ("3.0e-4", 3e-4), ("-2E5", -2e5), ("0.5", 0.5)],
+)
+def test_exponent_floats_are_numbers(text, value):
+    cfg = load_config(overrides=[f"fl.lr={text}"])
+    assert isinstance(cfg["fl"]["lr"], float)
+    assert cfg["fl"]["lr"] == pytest.approx(value)
+
+
+def test_ints_and_strings_stay_what_they_are():
+    cfg = load_config(overrides=["fl.rounds=7", "model.name=lenet", "data.root=/tmp/1e5"])
+    assert cfg["fl"]["rounds"] == 7 and isinstance(cfg["fl"]["rounds"], int)
+    assert cfg["model"]["name"] == "lenet"
+    assert cfg["data"]["root"] == "/tmp/1e5"

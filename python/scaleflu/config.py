@@ -8,6 +8,7 @@ Override values are parsed as YAML scalars, so ``fl.lr=0.01`` gives a float and
 from __future__ import annotations
 
 import copy
+import re
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -18,14 +19,40 @@ import yaml
 DEFAULTS_PATH = Path(__file__).with_name("configs") / "default.yaml"
 
 
+class _Loader(yaml.SafeLoader):
+    """Safe YAML loader that also reads ``1e-3`` and ``1.0e12`` as floats (YAML 1.2 style).
+
+    PyYAML follows YAML 1.1, where an exponent needs a dot and a sign, so ``fl.lr=1e-3`` would
+    silently become the string "1e-3".
+    """
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)
+        |[-+]?(?:[0-9][0-9_]*)\.[0-9_]*
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse YAML safely (no code, no arbitrary objects), with YAML 1.2 floats."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+
+
 class ConfigError(ValueError):
     """A configuration file or override is malformed or holds an invalid value."""
 
 
 def default_config() -> dict[str, Any]:
     """The packaged defaults as a fresh nested dict."""
-    with DEFAULTS_PATH.open() as fh:
-        return yaml.safe_load(fh)
+    return yaml_load(DEFAULTS_PATH.read_text())
 
 
 def _read_file(path: Path) -> dict[str, Any]:
@@ -33,7 +60,7 @@ def _read_file(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}")
     text = path.read_text()
     try:
-        data = tomllib.loads(text) if path.suffix == ".toml" else yaml.safe_load(text)
+        data = tomllib.loads(text) if path.suffix == ".toml" else yaml_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
         raise ConfigError(f"cannot parse config {path}: {exc}") from exc
     if data is None:
@@ -70,7 +97,7 @@ def parse_override(text: str) -> dict[str, Any]:
     if not parts:
         raise ConfigError(f"override has an empty key: {text!r}")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = yaml_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
         raise ConfigError(f"cannot parse override value in {text!r}: {exc}") from exc
     nested: dict[str, Any] = {parts[-1]: value}

@@ -238,3 +238,18 @@ def test_resume_after_crash_inside_a_round(
     resumed = train(cfg, tmp_path / "crash", resume=True, progress=False)
     for k, v in full.model.state_dict().items():
         assert torch.equal(resumed.model.state_dict()[k], v), k
+
+
+@needs_fmnist
+def test_divergence_is_reported_and_nothing_non_finite_is_recorded(
+    tmp_path: Path, small_cfg: CfgFactory
+) -> None:
+    from scaleflu.fl.history import DivergedError
+
+    cfg = small_cfg("fl.lr=1.0e12", "fl.momentum=0.9", "data.partition=iid")
+    with pytest.raises(DivergedError, match=r"round \d+: training diverged.*fl\.lr"):
+        train(cfg, tmp_path / "run", progress=False)
+    # every recorded round holds a finite global model
+    loaded = load_run(tmp_path / "run")
+    for t in range(1, loaded.history.last_completed_round() + 2):
+        assert all(v.isfinite().all() for v in loaded.history.global_model(t).values())

@@ -41,6 +41,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def run_train(args: argparse.Namespace) -> int:
     """Run the ``train`` sub-command; returns the process exit status."""
+    from scaleflu.fl.history import DivergedError
     from scaleflu.fl.run import train
 
     overrides = list(args.overrides or [])
@@ -58,5 +59,8 @@ def run_train(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         log.error("%s", exc)
         return 2
+    except DivergedError as exc:
+        log.error("%s", exc)
+        return 1
     log.info("run written to %s (final test accuracy %.4f)", out, result.final_acc)
     return 0

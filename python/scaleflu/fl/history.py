@@ -89,6 +89,10 @@ def state_bytes(state: Mapping[str, torch.Tensor]) -> int:
     return sum(v.numel() * 4 for v in float_entries(state).values())
 
 
+class DivergedError(RuntimeError):
+    """Training produced a non-finite global model; the round is not recorded."""
+
+
 class HistoryStore:
     """SQLite + safetensors record of a FedAvg run (see the module docstring for the layout)."""
 
@@ -233,6 +237,13 @@ class HistoryStore:
             k: v.detach().float() if v.is_floating_point() else v.detach()
             for k, v in new_global.items()
         }
+        bad = [k for k, v in new_global.items() if v.is_floating_point() and not v.isfinite().all()]
+        if bad:
+            raise DivergedError(
+                f"round {t}: training diverged, the new global model has NaN/Inf in "
+                f"{', '.join(bad[:3])}{' ...' if len(bad) > 3 else ''}; the round is not recorded "
+                "(lower fl.lr or fl.momentum and start a new run)"
+            )
         changes = []
         for layer, groups in self.groups.items():
             delta = (new_global[layer] - start[layer]).abs().flatten()

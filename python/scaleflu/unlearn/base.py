@@ -288,7 +288,7 @@ class UnlearnContext:
         return LocalConfig(
             int(epochs if epochs is not None else fl["local_epochs"]),
             float(fl["lr"]),
-            int(fl["batch_size"]),
+            None if fl["batch_size"] is None else int(fl["batch_size"]),  # None: full batch
             float(fl["momentum"]),
         )
 
