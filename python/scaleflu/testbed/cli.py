@@ -111,6 +111,9 @@ def build_link(
             time_source=args.time_source or None,
             lo_offset=args.lo_offset,
         )
+    arq = {k: v for k, v in (cfg["testbed"].get("arq") or {}).items() if v is not None}
+    if arq:
+        opts["arq"] = arq
     log.info("node %d: %s link", node_id, kind)
     return make_testbed_link(kind, node_id, **opts)
 
