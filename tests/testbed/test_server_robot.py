@@ -226,3 +226,18 @@ def test_robot_metrics_per_request_kind(robot_data):
     assert m["forget_samples"] == round(0.1 * len(data))
     other = robot_metrics(model, data, {"robot": 2, "kind": "client"}, 1)
     assert "fa" not in other and other["forget_samples"] == 0 and other["ra"] is not None
+
+
+def test_accepted_request_survives_a_server_restart(cfg, tmp_path):
+    from scaleflu.testbed.server import RobotInfo
+
+    keys = generate_keys([1, 2, 3])
+    with MemoryChannel(seed=4) as ch:
+        a = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        a.robots[3] = RobotInfo(3)
+        a._on_unlearn_request(a.robots[3], {"robot": 3, "kind": "client"})
+        assert a._forgotten_ids() == {3}
+        a.link.close()
+        b = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        assert [q["text"] for q in b.requests] == ["client:2"]
+        assert b._forgotten_ids() == {3}

@@ -184,6 +184,7 @@ class EdgeServer:
         self.eval_reports: dict[str, dict[int, dict[str, Any]]] = {}
         self.rounds_log: list[dict[str, Any]] = []
         self.closed_rounds: dict[int, set[int]] = {}
+        self._forgotten_before: set[int] = set()  # client requests accepted before a restart
         self.t0 = time.monotonic()
         self.group_time: dict[tuple[str, int], float] = {}
         self.bytes_rx = 0
@@ -198,6 +199,7 @@ class EdgeServer:
             log.info("resuming %s after round %d (history store)", self.run_dir, last)
             self._event("resume", last_completed_round=last)
             self._reload_logs(last)
+        self._reload_requests()
         self.global_state = self.history.global_model(last + 1)
         self.model.load_state_dict(self.global_state)
         self.global_np = to_numpy(self.global_state)
@@ -252,6 +254,29 @@ class EdgeServer:
                     self.rejections.append({**json.loads(line), "before_restart": True})
                 except json.JSONDecodeError:
                     continue
+
+    def _reload_requests(self) -> None:
+        """Unlearning requests accepted before a restart and not yet served are kept."""
+        path = self.run_dir / "requests.jsonl"
+        served = self.run_dir / "unlearn_served.jsonl"
+        done = set(served.read_text().split()) if served.is_file() else set()
+        if not path.is_file():
+            return
+        for line in path.read_text().splitlines():
+            try:
+                req = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if req.get("text") in done:
+                continue
+            self.requests.append(req)
+            if req.get("kind") == "client":
+                self._forgotten_before.add(int(req["robot"]))
+            log.info(
+                "request %s from robot %s kept from before the restart",
+                req.get("text"),
+                req.get("robot"),
+            )
 
     def _event(self, kind: str, **data: Any) -> None:
         row = {"t": round(time.monotonic() - self.t0, 3), "event": kind, **data}
@@ -338,11 +363,12 @@ class EdgeServer:
         expected = self.setup.data_sizes[r - 1]
         if num != expected:
             log.warning("robot %d reports %d samples, the partition has %d", r, num, expected)
-        accepted = not info.forgotten
+        if r in self._forgotten_before:
+            info.forgotten = True  # registered to evaluate the unlearned model, not to train
         reply = {
             "nonce": nonce,
-            "accepted": accepted,
-            "reason": "" if accepted else "forgotten",
+            "accepted": True,
+            "reason": "forgotten: no training" if info.forgotten else "",
             "next_round": self.history.last_completed_round() + 1,
         }
         self.ep.send(MsgType.REGISTER_ACK, r, self.keys[r], self.session, 0, reply, timeout=20.0)
@@ -425,6 +451,8 @@ class EdgeServer:
             "received_s": round(time.monotonic() - self.t0, 3),
         }
         self.requests.append(req)
+        with (self.run_dir / "requests.jsonl").open("a") as fh:
+            fh.write(json.dumps(req) + "\n")
         if req["kind"] == "client":
             robot.forgotten = True  # it leaves the federation now: no further rounds
             if self.round is not None and r not in self.round.updates:
@@ -635,7 +663,7 @@ class EdgeServer:
         return robot.held is None or robot.held_src != src_sha
 
     def _forgotten_ids(self) -> set[int]:
-        return {r.robot_id for r in self.robots.values() if r.forgotten}
+        return {r.robot_id for r in self.robots.values() if r.forgotten} | self._forgotten_before
 
     def deploy(
         self, state: dict[str, np.ndarray], purpose: str, extra: dict[str, Any], timeout: float
@@ -728,6 +756,8 @@ class EdgeServer:
         deploy_s = time.monotonic() - d0
         self._check_sends()
         exact = {r: rep.get("sha256") == sha for r, rep in after.items()}
+        with (self.run_dir / "unlearn_served.jsonl").open("a") as fh:
+            fh.write(req["text"] + "\n")
         return {
             "request": req,
             "method": u["method"],
