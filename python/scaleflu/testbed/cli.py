@@ -155,7 +155,11 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 
     cfg = load_config(args.config, args.overrides)
     keys = load_keys(args.keys)
-    link = build_link(args, cfg, SERVER_ID, sorted(keys), args.tx_args, args.rx_args)
+    try:
+        link = build_link(args, cfg, SERVER_ID, sorted(keys), args.tx_args, args.rx_args)
+    except Exception as exc:  # no radio, port in use, ...: one line, not a traceback
+        log.error("cannot open the link: %s", exc)
+        return 2
     try:
         server = EdgeServer(link, keys, cfg, args.run_dir, progress=not args.no_progress)
         report = server.run()
@@ -223,7 +227,11 @@ def robot_main(argv: Sequence[str] | None = None) -> int:
             unlearn["classes"] = [int(c) for c in args.unlearn_classes.split(",") if c]
         if args.unlearn == "sample":
             unlearn["fraction"] = args.unlearn_fraction
-    link = build_link(args, cfg, args.robot_id, [SERVER_ID], args.dev_args, args.dev_args)
+    try:
+        link = build_link(args, cfg, args.robot_id, [SERVER_ID], args.dev_args, args.dev_args)
+    except Exception as exc:  # no radio, port in use, ...: one line, not a traceback
+        log.error("cannot open the link: %s", exc)
+        return 2
     summary: dict[str, Any] = {}
     try:
         robot = RobotClient(
