@@ -494,7 +494,8 @@ class RobotClient:
                 log.info(
                     "robot %d: server silent for %.0fs; registering again", self.robot_id, idle
                 )
-                self.session = None
+                # keep the current session until a REGISTER_ACK brings a new one: a server that
+                # was only busy (a long unlearning run) still reaches us meanwhile
                 self.register(timeout=60.0)
                 self._last_heard = time.monotonic()
         return self.summary(time.monotonic() - start)
