@@ -211,10 +211,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument(
         "--link",
         choices=("frames", "ofdm-zmq"),
-        default="frames",
-        help="frames: ARQ frames through a simulated medium (loss, errors, "
-        "duplicates, reordering, 5.7 Mbit/s); ofdm-zmq: OFDM samples over ZeroMQ "
-        "(GNU Radio PHY in every process; CPU-heavy)",
+        default="ofdm-zmq",
+        help="ofdm-zmq (default): OFDM/QPSK samples over ZeroMQ through a simulated channel "
+        "(GNU Radio PHY in every process); frames: ARQ frames through a cheaper simulated "
+        "medium without a PHY (loss, errors, duplicates, reordering, 5.7 Mbit/s)",
     )
     p.add_argument(
         "--method",
