@@ -17,7 +17,7 @@ def run(*args):
 def test_help_lists_subcommands():
     out = run("--help")
     assert out.returncode == 0
-    for cmd in ("config", "info"):
+    for cmd in ("config", "info", "train", "unlearn", "experiment"):
         assert cmd in out.stdout
 
 

@@ -115,7 +115,7 @@ def add_unlearn_parser(subparsers: Any) -> None:
 
     p = subparsers.add_parser(
         "unlearn",
-        help="unlearn a client, class or samples from a trained run (SCALE or Retrain)",
+        help="unlearn a client, class or samples from a trained run (SCALE or a baseline)",
         description=(
             "Unlearn from RUN_DIR. Requests: client:7 | client:3,7 | class:3 (whole "
             "federation) | class:3@7 (client 7 only) | sample:7:0.1 (client 7's poisoned "
