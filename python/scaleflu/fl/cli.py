@@ -14,21 +14,15 @@ log = logging.getLogger(__name__)
 
 def add_train_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``train --config FILE [--set k=v ...] [--out DIR] [--backend B] [--resume]``."""
+    from scaleflu.cli import add_config_args
+
     p = subparsers.add_parser(
         "train",
         help="train FedAvg and record the history unlearning needs",
         description="Train FedAvg (models, data and Table I defaults from the config) into a run "
         "directory: config.yaml, metrics.jsonl, model.safetensors, history/.",
     )
-    p.add_argument("--config", type=Path, default=None, help="YAML/TOML config (default: defaults)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config key, e.g. --set fl.lr=0.01 (repeatable)",
-    )
+    add_config_args(p)
     p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<time>)")
     p.add_argument("--backend", choices=("local", "ray"), default=None, help="override fl.backend")
     p.add_argument(

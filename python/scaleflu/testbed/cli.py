@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from scaleflu.cli import add_config_args
 from scaleflu.config import load_config
 from scaleflu.link import Link
 from scaleflu.log import setup_logging
@@ -29,15 +30,7 @@ APP_LINKS = tuple(k for k in LINK_KINDS if k != "ofdm-loopback")  # one process 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
     """Config, keys, link and radio options shared by both apps."""
-    p.add_argument("--config", "-c", help="YAML/TOML over the defaults (same file at every node)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config value, e.g. --set testbed.rounds=5 (repeatable)",
-    )
+    add_config_args(p)  # the same --config (at every node) and --set as every command
     p.add_argument("--keys", required=True, help="pre-shared key file (JSON, see docs/testbed.md)")
     p.add_argument(
         "--link", choices=APP_LINKS, default=None, help="link back-end (default: testbed.link)"

@@ -36,7 +36,7 @@ class RetrainUnlearner:
         c0 = time.process_time()
         rounds = int(self.rounds if self.rounds is not None else ctx.cfg["fl"]["rounds"])
         init = ctx.initial_state()
-        aoi = AoITracker.from_history(ctx.run.history)
+        aoi = self.make_tracker(ctx)
         initial_s = ctx.link.seconds(state_bytes(init))
         aoi.last_round = np.zeros_like(aoi.last_round)
         aoi.last_s = np.full_like(aoi.last_s, initial_s)
@@ -45,7 +45,7 @@ class RetrainUnlearner:
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
         self.state = state
-        return ctx.make_result(
+        result = ctx.make_result(
             "retrain",
             state,
             wall_s=wall,
@@ -56,3 +56,12 @@ class RetrainUnlearner:
             details={"rounds": rounds},
             cpu_s=cpu,
         )
+        return self.finish(result, aoi)
+
+    def make_tracker(self, ctx: UnlearnContext) -> AoITracker:
+        """The AoI tracker the retraining updates (a subclass may record its trace)."""
+        return AoITracker.from_history(ctx.run.history)
+
+    def finish(self, result: UnlearnResult, aoi: AoITracker) -> UnlearnResult:
+        """Last touch on the result (a subclass may add what its tracker recorded)."""
+        return result

@@ -11,13 +11,9 @@ all groups after each step is ``details.aoi_mean_s_trace``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
-from scaleflu.fl.history import state_bytes
 from scaleflu.unlearn.aoi import AoITracker, GroupKey
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
 from scaleflu.unlearn.retrain import RetrainUnlearner
@@ -102,27 +98,10 @@ def replay_scale_trace(ctx: UnlearnContext, details: Mapping[str, Any]) -> Recor
 class TracedRetrainUnlearner(RetrainUnlearner):
     """Retrain (:class:`scaleflu.unlearn.retrain.RetrainUnlearner` semantics) plus the AoI trace."""
 
-    def run(self, ctx: UnlearnContext) -> UnlearnResult:
-        """Retrain from Theta[1] on D_r with a recording AoI tracker; measure."""
-        t0 = time.perf_counter()
-        rounds = int(self.rounds if self.rounds is not None else ctx.cfg["fl"]["rounds"])
-        init = ctx.initial_state()
-        aoi = RecordingAoITracker.wrap(AoITracker.from_history(ctx.run.history))
-        initial_s = ctx.link.seconds(state_bytes(init))
-        aoi.last_round = np.zeros_like(aoi.last_round)
-        aoi.last_s = np.full_like(aoi.last_s, initial_s)
-        aoi.now_round, aoi.now_s = 0.0, initial_s
-        state, cost = ctx.fedavg_rounds(init, rounds, 1, aoi=aoi, desc="Retrain")
-        wall = time.perf_counter() - t0
-        self.state = state
-        res = ctx.make_result(
-            "retrain",
-            state,
-            wall_s=wall,
-            bytes_=cost.bytes + state_bytes(init),
-            link_s=cost.link_s + initial_s,
-            fl_rounds=cost.rounds,
-            aoi=aoi,
-            details={"rounds": rounds},
-        )
-        return annotate(res, aoi)
+    def make_tracker(self, ctx: UnlearnContext) -> AoITracker:
+        """Retrain's tracker, wrapped so that it records the AoI trace."""
+        return RecordingAoITracker.wrap(super().make_tracker(ctx))
+
+    def finish(self, result: UnlearnResult, aoi: AoITracker) -> UnlearnResult:
+        """Add the recorded trace's time-average AoI to the result."""
+        return annotate(result, aoi)
