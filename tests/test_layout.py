@@ -21,8 +21,14 @@ sys.meta_path.insert(0, NoGnuRadio())
 
 @pytest.mark.parametrize(
     "module",
-    ["scaleflu", "scaleflu.config", "scaleflu.cli", "scaleflu.fl", "scaleflu.unlearn",
-     "scaleflu.link"],
+    [
+        "scaleflu",
+        "scaleflu.config",
+        "scaleflu.cli",
+        "scaleflu.fl",
+        "scaleflu.unlearn",
+        "scaleflu.link",
+    ],
 )
 def test_ml_and_link_code_imports_without_gnuradio(module):
     code = BLOCK_GNURADIO + f"import {module}\n"
