@@ -1,6 +1,29 @@
-"""Shared pytest set-up: quiet GNU Radio preferences, deterministic torch threads."""
+"""Shared pytest set-up: quiet GNU Radio preferences, logging that cannot leak between tests."""
 
+import logging
 import os
+
+import pytest
 
 os.environ.setdefault("GR_DONT_LOAD_PREFS", "1")
 os.environ.setdefault("SCALEFLU_LOG", "WARNING")
+
+
+@pytest.fixture(autouse=True)
+def _restore_root_logging():
+    """Put the root logger back after each test.
+
+    Commands under test call ``setup_logging`` (``basicConfig(force=True)``), which binds a
+    handler to that test's captured stderr; left in place, later tests would log into a
+    closed stream.
+    """
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    for h in root.handlers:
+        if h not in handlers:
+            root.removeHandler(h)
+    for h in handlers:
+        if h not in root.handlers:
+            root.addHandler(h)
+    root.setLevel(level)

@@ -330,7 +330,10 @@ class RobotClient:
         if fault_now and "crash" in self.faults:
             log.warning("robot %d: fault 'crash': exiting in round %d", self.robot_id, t)
             for h in logging.getLogger().handlers:
-                h.flush()
+                try:
+                    h.flush()
+                except (OSError, ValueError):  # a closed stream must not stop the exit
+                    pass
             os._exit(3)
         t0 = time.perf_counter()
         global_state = {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
