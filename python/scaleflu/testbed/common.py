@@ -9,8 +9,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from scaleflu.link import Encoding, Link, Message, MessageType, decode_message, encode_message
+from scaleflu.link import Encoding, Link
 from scaleflu.link.arq import SendHandle
+from scaleflu.link.wire import decode_tensors, encode_tensors
 from scaleflu.testbed.protocol import CounterSource, Envelope, MsgType, seal
 
 log = logging.getLogger(__name__)
@@ -34,20 +35,12 @@ def encode_state(
     reference: Mapping[str, np.ndarray] | None = None,
     groups: int = 8,
 ) -> bytes:
-    """Wire-encode a state dict; with a reference only the changed parameter groups go."""
-    enc = ENCODINGS[encoding]
-    msg = Message(type=MessageType.MODEL, tensors=dict(state))
-    return encode_message(msg, encoding=enc, groups=groups, reference=reference)
+    """Wire-encode a state dict by encoding name; with a reference only changed groups go."""
+    return encode_tensors(state, encoding=ENCODINGS[encoding], groups=groups, reference=reference)
 
 
-def decode_state(
-    body: bytes, reference: Mapping[str, np.ndarray] | None = None
-) -> dict[str, np.ndarray]:
-    """Decode a wire-encoded state dict (a delta is applied to ``reference``)."""
-    msg = decode_message(body, reference=reference)
-    if msg.tensors is None:
-        raise ValueError("message carries no tensors")
-    return msg.tensors
+# Decode a wire-encoded state dict (a delta is applied to ``reference``); WireError otherwise.
+decode_state = decode_tensors
 
 
 def cast_like(
