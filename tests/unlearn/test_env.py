@@ -104,6 +104,21 @@ def test_default_reward_counts_only_new_zeros_and_utility() -> None:
     assert r2 == 0.0 and i2["changed"] == 0
 
 
+def test_subtract_uses_the_contribution_when_attribution_is_a_saliency() -> None:
+    # class requests rank entries by a saliency map; `subtract` still removes C_l, not it
+    saliency = {"x": torch.zeros(16), "y": torch.zeros(8)}
+    saliency["x"][2] = 1.0
+    contribution = {"x": torch.full((16,), 0.5), "y": torch.zeros(8)}
+    env = SparsifyEnv(
+        _spec("default", attribution=saliency, contribution=contribution, op="subtract")
+    )
+    env.reset()
+    env.step([0, 1, 0, 0, 0, 0])  # layer x, group 0, s = 0.25: the most salient entry
+    x = env.layer_state()["x"].flatten()
+    assert x[2] == pytest.approx(3.0 - 0.5)  # W - C at the salient entry
+    assert x[[0, 1, 3]].tolist() == [1.0, 2.0, 4.0]
+
+
 def test_changed_groups_and_tracker_step() -> None:
     groups = {"x": parameter_groups(8, 2)}
     a = {"x": torch.zeros(8)}

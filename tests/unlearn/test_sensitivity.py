@@ -12,6 +12,7 @@ from scaleflu.fl.history import HistoryStore
 from scaleflu.fl.models import parameter_groups
 from scaleflu.unlearn.sensitivity import (
     alignment_score,
+    class_saliency,
     combine_scores,
     historical_sensitivity,
     impact_score,
@@ -121,3 +122,27 @@ def test_sensitivity_plot(tmp_path: Path) -> None:
     out = plot_sensitivity(rep, tmp_path / "s.png")
     assert out.stat().st_size > 1000
     store.close()
+
+
+def test_class_saliency_marks_the_class_specific_weights() -> None:
+    # a linear classifier on 4 features; class 1 reads only feature 3, classes 0 and 2 read
+    # features 0-2. The saliency of class 1 must sit on the class-1 row, column 3.
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(
+            torch.tensor([[2.0, 0.5, 0.0, 0.0], [0.0, 0.0, 0.0, 2.0], [0.0, 0.5, 2.0, 0.0]])
+        )
+    x = torch.zeros(30, 4)
+    y = torch.tensor([0, 1, 2] * 10)
+    x[y == 0, 0] = 1.0
+    x[y == 1, 3] = 1.0
+    x[y == 2, 2] = 1.0
+    x[:, 1] = 0.5
+    sal, info = class_saliency(model, x, y, [1], ["weight"], contrast=1.0)
+    s = sal["weight"]
+    assert info == {"forget_val_samples": 10, "rest_val_samples": 20, "contrast": 1.0}
+    assert s.shape == model.weight.shape and bool((s >= 0).all())
+    assert torch.argmax(s).item() == 1 * 4 + 3  # row of class 1, feature 3
+    assert float(s[:, 0].sum()) == 0.0 and float(s[:, 2].sum()) == 0.0  # other classes' inputs
+    assert all(p.grad is None for p in model.parameters())

@@ -14,7 +14,10 @@ earns 0 (the paper's R_c divides by |G| and is undefined there).
 
 Sparsify (GUIDE 3.4): ``paper`` zeroes the floor(s |W_lj|) smallest-magnitude entries of each
 chosen group (the authors' magnitude pruning); ``default`` zeroes the round(s |W_lj|) entries
-with the largest accumulated target contribution |C| (:mod:`scaleflu.unlearn.sensitivity`).
+with the largest attribution: the accumulated target contribution |C|
+(:mod:`scaleflu.unlearn.sensitivity`), or for a class removed from the whole federation a class
+saliency on the server's validation set (``EnvSpec.attribution``; ``subtract`` removes
+``EnvSpec.contribution``, C_l, whichever map orders the entries).
 
 Rewards, with A read before the step:
 
@@ -71,6 +74,8 @@ class EnvSpec:
     utility: Utility | None = None  # default mode: validation accuracy of given layer weights
     aoi_unit: str = "seconds"
     op: str = "zero"  # default mode: zero | subtract (W_i - C_i instead of 0; an option)
+    # default mode: C_l for ``subtract`` when ``attribution`` is another map (class saliency)
+    contribution: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "default"):
@@ -129,6 +134,8 @@ class SparsifyEnv(gym.Env):
                     self._order[(k, j)] = torch.argsort(a[s:e], descending=True, stable=True)
         self._attr = {k: v.detach().flatten().double() for k, v in spec.attribution.items()}
         self._attr_abs = {k: v.abs() for k, v in self._attr.items()}
+        contrib = spec.contribution or spec.attribution
+        self._contrib = {k: v.detach().flatten().double() for k, v in contrib.items()}
         self.total_params = sum(self._flat0[k].numel() for k in spec.layers)
         self.episode_returns: list[float] = []
         self.episode_infos: list[dict[str, float]] = []
@@ -247,7 +254,7 @@ class SparsifyEnv(gym.Env):
                 size = end - start
                 before = self.cur[layer][idx].clone()
                 if self.default and self.spec.op == "subtract":
-                    self.cur[layer][idx] = self._flat0[layer][idx] - self._attr[layer][idx]
+                    self.cur[layer][idx] = self._flat0[layer][idx] - self._contrib[layer][idx]
                 else:
                     self.cur[layer][idx] = 0.0
                 if self.default:

@@ -26,12 +26,14 @@ from stable_baselines3 import PPO  # imported here: its ~10 s first import is no
 from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
+from scaleflu.config import ConfigError
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
 from scaleflu.unlearn.env import EnvSpec, SparsifyEnv
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 from scaleflu.unlearn.sensitivity import (
     SensitivityReport,
+    class_saliency,
     historical_sensitivity,
     paper_sensitivity,
 )
@@ -51,7 +53,40 @@ def phase_one(ctx: UnlearnContext, mode: str) -> SensitivityReport:
         return paper_sensitivity(history, ctx.request.targets, layers, lam, top_m, eps)
     sizes = ctx.run.setup.data_sizes
     shares = {n: ctx.request.forget_share(n, sizes[n]) for n in ctx.request.targets}
-    return historical_sensitivity(history, shares, layers, lam, top_m, eps)
+    report = historical_sensitivity(history, shares, layers, lam, top_m, eps)
+    report.contribution = dict(report.attribution)
+    req = ctx.request.request
+    attribution = str(sc.get("class_attribution", "contribution"))
+    if attribution not in ("saliency", "contribution"):
+        raise ConfigError(
+            f"scale.class_attribution must be saliency or contribution, got {attribution!r}"
+        )
+    if req.kind == "class" and not req.clients and attribution == "saliency":
+        # a class removed from the whole federation: every client holds it, so the clients'
+        # contribution C_l is nearly the whole model and not class-specific. Sparsify by a
+        # class-specific saliency on the server's validation set instead (GUIDE 3.4, 3.5).
+        model = ctx.new_model(ctx.original_state())
+        sal, info = class_saliency(
+            model,
+            ctx.val.inputs(),
+            ctx.val.labels,
+            list(req.classes),
+            layers,
+            float(sc.get("class_saliency_contrast", 1.0)),
+        )
+        if info["forget_val_samples"] == 0:
+            report.notes.append(
+                "class request: the validation set holds no sample of the class(es); "
+                "Sparsify keeps the contribution attribution"
+            )
+        else:
+            report.attribution = sal
+            report.notes.append(
+                "class request over the whole federation: Sparsify ranks parameters by class "
+                f"saliency on the validation set ({info['forget_val_samples']} samples of the "
+                f"class(es), {info['rest_val_samples']} others, contrast {info['contrast']})"
+            )
+    return report
 
 
 class _Utility:
@@ -165,6 +200,11 @@ class ScaleUnlearner:
             w_u=float(sc["w_u"]) if default else 0.0,
             budget=float(budget) if budget is not None else None,
             attribution={k: report.attribution[k] for k in report.top} if default else {},
+            contribution=(
+                {k: report.contribution[k] for k in report.top}
+                if default and report.contribution
+                else {}
+            ),
             utility=utility,
             aoi_unit=str(sc["aoi_unit"]),
             op=str(sc.get("sparsify_op", "zero")),

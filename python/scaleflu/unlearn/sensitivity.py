@@ -22,7 +22,9 @@ Two input semantics (GUIDE 3.1, 3.2, 6):
   ``C_l = sum_t M_n / sum_{C[t]} M_j * share_n * update_{n,t}``; W_l is the final model and
   W_{l,-n} = W_l - C_l. Each score is divided by its maximum over layers before mixing.
 
-``C_l`` is also the attribution map the default Sparsify uses (GUIDE 3.4).
+``C_l`` is also the attribution map the default Sparsify uses (GUIDE 3.4), except for a class
+removed from the whole federation, where :func:`class_saliency` on the server's validation set
+replaces it (every client holds the class, so C_l is not class-specific).
 """
 
 from __future__ import annotations
@@ -101,6 +103,9 @@ class SensitivityReport:
     rounds: list[int] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     attribution: Layers = field(default_factory=dict, repr=False)
+    # default mode: the target's accumulated contribution C_l (``attribution`` may be replaced
+    # by a class saliency for class requests; ``subtract`` always removes C_l)
+    contribution: Layers = field(default_factory=dict, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-ready per-layer table and the selection."""
@@ -291,6 +296,57 @@ def historical_sensitivity(
         "default", list(layers), rho, sa, sd, score, top, lam, eps, used, notes, attribution=C
     )
     return rep
+
+
+def class_saliency(
+    model: torch.nn.Module,
+    inputs: torch.Tensor,
+    labels: torch.Tensor,
+    classes: Sequence[int],
+    layers: Sequence[str],
+    contrast: float = 1.0,
+) -> tuple[Layers, dict[str, Any]]:
+    """Class-specific attribution ``relu(s_c / sum s_c - contrast * s_r / sum s_r)`` per weight.
+
+    ``s_c = mean_i |w * dL_i/dw|`` over the samples of the forgotten ``classes`` (per-sample
+    gradients of the cross-entropy, so opposite gradients of different samples do not cancel)
+    and ``s_r`` the same over the other samples; each sum runs over all ``layers``. The result
+    is large where a weight matters for the forgotten classes and little for the rest (GUIDE
+    3.4 for class requests, computed on the server's validation set). Returns the map and
+    counts for the report.
+    """
+    params = dict(model.named_parameters())
+    mask = torch.zeros(len(labels), dtype=torch.bool)
+    for c in classes:
+        mask |= labels == int(c)
+    acc = {
+        name: {k: torch.zeros_like(params[k], dtype=torch.float64) for k in layers}
+        for name in ("forget", "rest")
+    }
+    was = model.training
+    model.eval()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    for i in range(len(labels)):
+        model.zero_grad(set_to_none=True)
+        loss = loss_fn(model(inputs[i : i + 1]), labels[i : i + 1])
+        loss.backward()
+        bucket = acc["forget" if bool(mask[i]) else "rest"]
+        for k in layers:
+            g = params[k].grad
+            if g is not None:
+                bucket[k] += (params[k].detach() * g).abs().double()
+    model.zero_grad(set_to_none=True)
+    model.train(was)
+    n_f, n_r = int(mask.sum()), int((~mask).sum())
+    tot_f = sum(float(v.sum()) for v in acc["forget"].values()) or 1.0
+    tot_r = sum(float(v.sum()) for v in acc["rest"].values()) or 1.0
+    out: Layers = {}
+    for k in layers:
+        s_f = acc["forget"][k] / tot_f
+        s_r = acc["rest"][k] / tot_r if n_r else torch.zeros_like(s_f)
+        out[k] = (s_f - contrast * s_r).clamp_min(0.0).to(params[k].dtype)
+    info = {"forget_val_samples": n_f, "rest_val_samples": n_r, "contrast": contrast}
+    return out, info
 
 
 def plot_sensitivity(report: SensitivityReport, path: str | Path, title: str = "") -> Path:
