@@ -124,6 +124,17 @@ def run_config(cfg: Mapping[str, Any], key: RunKey) -> dict[str, Any]:
     return out
 
 
+def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The part of a run config that shapes the trained model and its history.
+
+    Unlearning settings (``scale.*`` but the AoI group count the history uses) may change after
+    a run was trained without invalidating it.
+    """
+    view = {k: v for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED and k != "scale"}
+    view["scale.groups_per_layer"] = (cfg.get("scale") or {}).get("groups_per_layer")
+    return view
+
+
 def read_result(path: Path) -> dict[str, Any] | None:
     """A cell's result.json when present and valid (schema, method, metrics), else None."""
     try:
@@ -151,7 +162,9 @@ def ensure_run(cfg: Mapping[str, Any], key: RunKey, out: Path, progress: bool) -
         saved = run_dir / "config.yaml"
         import yaml
 
-        if saved.is_file() and yaml.safe_load(saved.read_text()) == rcfg:
+        if saved.is_file() and training_view(yaml.safe_load(saved.read_text())) == training_view(
+            rcfg
+        ):
             return run_dir
         raise ConfigError(
             f"{run_dir} holds a run trained with another config; remove it or use another --out"
