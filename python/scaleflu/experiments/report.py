@@ -250,6 +250,25 @@ def _smooth(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.arange(w - 1, len(x)), np.convolve(x, np.ones(w) / w, "valid")
 
 
+def _first_scale_result(
+    results: Mapping[Cell, Mapping[str, Any]], ds: str, model: str, scenario: str, alpha: float
+) -> Mapping[str, Any] | None:
+    """SCALE's result of the lowest seed for one (data set, model, scenario, alpha), if any."""
+    seeds = sorted(
+        (
+            (c.run.seed, r)
+            for c, r in results.items()
+            if c.method == "scale"
+            and c.scenario == scenario
+            and c.run.model == model
+            and c.run.dataset == ds
+            and c.run.alpha == alpha
+        ),
+        key=lambda item: item[0],
+    )
+    return seeds[0][1] if seeds else None
+
+
 def plot_ppo(
     cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
@@ -263,18 +282,10 @@ def plot_ppo(
         any_line = False
         for ax, sc in zip(axes[0], scen, strict=True):
             for model in exp["models"]:
-                seeds = sorted(
-                    (c.run.seed, r)
-                    for c, r in results.items()
-                    if c.method == "scale"
-                    and c.scenario == sc
-                    and c.run.model == model
-                    and c.run.dataset == ds
-                    and c.run.alpha == alpha
-                )
-                if not seeds:
+                first = _first_scale_result(results, ds, model, sc, alpha)
+                if first is None:
                     continue
-                ret = np.asarray(seeds[0][1]["details"].get("episode_returns") or [], float)
+                ret = np.asarray(first["details"].get("episode_returns") or [], float)
                 if len(ret) == 0:
                     continue
                 x, y = _smooth(ret)
@@ -304,16 +315,8 @@ def plot_sensitivity(
         for model in exp["models"]:
             per_sc = {}
             for sc in exp["scenarios"]:
-                seeds = sorted(
-                    (c.run.seed, r)
-                    for c, r in results.items()
-                    if c.method == "scale"
-                    and c.scenario == sc
-                    and c.run.model == model
-                    and c.run.dataset == ds
-                    and c.run.alpha == alpha
-                )
-                sens = _get(seeds[0][1], "details", "sensitivity") if seeds else None
+                first = _first_scale_result(results, ds, model, sc, alpha)
+                sens = _get(first, "details", "sensitivity") if first else None
                 if sens:
                     per_sc[sc] = sens
             if not per_sc:
@@ -366,16 +369,8 @@ def plot_sum_aoi(
         any_line = False
         for ax, model in zip(axes[0], models, strict=True):
             for sc in exp["scenarios"]:
-                seeds = sorted(
-                    (c.run.seed, r)
-                    for c, r in results.items()
-                    if c.method == "scale"
-                    and c.scenario == sc
-                    and c.run.model == model
-                    and c.run.dataset == ds
-                    and c.run.alpha == alpha
-                )
-                tr = _get(seeds[0][1], "aoi", "sum_s_trace") if seeds else None
+                first = _first_scale_result(results, ds, model, sc, alpha)
+                tr = _get(first, "aoi", "sum_s_trace") if first else None
                 if tr:
                     ax.plot(range(1, len(tr) + 1), tr, marker="o", ms=3, label=sc)
                     any_line = True
