@@ -130,3 +130,26 @@ def test_changed_groups_and_tracker_step() -> None:
     assert spent == pytest.approx(4 * 4 / 1000.0)
     assert tr.aoi_rounds().tolist() == [4.0, 0.0]
     assert tr.mean()["aoi_rounds"] == pytest.approx(2.0)
+
+
+def test_utility_is_memoised_on_the_sparsified_set_and_exact() -> None:
+    calls: list[dict[str, torch.Tensor]] = []
+
+    def utility(layers: dict[str, torch.Tensor]) -> float:
+        calls.append({k: v.clone() for k, v in layers.items()})
+        return 1.0 - 0.01 * float((layers["x"] == 0).sum())  # depends on the state
+
+    env = SparsifyEnv(_spec("default", utility=utility, w_u=1.0, budget=None))
+    assert env.utility_evals == 1 and env.utility_hits == 0  # Theta, once
+    env.step([0, 1, 1, 0, 0, 3])  # layer x, groups 0-1, s = 1: 8 entries zeroed
+    assert env.utility_evals == 2
+    env.reset()
+    assert env.utility_evals == 2 and env.utility_hits == 1  # Theta again: cached
+    _, r, *_ = env.step([0, 1, 1, 0, 0, 3])  # the same state again: cached, same reward
+    assert env.utility_evals == 2 and env.utility_hits == 2
+    assert np.isfinite(r)
+    assert env.util_prev == pytest.approx(1.0 - 0.08)
+    # exact: the cached value is what a fresh call on the current layers returns
+    assert utility(env.layer_state()) == pytest.approx(env.util_prev)
+    env.step([0, 0, 0, 1, 0, 3])  # a new state: evaluated
+    assert env.utility_evals == 3 and len(calls) == 4

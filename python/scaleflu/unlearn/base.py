@@ -205,6 +205,15 @@ class UnlearnContext:
         n_val = min(int(sc["val_size"]), len(setup.test) // 2)
         self.val: ImageData = setup.test.subset(np.sort(perm[:n_val]))
         self.test: ImageData = setup.test.subset(np.sort(perm[n_val:]))
+        # what the model must still do after unlearning, measured on the validation set: a
+        # class removed from the whole federation is left out (scoring it would reward
+        # remembering it); a class removed from some clients stays (the others still hold it)
+        req = request.request
+        if req.kind == "class" and not req.clients:
+            keep = ~np.isin(self.val.labels.numpy(), list(req.classes))
+            self.val_retain: ImageData = self.val.subset(np.flatnonzero(keep))
+        else:
+            self.val_retain = self.val
         self.triggered: ImageData | None = None
         if len(setup.poison.backdoor_indices):
             self.triggered = triggered_test_set(

@@ -36,6 +36,7 @@ changed groups; changed groups get T_lj = now (:class:`scaleflu.unlearn.aoi.AoIT
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -142,6 +143,8 @@ class SparsifyEnv(gym.Env):
         self.keep_best = False
         self.best_return = -np.inf
         self.best: EpisodeRecord | None = None
+        self._util_cache: dict[bytes, float] = {}
+        self.utility_evals = self.utility_hits = 0
         self.reset()
 
     # -- state ---------------------------------------------------------------------------
@@ -188,10 +191,31 @@ class SparsifyEnv(gym.Env):
         self.budget_left = self.budget_total
         self.util0 = self.util_prev = 1.0
         if self.default and self.spec.utility is not None and self.spec.w_u:
-            self.util0 = self.util_prev = max(self.spec.utility(self.layer_state()), 1e-6)
+            self.util0 = self.util_prev = max(self._utility(), 1e-6)
         self.sum_aoi_trace: list[float] = []
         self.step_infos: list[dict[str, Any]] = []
         return self._obs(), {}
+
+    def _utility(self) -> float:
+        """The utility of the current layers, memoised on the set of sparsified entries.
+
+        In default mode the layers are a function of that set alone (Sparsify writes 0, or
+        W - C, at the chosen entries of Theta), so an episode that reaches a state seen before
+        (PPO repeats itself more as it converges, and every reset starts from Theta) costs
+        no forward pass. Exact: the cached value is the value that would be computed.
+        """
+        assert self.spec.utility is not None
+        h = hashlib.blake2b(digest_size=20)  # a digest: big layers' masks are megabytes
+        for k in self.spec.layers:
+            h.update(np.packbits(self.zeroed[k].numpy()).tobytes())
+        key = h.digest()
+        hit = self._util_cache.get(key)
+        if hit is None:
+            hit = self._util_cache[key] = float(self.spec.utility(self.layer_state()))
+            self.utility_evals += 1
+        else:
+            self.utility_hits += 1
+        return hit
 
     def layer_state(self) -> dict[str, torch.Tensor]:
         """The current top-M layer tensors in their original shapes and dtypes."""
@@ -271,7 +295,7 @@ class SparsifyEnv(gym.Env):
                     changed.append((layer, j))
             r_c /= len(chosen)
             if self.default and changed and self.spec.utility is not None and self.spec.w_u:
-                util = self.spec.utility(self.layer_state())
+                util = self._utility()
                 r_u = (util - self.util_prev) / self.util0
                 self.util_prev = util
         link_s = self.aoi.step(changed)

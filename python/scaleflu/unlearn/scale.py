@@ -90,14 +90,18 @@ def phase_one(ctx: UnlearnContext, mode: str) -> SensitivityReport:
 
 
 class _Utility:
-    """Validation accuracy of Theta with the top-M layers replaced (one model, reused)."""
+    """Retained-data validation accuracy of Theta with the top-M layers replaced.
+
+    Measured on :attr:`UnlearnContext.val_retain` (the validation set less a class removed
+    from the whole federation: scoring that class would reward remembering it).
+    """
 
     def __init__(self, ctx: UnlearnContext, base: Mapping[str, torch.Tensor]) -> None:
         self.model = ctx.new_model(base)
         self.model.eval()
         self.params = dict(self.model.named_parameters())
-        self.x = ctx.val.inputs()
-        self.y = ctx.val.labels
+        self.x = ctx.val_retain.inputs()
+        self.y = ctx.val_retain.labels
 
     @torch.no_grad()
     def __call__(self, layers: Mapping[str, torch.Tensor]) -> float:
@@ -272,6 +276,8 @@ class ScaleUnlearner:
             "rollout_return": rollout_return,
             "best_episode_return": best.ret if best is not None else None,
             "zeroed_share": zeroed,
+            "utility_evals": env.utility_evals,
+            "utility_cache_hits": env.utility_hits,
             "recovery": recovery,
             "val_acc_before_recovery": pre_recovery_acc,
             "action_encoding": (
