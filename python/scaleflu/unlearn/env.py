@@ -99,6 +99,8 @@ class EpisodeRecord:
     sum_aoi_trace: list[float]
     steps: list[dict[str, Any]]
     zeroed_share: float
+    util_gain: float = 0.0  # sum of R_u over the episode: (utility_T - utility_0) / utility_0
+    key: bytes = b""  # digest of the sparsified set (two records with one key are one state)
 
 
 class SparsifyEnv(gym.Env):
@@ -125,6 +127,13 @@ class SparsifyEnv(gym.Env):
             k: [(k, j) for j in range(len(spec.groups[k]))] for k in spec.layers
         }
         self._aoi_idx = {key: spec.aoi.index(key) for ks in self._keys.values() for key in ks}
+        self._bounds = {
+            k: (
+                torch.tensor([a for a, _ in spec.groups[k][: self.G]], dtype=torch.int64),
+                torch.tensor([b for _, b in spec.groups[k][: self.G]], dtype=torch.int64),
+            )
+            for k in spec.layers
+        }
         self._order: dict[GroupKey, torch.Tensor] = {}
         self._attr_mass: dict[str, float] = {}
         if self.default:
@@ -143,6 +152,8 @@ class SparsifyEnv(gym.Env):
         self.keep_best = False
         self.best_return = -np.inf
         self.best: EpisodeRecord | None = None
+        self.keep_top = 1  # with keep_best: how many of the best distinct episodes to keep
+        self.top: list[EpisodeRecord] = []  # best first
         self._util_cache: dict[bytes, float] = {}
         self.utility_evals = self.utility_hits = 0
         self.reset()
@@ -155,22 +166,32 @@ class SparsifyEnv(gym.Env):
     def _aoi_of(self, values: np.ndarray) -> dict[GroupKey, float]:
         return {key: float(values[i]) for key, i in self._aoi_idx.items()}
 
+    @staticmethod
+    def _group_sums(x: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+        """Sum of ``x[s:e]`` for every group, from one cumulative sum (float64)."""
+        c = torch.cat([x.new_zeros(1), x.cumsum(0)])
+        return c[ends] - c[starts]
+
     def _obs(self) -> np.ndarray:
         obs = np.zeros((self.M, self.G, self.F), dtype=np.float32)
-        aoi = self._aoi_of(self._aoi_values())
-        amax = max(aoi.values()) or 1.0
+        vals = self._aoi_values()
+        amax = max((float(vals[i]) for i in self._aoi_idx.values()), default=0.0) or 1.0
         left = self.budget_left / self.budget_total if self.budget_total else 1.0
         for m, k in enumerate(self.spec.layers):
+            starts, ends = self._bounds[k]
+            n = len(starts)
+            size = (ends - starts).double()
             w = self.cur[k]
-            for j, (s, e) in enumerate(self.spec.groups[k][: self.G]):
-                g = w[s:e]
-                obs[m, j, 0] = aoi[(k, j)] / amax
-                obs[m, j, 1] = float(g.mean()) / self._scale[k]
-                obs[m, j, 2] = float(g.std(unbiased=False)) / self._scale[k]
-                if self.default:
-                    obs[m, j, 3] = float(self.zeroed[k][s:e].float().mean())
-                    obs[m, j, 4] = self.spec.score[k] / self._max_score
-                    obs[m, j, 5] = left
+            mean = self._group_sums(w, starts, ends) / size
+            var = (self._group_sums(w * w, starts, ends) / size - mean * mean).clamp_min(0.0)
+            obs[m, :n, 0] = [float(vals[self._aoi_idx[(k, j)]]) / amax for j in range(n)]
+            obs[m, :n, 1] = (mean / self._scale[k]).numpy()
+            obs[m, :n, 2] = (var.sqrt() / self._scale[k]).numpy()
+            if self.default:
+                z = self._group_sums(self.zeroed[k].double(), starts, ends) / size
+                obs[m, :n, 3] = z.numpy()
+                obs[m, :n, 4] = self.spec.score[k] / self._max_score
+                obs[m, :n, 5] = left
         return obs.reshape(-1)
 
     def reset(
@@ -196,6 +217,13 @@ class SparsifyEnv(gym.Env):
         self.step_infos: list[dict[str, Any]] = []
         return self._obs(), {}
 
+    def state_key(self) -> bytes:
+        """Digest of the sparsified set, which alone determines the layers in default mode."""
+        h = hashlib.blake2b(digest_size=20)  # a digest: big layers' masks are megabytes
+        for k in self.spec.layers:
+            h.update(np.packbits(self.zeroed[k].numpy()).tobytes())
+        return h.digest()
+
     def _utility(self) -> float:
         """The utility of the current layers, memoised on the set of sparsified entries.
 
@@ -205,10 +233,7 @@ class SparsifyEnv(gym.Env):
         no forward pass. Exact: the cached value is the value that would be computed.
         """
         assert self.spec.utility is not None
-        h = hashlib.blake2b(digest_size=20)  # a digest: big layers' masks are megabytes
-        for k in self.spec.layers:
-            h.update(np.packbits(self.zeroed[k].numpy()).tobytes())
-        key = h.digest()
+        key = self.state_key()
         hit = self._util_cache.get(key)
         if hit is None:
             hit = self._util_cache[key] = float(self.spec.utility(self.layer_state()))
@@ -322,21 +347,41 @@ class SparsifyEnv(gym.Env):
         }
         self.step_infos.append({**info, "reward": float(reward)})
         if terminated or truncated:
-            if self.keep_best and self.ret > self.best_return:
-                self.best_return = self.ret
-                self.best = EpisodeRecord(
-                    self.ret,
-                    {k: v.clone() for k, v in self.layer_state().items()},
-                    self.aoi.copy(),
-                    list(self.sum_aoi_trace),
-                    list(self.step_infos),
-                    self.zeroed_share(),
-                )
+            if self.keep_best:
+                self._keep()
             self.episode_returns.append(self.ret)
             self.episode_infos.append(
                 {"return": self.ret, "utility": self.util_prev, "zeroed": self.zeroed_share()}
             )
         return self._obs(), float(reward), terminated, truncated, info
+
+    def _keep(self) -> None:
+        """Record the finished episode among the ``keep_top`` best distinct ones."""
+        worst = self.top[-1].ret if len(self.top) >= self.keep_top else -np.inf
+        if self.ret <= worst:
+            return
+        key = self.state_key() if self.default else b""
+        same = next((r for r in self.top if self.default and r.key == key), None)
+        if same is not None:
+            if self.ret <= same.ret:
+                return  # the same state reached before with a better AoI return
+            self.top.remove(same)
+        self.top.append(
+            EpisodeRecord(
+                self.ret,
+                {k: v.clone() for k, v in self.layer_state().items()},
+                self.aoi.copy(),
+                list(self.sum_aoi_trace),
+                list(self.step_infos),
+                self.zeroed_share(),
+                (self.util_prev - self.util0) / self.util0,
+                key,
+            )
+        )
+        self.top.sort(key=lambda r: -r.ret)
+        del self.top[self.keep_top :]
+        self.best = self.top[0]
+        self.best_return = self.best.ret
 
     def zeroed_share(self) -> float:
         """Share of the top-M parameters Sparsify changed (zeroed, or subtracted in default)."""

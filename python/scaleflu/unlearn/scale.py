@@ -29,7 +29,7 @@ from tqdm import tqdm
 from scaleflu.config import ConfigError
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
-from scaleflu.unlearn.env import EnvSpec, SparsifyEnv
+from scaleflu.unlearn.env import EnvSpec, EpisodeRecord, SparsifyEnv
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 from scaleflu.unlearn.sensitivity import (
     SensitivityReport,
@@ -96,12 +96,19 @@ class _Utility:
     from the whole federation: scoring that class would reward remembering it).
     """
 
-    def __init__(self, ctx: UnlearnContext, base: Mapping[str, torch.Tensor]) -> None:
+    def __init__(
+        self, ctx: UnlearnContext, base: Mapping[str, torch.Tensor], samples: int | None = None
+    ) -> None:
+        """``samples``: a seeded subset of that many validation samples (None: all)."""
         self.model = ctx.new_model(base)
         self.model.eval()
         self.params = dict(self.model.named_parameters())
-        self.x = ctx.val_retain.inputs()
-        self.y = ctx.val_retain.labels
+        data = ctx.val_retain
+        if samples is not None and samples < len(data):
+            rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 45]))
+            data = data.subset(np.sort(rng.choice(len(data), size=samples, replace=False)))
+        self.x = data.inputs()
+        self.y = data.labels
 
     @torch.no_grad()
     def __call__(self, layers: Mapping[str, torch.Tensor]) -> float:
@@ -147,7 +154,14 @@ def _ppo(env: SparsifyEnv, ctx: UnlearnContext, total_steps: int) -> Any:
         device="cpu",
         verbose=0,
     )
-    model.learn(total_timesteps=total_steps, callback=_Bar())
+    # torch.distributions re-checks every logit and sample of the ten categoricals per step;
+    # the policy produces them, so the checks only cost time (a fifth of PPO's own overhead)
+    validate = torch.distributions.Distribution._validate_args
+    torch.distributions.Distribution.set_default_validate_args(False)
+    try:
+        model.learn(total_timesteps=total_steps, callback=_Bar())
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(validate)
     return model
 
 
@@ -187,7 +201,14 @@ class ScaleUnlearner:
         theta = ctx.original_state()
         aoi0 = AoITracker.from_history(ctx.run.history)
         default = mode == "default"
-        utility = _Utility(ctx, theta) if default and float(sc["w_u"]) else None
+        exact = _Utility(ctx, theta) if default and float(sc["w_u"]) else None
+        utility = exact
+        n_search = sc.get("utility_samples")
+        if exact is not None and n_search is not None and int(n_search) < len(exact.y):
+            if int(n_search) < 1:
+                raise ConfigError(f"scale.utility_samples must be positive, got {n_search}")
+            # PPO's reward on a subset (cheaper); the best episodes are re-scored on all of it
+            utility = _Utility(ctx, theta, int(n_search))
         budget = sc["budget"] if default else None
         spec = EnvSpec(
             mode=mode,
@@ -215,6 +236,8 @@ class ScaleUnlearner:
         )
         env = SparsifyEnv(spec)
         env.keep_best = default and bool(sc["keep_best"])
+        if utility is not exact:
+            env.keep_top = max(1, int(sc.get("utility_recheck", 8)))
         total = max(1, int(sc["ppo"]["episodes"]) * int(sc["episode_steps"]))
         policy = _ppo(env, ctx, total)
         t2 = time.perf_counter()
@@ -222,18 +245,41 @@ class ScaleUnlearner:
         best = env.best  # the best training episode (default mode with keep_best)
         steps = rollout(env, policy)
         rollout_return = float(sum(s["reward"] for s in steps))
-        chosen = "rollout"
-        layers, aoi, trace = env.layer_state(), env.aoi, list(env.sum_aoi_trace)
-        zeroed = env.zeroed_share()
-        if best is not None and best.ret > rollout_return:
-            chosen = "best_episode"
-            layers, aoi, trace, steps = best.layers, best.aoi, list(best.sum_aoi_trace), best.steps
-            zeroed = best.zeroed_share
+        cands = [
+            EpisodeRecord(
+                rollout_return,
+                env.layer_state(),
+                env.aoi,
+                list(env.sum_aoi_trace),
+                steps,
+                env.zeroed_share(),
+                (env.util_prev - env.util0) / env.util0,
+            ),
+            *env.top,
+        ]
+        names = ["rollout"] + ["best_episode"] * len(env.top)
+        score = [c.ret for c in cands]
+        recheck: list[dict[str, Any]] = []
+        if utility is not exact and exact is not None:
+            # the estimate only ranked the search: re-score the candidates' utility term exactly
+            w_u = float(sc["w_u"])
+            acc0 = max(exact({k: theta[k] for k in report.top}), 1e-6)
+            for i, c in enumerate(cands):
+                acc = exact(c.layers)
+                score[i] = c.ret - w_u * c.util_gain + w_u * (acc - acc0) / acc0
+                recheck.append(
+                    {"from": names[i], "return": c.ret, "exact_return": score[i], "val_acc": acc}
+                )
+        # the rollout unless a kept episode does strictly better (as before the re-check)
+        i_best = max(range(len(cands)), key=lambda i: (score[i], i == 0))
+        chosen, pick = names[i_best], cands[i_best]
+        layers, aoi, trace, steps = pick.layers, pick.aoi, list(pick.sum_aoi_trace), pick.steps
+        zeroed = pick.zeroed_share
         log.info(
             "Theta' from the %s (return %.3f; deterministic rollout %.3f)",
             chosen,
-            best.ret if chosen == "best_episode" and best is not None else rollout_return,
-            rollout_return,
+            score[i_best],
+            score[0],
         )
         new_state = dict(theta)
         for k, v in layers.items():
@@ -273,6 +319,8 @@ class ScaleUnlearner:
             "episode_infos": env.episode_infos,
             "rollout": steps,
             "theta_from": chosen,
+            "utility_samples": len(utility.y) if utility is not None else None,
+            "utility_recheck": recheck,
             "rollout_return": rollout_return,
             "best_episode_return": best.ret if best is not None else None,
             "zeroed_share": zeroed,
