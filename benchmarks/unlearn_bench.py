@@ -17,6 +17,7 @@ PPO episodes); the output says so.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import logging
 import platform
@@ -27,9 +28,10 @@ from typing import Any
 
 import torch
 
-from scaleflu.config import load_config
+from scaleflu.config import default_config, load_config
 from scaleflu.fl.run import load_run, train
-from scaleflu.unlearn.base import UnlearnContext
+from scaleflu.unlearn.base import UnlearnContext, resolve_unlearn_config
+from scaleflu.unlearn.request import parse_request, resolve_request
 from scaleflu.unlearn.retrain import RetrainUnlearner
 from scaleflu.unlearn.scale import ScaleUnlearner
 
@@ -65,6 +67,12 @@ VARIANTS: list[tuple[str, str, list[str]]] = [
     ("no-utility", "default", ["scale.w_u=0"]),
     ("no-recovery", "default", ["scale.recovery_rounds=0"]),
     ("no-keep-best", "default", ["scale.keep_best=false"]),
+    ("exact-utility", "default", ["scale.utility_samples=null"]),
+    (
+        "plain-attribution",
+        "default",
+        ["scale.client_attribution=contribution", "scale.class_attribution=contribution"],
+    ),
 ]
 KEYS = ("test_acc", "ra", "fa", "fa_protocol", "fr", "mia_loss_auc", "backdoor_asr")
 
@@ -75,6 +83,24 @@ def _fmt(v: Any) -> str:
     if isinstance(v, float):
         return f"{v:.3f}"
     return str(v)
+
+
+def _context(run: Any, request: str, mode: str, overrides: list[str]) -> UnlearnContext:
+    """A context with today's ``scale`` defaults (not the ones saved with an older run)."""
+    fresh = copy.deepcopy(dict(run.cfg))
+    fresh["scale"] = default_config()["scale"]
+    cfg = resolve_unlearn_config(fresh, None, overrides)
+    setup = run.setup
+    resolved = resolve_request(
+        parse_request(request),
+        setup.parts,
+        setup.train.labels,
+        setup.train.num_classes,
+        setup.poison.backdoor_indices,
+        setup.poison.flipped_indices,
+        int(cfg["seed"]),
+    )
+    return UnlearnContext(run, resolved, cfg, mode, progress=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,9 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict[str, Any]] = []
     for scen, req in SCENARIOS:
         for name, mode, extra in VARIANTS:
-            ctx = UnlearnContext.from_run_dir(
-                run_dir, req, mode, None, scale_over + extra, progress=True, run=run
-            )
+            ctx = _context(run, req, mode, scale_over + extra)
             method = RetrainUnlearner() if name == "retrain" else ScaleUnlearner(mode)
             res = method.run(ctx).to_dict()
             res["variant"], res["scenario"] = name, scen

@@ -1,11 +1,10 @@
 """SCALE and Retrain end to end on the shared small FashionMNIST run.
 
-Numbers at this scale (seed 0, 20 PPO episodes, measured while writing): Retrain drops the
-backdoor success from 0.86 to 0.03. SCALE default reaches 0.27 at a test accuracy of 0.83
-(Retrain 0.85): Theta' comes from the best training episode, which zeroed conv1 groups; the
-deterministic rollout (``scale.keep_best=false``) zeroes conv2 groups and reaches 0.04 here, but
-0.35 on the benchmark's larger run, where the best episode reaches 0.03. The client assertion
-therefore asks for a large drop, not for Retrain's level; see docs/scale.md.
+Numbers at this scale (seed 0, 50 PPO episodes, measured while writing): Retrain drops the
+backdoor success from 0.86 to 0.03 at a test accuracy of 0.85; SCALE default to 0.03 at 0.83.
+With 20 or 30 episodes SCALE stopped at 0.23 (the search had not reached the fc1 groups that
+carry the trigger), and with the plain contribution attribution at 0.38-0.47: the episode
+budget and the contrastive attribution matter here; see docs/scale.md.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from scaleflu.fl.run import LoadedRun
 from scaleflu.unlearn import RetrainUnlearner, ScaleUnlearner, UnlearnContext, Unlearner
 
 FAST_SCALE = [
-    "scale.ppo.episodes=20",
+    "scale.ppo.episodes=50",
     "scale.ppo.n_steps=32",
     "scale.ppo.batch_size=16",
     "scale.eval.relearn_max_rounds=2",
@@ -54,11 +53,12 @@ def test_client_unlearning_removes_backdoor(client_results: dict) -> None:
     orig_asr = sc["original"]["backdoor_asr"]
     assert orig_asr > 0.5, "the shared run must carry a working backdoor"
     assert ret["metrics"]["backdoor_asr"] < 0.15
-    # SCALE removes most of the backdoor (paper mode, for one, does not: it stays ~0.9) ...
-    assert sc["metrics"]["backdoor_asr"] <= 0.5 * orig_asr
-    assert sc["metrics"]["backdoor_asr"] <= ret["metrics"]["backdoor_asr"] + 0.30
+    # SCALE removes the backdoor about as well as Retrain (paper mode does not: it stays ~0.9)
+    assert sc["metrics"]["backdoor_asr"] <= ret["metrics"]["backdoor_asr"] + 0.10
     # ... while test accuracy stays within a few points of Retrain's.
     assert abs(sc["metrics"]["test_acc"] - ret["metrics"]["test_acc"]) <= 0.04
+    # the attribution is the targets' updates contrasted with the other participants'
+    assert any("contrasted" in n for n in sc["details"]["sensitivity"]["notes"])
     # and costs far less than retraining (bytes on the link; wall time at this tiny scale)
     assert sc["cost"]["bytes"] < 0.25 * ret["cost"]["bytes"]
     assert sc["cost"]["wall_s"] < ret["cost"]["wall_s"]

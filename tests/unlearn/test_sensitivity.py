@@ -14,6 +14,7 @@ from scaleflu.unlearn.sensitivity import (
     alignment_score,
     class_saliency,
     combine_scores,
+    contrastive_contribution,
     historical_sensitivity,
     impact_score,
     kl_divergence,
@@ -146,3 +147,38 @@ def test_class_saliency_marks_the_class_specific_weights() -> None:
     assert torch.argmax(s).item() == 1 * 4 + 3  # row of class 1, feature 3
     assert float(s[:, 0].sum()) == 0.0 and float(s[:, 2].sum()) == 0.0  # other classes' inputs
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_contrastive_contribution_marks_what_only_the_target_moved(tmp_path: Path) -> None:
+    """Every client moves entries 0-9 of every layer; only client 0 also moves b[20:25]."""
+    g = torch.Generator().manual_seed(1)
+    shapes = {k: (40,) for k in LAYERS}
+    store = HistoryStore(tmp_path, groups={k: parameter_groups(40, 4) for k in LAYERS})
+    state = {k: torch.zeros(40) for k in LAYERS}
+    store.record_initial(state)
+    sizes = {0: 100, 1: 100, 2: 100}
+    for t in range(1, 4):
+        locals_ = {}
+        for n in sizes:
+            upd = {k: 0.001 * torch.randn(s, generator=g) for k, s in shapes.items()}
+            for k in LAYERS:
+                upd[k][:10] += 1.0  # the shared task: everyone, the target included
+            if n == 0:
+                upd["b"][20:25] += 1.0  # what only the target's data teaches
+            locals_[n] = {k: state[k] + upd[k] for k in shapes}
+        new = {k: sum(locals_[n][k] for n in sizes) / 3 for k in shapes}
+        store.record_round(t, list(sizes), sizes, locals_, new)
+        state = new
+    plain = historical_sensitivity(store, {0: 1.0}, LAYERS, lam=0.5, top_m=3).attribution
+    attr, info = contrastive_contribution(store, {0: 1.0}, LAYERS, [1, 2, 3], contrast=1.0)
+    assert info["other_updates"] == 6
+    # the plain contribution ranks the shared entries as high as the target-only ones ...
+    assert float(plain["a"][:10].abs().min()) > 0.5 * float(plain["b"][20:25].abs().min())
+    # ... the contrast keeps only the target-only ones
+    top = torch.cat([attr[k] for k in LAYERS]).argsort(descending=True)[:5]
+    assert sorted(int(i) for i in top) == [60, 61, 62, 63, 64]  # b is the 2nd layer of 40
+    target_only = float(attr["b"][20:25].min())
+    for k in LAYERS:  # the shared entries (and the noise) are left near zero
+        assert float(attr[k][:10].max()) < 1e-2 * target_only
+        assert float(attr[k][25:].max()) < 1e-2 * target_only
+    store.close()

@@ -34,6 +34,7 @@ from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 from scaleflu.unlearn.sensitivity import (
     SensitivityReport,
     class_saliency,
+    contrastive_contribution,
     historical_sensitivity,
     paper_sensitivity,
 )
@@ -51,11 +52,15 @@ def phase_one(ctx: UnlearnContext, mode: str) -> SensitivityReport:
     history = ctx.run.history
     if mode == "paper":
         return paper_sensitivity(history, ctx.request.targets, layers, lam, top_m, eps)
+    req = ctx.request.request
+    if req.kind == "client" and sc.get("top_m_client") is not None:
+        top_m = int(sc["top_m_client"])
+    if top_m < 1:
+        raise ConfigError(f"scale.top_m (and top_m_client) must be at least 1, got {top_m}")
     sizes = ctx.run.setup.data_sizes
     shares = {n: ctx.request.forget_share(n, sizes[n]) for n in ctx.request.targets}
     report = historical_sensitivity(history, shares, layers, lam, top_m, eps)
     report.contribution = dict(report.attribution)
-    req = ctx.request.request
     attribution = str(sc.get("class_attribution", "contribution"))
     if attribution not in ("saliency", "contribution"):
         raise ConfigError(
@@ -85,6 +90,23 @@ def phase_one(ctx: UnlearnContext, mode: str) -> SensitivityReport:
                 "class request over the whole federation: Sparsify ranks parameters by class "
                 f"saliency on the validation set ({info['forget_val_samples']} samples of the "
                 f"class(es), {info['rest_val_samples']} others, contrast {info['contrast']})"
+            )
+    client_attr = str(sc.get("client_attribution", "contribution"))
+    if client_attr not in ("contrast", "contribution"):
+        raise ConfigError(
+            f"scale.client_attribution must be contrast or contribution, got {client_attr!r}"
+        )
+    if req.kind == "client" and client_attr == "contrast" and report.rounds:
+        # the targets' contribution C_l holds the task every client learns as well; rank the
+        # entries by how much more the targets moved them than the other participants did
+        attr, info = contrastive_contribution(
+            history, shares, layers, report.rounds, float(sc.get("client_contrast", 1.0))
+        )
+        if any(float(v.sum()) > 0 for v in attr.values()):
+            report.attribution = attr
+            report.notes.append(
+                "Sparsify ranks parameters by the targets' updates contrasted with the other "
+                f"participants' ({info['other_updates']} updates, contrast {info['contrast']})"
             )
     return report
 

@@ -386,3 +386,52 @@ def plot_sensitivity(report: SensitivityReport, path: str | Path, title: str = "
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def contrastive_contribution(
+    history: HistoryStore,
+    shares: Mapping[int, float],
+    layers: Sequence[str],
+    rounds: Sequence[int],
+    contrast: float = 1.0,
+) -> tuple[Layers, dict[str, Any]]:
+    """Target-specific attribution ``relu(a_u / sum a_u - contrast * a_o / sum a_o)`` per weight.
+
+    ``a_u = sum_t share_n |u_{n,t}|`` over the target clients' updates in the ``rounds`` they took
+    part in, ``a_o = sum_t mean_m |u_{m,t}|`` over the other participants of the same rounds
+    (magnitudes per update, so opposite moves do not cancel); each sum in the normaliser runs
+    over all ``layers``. Large where the targets moved a weight much more than everyone else
+    did: what their data taught that the others' did not (a backdoor trigger, a client's own
+    mislabelled samples), not the task all clients learn together. The client-request analogue
+    of :func:`class_saliency`.
+    """
+    a_u = {k: None for k in layers}
+    a_o = {k: None for k in layers}
+    n_other = 0
+    for t in rounds:
+        part = history.participants(t)
+        hit = [n for n in shares if n in part and shares[n] > 0]
+        others = [m for m in part if m not in shares]
+        if not hit or not history.has_updates(t):
+            continue
+        ups = history.client_updates(t)
+        for k in layers:
+            u = sum(ups[n][k].abs().double() * float(shares[n]) for n in hit)
+            a_u[k] = u if a_u[k] is None else a_u[k] + u
+            if others:
+                o = sum(ups[m][k].abs().double() for m in others) / len(others)
+                a_o[k] = o if a_o[k] is None else a_o[k] + o
+        n_other += len(others)
+    final = history.final_model()
+    for k in layers:
+        if a_u[k] is None:
+            a_u[k] = torch.zeros_like(final[k], dtype=torch.float64)
+        if a_o[k] is None:
+            a_o[k] = torch.zeros_like(final[k], dtype=torch.float64)
+    tot_u = sum(float(v.sum()) for v in a_u.values()) or 1.0
+    tot_o = sum(float(v.sum()) for v in a_o.values()) or 1.0
+    out: Layers = {
+        k: (a_u[k] / tot_u - contrast * a_o[k] / tot_o).clamp_min(0.0).to(final[k].dtype)
+        for k in layers
+    }
+    return out, {"other_updates": n_other, "contrast": contrast}
