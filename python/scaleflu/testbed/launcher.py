@@ -48,7 +48,7 @@ DEMO_SETTINGS: dict[str, Any] = {
     "model": {"name": "lenet"},
     "fl": {"local_epochs": 2, "lr": 0.05, "momentum": 0.5, "batch_size": 32, "threads": 1},
     "scale": {
-        "ppo": {"episodes": 32, "n_steps": 64, "batch_size": 32, "epochs": 4},
+        "ppo": {"episodes": 50, "n_steps": 64, "batch_size": 32, "epochs": 4},
         "val_size": 300,
         "recovery_rounds": 2,  # the backdoor of a large robot outlives one recovery round
         "recovery_local_epochs": 2,
