@@ -325,7 +325,9 @@ class UnlearnContext:
         sizes = {n: len(p) for n, p in enumerate(parts)}
         model = self.new_model()
         kind = fl["trainer"] if fl["backend"] == "local" else "auto"
-        trainer = make_trainer(kind, model, self.run.setup.train, parts, local, self.seed)
+        trainer = make_trainer(
+            kind, model, self.run.setup.train, parts, local, self.seed, int(fl.get("workers", 1))
+        )
         cur = {k: v.detach().clone() for k, v in state.items()}
         cost = RoundsCost()
         t0 = time.perf_counter()
@@ -355,6 +357,8 @@ class UnlearnContext:
             cost.bytes += nbytes
             cost.link_s += link_s
         cost.wall_s = time.perf_counter() - t0
+        if hasattr(trainer, "shutdown"):
+            trainer.shutdown()  # the worker threads of fl.workers > 1
         return cur, cost
 
     @property
