@@ -37,6 +37,7 @@ from scaleflu.unlearn.sensitivity import (
     contrastive_contribution,
     historical_sensitivity,
     paper_sensitivity,
+    top_layers,
 )
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,18 @@ def phase_one(ctx: UnlearnContext, mode: str) -> SensitivityReport:
                 f"saliency on the validation set ({info['forget_val_samples']} samples of the "
                 f"class(es), {info['rest_val_samples']} others, contrast {info['contrast']})"
             )
+            if str(sc.get("class_layers", "saliency")) == "saliency":
+                # every client holds the class, so the per-client history scores S_l do not
+                # point at it either: take the M layers where the saliency is densest
+                density = {k: float(sal[k].sum()) / max(sal[k].numel(), 1) for k in layers}
+                if any(v > 0 for v in density.values()):
+                    report.top = top_layers(density, layers, top_m)
+                    report.notes.append(
+                        "class request over the whole federation: top-M layers by class "
+                        "saliency per parameter ("
+                        + ", ".join(f"{k} {density[k]:.3g}" for k in report.top)
+                        + "), not by S_l"
+                    )
     client_attr = str(sc.get("client_attribution", "contribution"))
     if client_attr not in ("contrast", "contribution"):
         raise ConfigError(
