@@ -236,7 +236,9 @@ class ScaleUnlearner:
         theta = ctx.original_state()
         aoi0 = AoITracker.from_history(ctx.run.history)
         default = mode == "default"
-        exact = _Utility(ctx, theta) if default and float(sc["w_u"]) else None
+        # no utility term without retained validation samples (e.g. every class forgotten)
+        keep_val = len(ctx.val_retain) > 0
+        exact = _Utility(ctx, theta) if default and float(sc["w_u"]) and keep_val else None
         utility = exact
         n_search = sc.get("utility_samples")
         if exact is not None and n_search is not None and int(n_search) < len(exact.y):
