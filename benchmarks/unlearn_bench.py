@@ -70,6 +70,7 @@ VARIANTS: list[tuple[str, str, list[str]]] = [
     ("no-recovery", "default", ["scale.recovery_rounds=0"]),
     ("no-keep-best", "default", ["scale.keep_best=false"]),
     ("exact-utility", "default", ["scale.utility_samples=null"]),
+    ("recovery-1-epoch", "default", ["scale.recovery_local_epochs=1"]),  # cheaper, not an ablation
     (
         "plain-attribution",
         "default",

@@ -153,3 +153,18 @@ def test_utility_is_memoised_on_the_sparsified_set_and_exact() -> None:
     assert utility(env.layer_state()) == pytest.approx(env.util_prev)
     env.step([0, 0, 0, 1, 0, 3])  # a new state: evaluated
     assert env.utility_evals == 3 and len(calls) == 4
+
+
+def test_measured_forgetting_replaces_the_attribution_reward() -> None:
+    """Class requests: R_f is the share of the class's validation accuracy a step removes."""
+
+    def forget_acc(layers: dict[str, torch.Tensor]) -> float:
+        return 0.8 - 0.05 * float((layers["x"] == 0).sum())  # falls as x is zeroed
+
+    env = SparsifyEnv(_spec("default", forget_utility=forget_acc, budget=None, w_c=0.0))
+    assert env.fu0 == pytest.approx(0.8)
+    _, r, _, _, info = env.step([0, 1, 0, 0, 0, 1])  # layer x, group 0, s = 0.5: 2 entries
+    assert info["r_f"] == pytest.approx(0.1 / 0.8) and r == pytest.approx(0.1 / 0.8)
+    assert info["forget_acc"] == pytest.approx(0.7)
+    _, r, _, _, info = env.step([1, 1, 0, 0, 0, 3])  # layer y: the class accuracy is unchanged
+    assert info["r_f"] == 0.0 and r == 0.0

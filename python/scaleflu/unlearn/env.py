@@ -77,6 +77,9 @@ class EnvSpec:
     op: str = "zero"  # default mode: zero | subtract (W_i - C_i instead of 0; an option)
     # default mode: C_l for ``subtract`` when ``attribution`` is another map (class saliency)
     contribution: dict[str, torch.Tensor] = field(default_factory=dict)
+    # default mode: accuracy on the server's validation samples of a forgotten class; when set,
+    # R_f is the measured drop of it (the class requests' forgetting is observable there)
+    forget_utility: Utility | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "default"):
@@ -213,6 +216,9 @@ class SparsifyEnv(gym.Env):
         self.util0 = self.util_prev = 1.0
         if self.default and self.spec.utility is not None and self.spec.w_u:
             self.util0 = self.util_prev = max(self._utility(), 1e-6)
+        self.fu0 = self.fu_prev = 1.0
+        if self.default and self.spec.forget_utility is not None:
+            self.fu0 = self.fu_prev = max(self._utility(forget=True), 1e-6)
         self.sum_aoi_trace: list[float] = []
         self.step_infos: list[dict[str, Any]] = []
         return self._obs(), {}
@@ -224,7 +230,7 @@ class SparsifyEnv(gym.Env):
             h.update(np.packbits(self.zeroed[k].numpy()).tobytes())
         return h.digest()
 
-    def _utility(self) -> float:
+    def _utility(self, forget: bool = False) -> float:
         """The utility of the current layers, memoised on the set of sparsified entries.
 
         In default mode the layers are a function of that set alone (Sparsify writes 0, or
@@ -232,11 +238,12 @@ class SparsifyEnv(gym.Env):
         (PPO repeats itself more as it converges, and every reset starts from Theta) costs
         no forward pass. Exact: the cached value is the value that would be computed.
         """
-        assert self.spec.utility is not None
-        key = self.state_key()
+        fn = self.spec.forget_utility if forget else self.spec.utility
+        assert fn is not None
+        key = self.state_key() + (b"f" if forget else b"")
         hit = self._util_cache.get(key)
         if hit is None:
-            hit = self._util_cache[key] = float(self.spec.utility(self.layer_state()))
+            hit = self._util_cache[key] = float(fn(self.layer_state()))
             self.utility_evals += 1
         else:
             self.utility_hits += 1
@@ -319,6 +326,12 @@ class SparsifyEnv(gym.Env):
                 if len(idx) and bool((before != self.cur[layer][idx]).any()):
                     changed.append((layer, j))
             r_c /= len(chosen)
+            if self.default and self.spec.forget_utility is not None:
+                r_f = 0.0  # measured instead: the share of the class's accuracy this step removed
+                if changed:
+                    fu = self._utility(forget=True)
+                    r_f = (self.fu_prev - fu) / self.fu0
+                    self.fu_prev = fu
             if self.default and changed and self.spec.utility is not None and self.spec.w_u:
                 util = self._utility()
                 r_u = (util - self.util_prev) / self.util0
@@ -344,6 +357,7 @@ class SparsifyEnv(gym.Env):
             "changed_groups": [j for _, j in changed],
             "sum_aoi_s": sum_aoi,
             "utility": self.util_prev,
+            "forget_acc": self.fu_prev if self.spec.forget_utility is not None else None,
         }
         self.step_infos.append({**info, "reward": float(reward)})
         if terminated or truncated:

@@ -27,6 +27,7 @@ from stable_baselines3.common.callbacks import BaseCallback
 from tqdm import tqdm
 
 from scaleflu.config import ConfigError
+from scaleflu.fl.data import ImageData
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
 from scaleflu.unlearn.env import EnvSpec, EpisodeRecord, SparsifyEnv
@@ -132,13 +133,17 @@ class _Utility:
     """
 
     def __init__(
-        self, ctx: UnlearnContext, base: Mapping[str, torch.Tensor], samples: int | None = None
+        self,
+        ctx: UnlearnContext,
+        base: Mapping[str, torch.Tensor],
+        samples: int | None = None,
+        data: ImageData | None = None,
     ) -> None:
-        """``samples``: a seeded subset of that many validation samples (None: all)."""
+        """``samples``: a seeded subset of that many samples (None: all); ``data``: another set."""
         self.model = ctx.new_model(base)
         self.model.eval()
         self.params = dict(self.model.named_parameters())
-        data = ctx.val_retain
+        data = ctx.val_retain if data is None else data
         if samples is not None and samples < len(data):
             rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 45]))
             data = data.subset(np.sort(rng.choice(len(data), size=samples, replace=False)))
@@ -247,6 +252,19 @@ class ScaleUnlearner:
             # PPO's reward on a subset (cheaper); the best episodes are re-scored on all of it
             utility = _Utility(ctx, theta, int(n_search))
         budget = sc["budget"] if default else None
+        forget_u = None
+        req = ctx.request.request
+        if (
+            default
+            and req.kind == "class"
+            and not req.clients
+            and str(sc.get("class_forget_reward", "measured")) == "measured"
+        ):
+            # a class removed from the whole federation: the server sees its validation samples,
+            # so R_f measures the forgetting instead of a proxy for it
+            mask = np.isin(ctx.val.labels.numpy(), list(req.classes))
+            if mask.any():
+                forget_u = _Utility(ctx, theta, data=ctx.val.subset(np.flatnonzero(mask)))
         spec = EnvSpec(
             mode=mode,
             layers=report.top,
@@ -268,6 +286,7 @@ class ScaleUnlearner:
                 else {}
             ),
             utility=utility,
+            forget_utility=forget_u,
             aoi_unit=str(sc["aoi_unit"]),
             op=str(sc.get("sparsify_op", "zero")),
         )
