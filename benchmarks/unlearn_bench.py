@@ -33,7 +33,6 @@ import torch
 from scaleflu.config import default_config, load_config
 from scaleflu.fl.run import load_run, train
 from scaleflu.unlearn.base import UnlearnContext, resolve_unlearn_config
-from scaleflu.unlearn.request import parse_request, resolve_request
 from scaleflu.unlearn.retrain import RetrainUnlearner
 from scaleflu.unlearn.scale import ScaleUnlearner
 
@@ -117,17 +116,7 @@ def _context(run: Any, request: str, mode: str, overrides: list[str]) -> Unlearn
     fresh = copy.deepcopy(dict(run.cfg))
     fresh["scale"] = default_config()["scale"]
     cfg = resolve_unlearn_config(fresh, None, overrides)
-    setup = run.setup
-    resolved = resolve_request(
-        parse_request(request),
-        setup.parts,
-        setup.train.labels,
-        setup.train.num_classes,
-        setup.poison.backdoor_indices,
-        setup.poison.flipped_indices,
-        int(cfg["seed"]),
-    )
-    return UnlearnContext(run, resolved, cfg, mode, progress=True)
+    return UnlearnContext.for_request(run, request, cfg, mode, progress=True)
 
 
 def main(argv: list[str] | None = None) -> int:

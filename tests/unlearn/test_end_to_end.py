@@ -81,9 +81,11 @@ def test_class_unlearning_fa_near_retrain(loaded_run: LoadedRun) -> None:
     # the utility term scores what must be kept: the class is left out of its validation set
     assert (ctx.val.labels == 7).any() and not (ctx.val_retain.labels == 7).any()
     assert len(ctx.val_retain) == int((ctx.val.labels != 7).sum())
+    assert len(ctx.val_forget) == int((ctx.val.labels == 7).sum()) > 0
+    assert (ctx.val_forget.labels == 7).all()
     # a class removed from one client only stays in the federation: it stays scored
     one = _ctx(loaded_run, "class:7@1")
-    assert torch.equal(one.val_retain.labels, one.val.labels)
+    assert torch.equal(one.val_retain.labels, one.val.labels) and len(one.val_forget) == 0
     ret = RetrainUnlearner().run(ctx).to_dict()
     sc = ScaleUnlearner().run(ctx).to_dict()
     assert sc["protocol"] == "class"

@@ -177,23 +177,11 @@ def ensure_run(cfg: Mapping[str, Any], key: RunKey, out: Path, progress: bool) -
 
 def make_context(run: Any, request: str, cfg: Mapping[str, Any], progress: bool) -> UnlearnContext:
     """An UnlearnContext for ``request`` with the experiment's scale and baselines settings."""
-    from scaleflu.unlearn.request import parse_request, resolve_request
-
     ucfg = resolve_unlearn_config(run.cfg)
     ucfg["scale"] = copy.deepcopy(dict(cfg["scale"]))
     ucfg["baselines"] = copy.deepcopy(dict(cfg.get("baselines") or {}))
-    setup = run.setup
-    resolved = resolve_request(
-        parse_request(request),
-        setup.parts,
-        setup.train.labels,
-        setup.train.num_classes,
-        setup.poison.backdoor_indices,
-        setup.poison.flipped_indices,
-        int(ucfg["seed"]),
-    )
     mode = str(_exp(cfg).get("scale_mode") or cfg["scale"]["mode"])
-    return UnlearnContext(run, resolved, ucfg, mode, progress)
+    return UnlearnContext.for_request(run, request, ucfg, mode, progress)
 
 
 def default_factory(name: str, cfg: Mapping[str, Any]) -> Unlearner:

@@ -208,12 +208,14 @@ class UnlearnContext:
         # what the model must still do after unlearning, measured on the validation set: a
         # class removed from the whole federation is left out (scoring it would reward
         # remembering it); a class removed from some clients stays (the others still hold it)
+        # and the validation samples of such a class (empty otherwise): its forgetting is
+        # observable there
         req = request.request
+        gone = np.zeros(len(self.val), dtype=bool)
         if req.kind == "class" and not req.clients:
-            keep = ~np.isin(self.val.labels.numpy(), list(req.classes))
-            self.val_retain: ImageData = self.val.subset(np.flatnonzero(keep))
-        else:
-            self.val_retain = self.val
+            gone = np.isin(self.val.labels.numpy(), list(req.classes))
+        self.val_retain: ImageData = self.val.subset(np.flatnonzero(~gone))
+        self.val_forget: ImageData = self.val.subset(np.flatnonzero(gone))
         self.triggered: ImageData | None = None
         if len(setup.poison.backdoor_indices):
             self.triggered = triggered_test_set(
@@ -257,6 +259,18 @@ class UnlearnContext:
         """Load the run (unless given), resolve the config and the request text."""
         run = run if run is not None else load_run(run_dir)
         cfg = resolve_unlearn_config(run.cfg, config, overrides)
+        return cls.for_request(run, request, cfg, mode, progress)
+
+    @classmethod
+    def for_request(
+        cls,
+        run: LoadedRun,
+        request: str,
+        cfg: Mapping[str, Any],
+        mode: str = "default",
+        progress: bool = True,
+    ) -> UnlearnContext:
+        """A context for the request text on a loaded run with an already resolved config."""
         setup = run.setup
         resolved = resolve_request(
             parse_request(request),

@@ -253,18 +253,15 @@ class ScaleUnlearner:
             utility = _Utility(ctx, theta, int(n_search))
         budget = sc["budget"] if default else None
         forget_u = None
-        req = ctx.request.request
-        if (
-            default
-            and req.kind == "class"
-            and not req.clients
-            and str(sc.get("class_forget_reward", "measured")) == "measured"
-        ):
+        if sc["class_forget_reward"] not in ("measured", "attribution"):
+            raise ConfigError(
+                "scale.class_forget_reward must be measured or attribution, "
+                f"got {sc['class_forget_reward']!r}"
+            )
+        if default and len(ctx.val_forget) and sc["class_forget_reward"] == "measured":
             # a class removed from the whole federation: the server sees its validation samples,
             # so R_f measures the forgetting instead of a proxy for it
-            mask = np.isin(ctx.val.labels.numpy(), list(req.classes))
-            if mask.any():
-                forget_u = _Utility(ctx, theta, data=ctx.val.subset(np.flatnonzero(mask)))
+            forget_u = _Utility(ctx, theta, data=ctx.val_forget)
         spec = EnvSpec(
             mode=mode,
             layers=report.top,
