@@ -33,8 +33,7 @@ import torch
 from scaleflu.config import default_config, load_config
 from scaleflu.fl.run import load_run, train
 from scaleflu.unlearn.base import UnlearnContext, resolve_unlearn_config
-from scaleflu.unlearn.retrain import RetrainUnlearner
-from scaleflu.unlearn.scale import ScaleUnlearner
+from scaleflu.unlearn.registry import make_method
 
 log = logging.getLogger("unlearn_bench")
 
@@ -158,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     for scen, req in scenarios:
         for name, mode, extra in variants:
             ctx = _context(run, req, mode, scale_over + extra)
-            method = RetrainUnlearner() if name == "retrain" else ScaleUnlearner(mode)
+            if name == "retrain":
+                method = make_method("retrain", ctx.cfg)
+            else:
+                method = make_method("scale", ctx.cfg, mode=mode)
             res = method.run(ctx).to_dict()
             res["variant"], res["scenario"] = name, scen
             res.pop("config", None)

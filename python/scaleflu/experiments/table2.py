@@ -80,6 +80,17 @@ def _exp(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return dict(exp)
 
 
+def _check_methods(names: Iterable[str]) -> None:
+    """Every method name is registered (before any run is trained)."""
+    from scaleflu.unlearn.registry import canonical_name
+
+    for name in names:
+        try:
+            canonical_name(str(name))
+        except ValueError as exc:
+            raise ConfigError(f"experiment.methods: {exc}") from None
+
+
 def plan_cells(cfg: Mapping[str, Any]) -> tuple[list[Cell], list[Cell]]:
     """The main table's cells and the alpha sweep's extra cells (no duplicates)."""
     exp = _exp(cfg)
@@ -185,12 +196,16 @@ def make_context(run: Any, request: str, cfg: Mapping[str, Any], progress: bool)
 
 
 def default_factory(name: str, cfg: Mapping[str, Any]) -> Unlearner:
-    """The registry's Unlearner for ``name`` with the experiment's hyper-parameters."""
-    from scaleflu.unlearn.baselines.registry import get_method
+    """The registry's Unlearner for ``name`` (:func:`scaleflu.unlearn.registry.make_method`).
 
-    if name == "scale":
-        return get_method("scale", cfg, mode=str(_exp(cfg).get("scale_mode") or "default"))
-    return get_method(name, cfg)
+    Hyper-parameters come from the experiment's ``baselines.<name>``; SCALE runs in
+    ``experiment.scale_mode``.
+    """
+    from scaleflu.unlearn.registry import canonical_name, make_method
+
+    if canonical_name(name) == "scale":
+        return make_method("scale", cfg, mode=str(_exp(cfg).get("scale_mode") or "default"))
+    return make_method(name, cfg)
 
 
 def _record_error(cell_dir: Path, exc: BaseException, where: str) -> dict[str, Any]:
@@ -325,6 +340,8 @@ def run_table2(
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")
     main, sweep = plan_cells(cfg)
+    if factory is default_factory:
+        _check_methods(sorted({c.method for c in main + sweep}))
     t0 = time.perf_counter()
     status = run_cells(cfg, out, main + sweep, factory, progress)
     wall = time.perf_counter() - t0

@@ -125,23 +125,13 @@ def unlearn_request_text(meta: Mapping[str, Any], robot: int) -> str:
 def default_unlearn(
     run_dir: Path, request: str, method: str, mode: str, overrides: list[str], progress: bool
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Run ``scaleflu.unlearn`` (SCALE or Retrain) on the run's history: (state, result dict)."""
-    from safetensors.torch import load_file
+    """Unlearn on the run's history in memory (the method registry): (state, result dict)."""
+    from scaleflu.unlearn.registry import run_unlearning
 
-    from scaleflu.unlearn.cli import run_unlearn
-
-    out = run_unlearn(
-        run_dir,
-        request,
-        mode=mode,
-        method=method,
-        out=run_dir / "unlearn",
-        overrides=list(overrides),
-        progress=progress,
+    done = run_unlearning(
+        run_dir, request, method, mode, overrides=list(overrides), progress=progress
     )
-    state = load_file(str(out / "model.safetensors"))
-    result = json.loads((out / "result.json").read_text())
-    return state, result
+    return done.state, done.result.to_dict()
 
 
 UnlearnFn = Callable[

@@ -16,27 +16,11 @@ from typing import Any
 from safetensors.torch import save_file
 
 from scaleflu.config import save_config
+from scaleflu.unlearn.registry import canonical_name, method_names, run_unlearning
 
 log = logging.getLogger(__name__)
 
-METHODS = ("scale", "retrain", "fedraser", "pga", "fused")
-
-
-def make_unlearner(method: str, mode: str, cfg: dict[str, Any] | None = None) -> Any:
-    """The Unlearner object for a method name (baselines through their registry)."""
-    if method == "scale":
-        from scaleflu.unlearn.scale import ScaleUnlearner
-
-        return ScaleUnlearner(mode)
-    if method == "retrain":
-        from scaleflu.unlearn.retrain import RetrainUnlearner
-
-        return RetrainUnlearner()
-    if method in METHODS:
-        from scaleflu.unlearn.baselines.registry import get_method
-
-        return get_method(method, cfg)
-    raise ValueError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+METHODS = method_names()  # the one registry (scaleflu.unlearn.registry)
 
 
 def run_unlearn(
@@ -49,28 +33,23 @@ def run_unlearn(
     overrides: list[str] | tuple[str, ...] = (),
     progress: bool = True,
 ) -> Path:
-    """Unlearn ``request`` from the run in ``run_dir``; write everything to the output folder."""
-    from scaleflu.unlearn.base import UnlearnContext, resolve_unlearn_config
+    """Unlearn ``request`` from the run in ``run_dir``; write everything to the output folder.
+
+    The unlearning itself is :func:`scaleflu.unlearn.registry.run_unlearning` (in memory).
+    """
+    from scaleflu.unlearn.base import resolve_unlearn_config
     from scaleflu.unlearn.scale import plot_rewards, plot_sum_aoi
     from scaleflu.unlearn.sensitivity import plot_sensitivity
 
-    ctx = UnlearnContext.from_run_dir(
-        run_dir, request, mode or "default", config, overrides, progress
-    )
-    if mode is None:
-        ctx.mode = str(ctx.scale_cfg["mode"])
-    unlearner = make_unlearner(method, ctx.mode, ctx.cfg)
+    method = canonical_name(method)
+    done = run_unlearning(run_dir, request, method, mode, config, overrides, progress)
+    ctx, result, unlearner, state = done.ctx, done.result, done.unlearner, done.state
     slug = ctx.request.request.slug
-    out_dir = Path(out) if out else Path(run_dir) / "unlearn" / f"{slug}-{ctx.mode}"
-    if method != "scale":
-        out_dir = Path(out) if out else Path(run_dir) / "unlearn" / f"{slug}-{method}"
+    tag = ctx.mode if method == "scale" else method
+    out_dir = Path(out) if out else Path(run_dir) / "unlearn" / f"{slug}-{tag}"
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(resolve_unlearn_config(ctx.cfg), out_dir / "config.yaml")
-    result = unlearner.run(ctx)
     model_path = out_dir / "model.safetensors"
-    state = ctx.last_state if ctx.last_state is not None else getattr(unlearner, "state", None)
-    if state is None:
-        raise RuntimeError(f"method {method} produced no model state")
     save_file({k: v.contiguous() for k, v in state.items()}, str(model_path))
     result.model_path = str(model_path)
     result.save(out_dir / "result.json")

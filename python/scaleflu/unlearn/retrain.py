@@ -4,7 +4,8 @@ Same config, seed, initial model Theta[1] and per-round client selection as the 
 clients left without data are skipped in the rounds that selected them, and every client
 trains on D_n minus D_u,n. Training uses the FL runtime's trainer and aggregation
 (:meth:`UnlearnContext.fedavg_rounds`). AoI is tracked from a fresh start (every group last
-updated by the initial broadcast).
+updated by the initial broadcast) with a recording tracker, so ``details`` carries the AoI
+trace and its time average wherever Retrain runs (CLI, table2, testbed, benchmarks).
 """
 
 from __future__ import annotations
@@ -59,9 +60,13 @@ class RetrainUnlearner:
         return self.finish(result, aoi)
 
     def make_tracker(self, ctx: UnlearnContext) -> AoITracker:
-        """The AoI tracker the retraining updates (a subclass may record its trace)."""
-        return AoITracker.from_history(ctx.run.history)
+        """The AoI tracker the retraining updates (recording its trace)."""
+        from scaleflu.unlearn.baselines.aoi_trace import RecordingAoITracker
+
+        return RecordingAoITracker.wrap(AoITracker.from_history(ctx.run.history))
 
     def finish(self, result: UnlearnResult, aoi: AoITracker) -> UnlearnResult:
-        """Last touch on the result (a subclass may add what its tracker recorded)."""
-        return result
+        """Add the recorded trace and its time-average AoI to ``details``."""
+        from scaleflu.unlearn.baselines.aoi_trace import annotate
+
+        return annotate(result, aoi)

@@ -1,4 +1,4 @@
-"""Time-averaged AoI for every method: a recording AoI tracker, a SCALE replay, traced Retrain.
+"""Time-averaged AoI for every method: a recording AoI tracker and a SCALE replay.
 
 The schema's ``aoi.mean_s*`` is the AoI *at the end* of unlearning; a method that ends with a
 full-model broadcast scores 0 there, which ranks nothing. The table's Avg AoI is the standard
@@ -16,7 +16,6 @@ from typing import Any
 
 from scaleflu.unlearn.aoi import AoITracker, GroupKey
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
-from scaleflu.unlearn.retrain import RetrainUnlearner
 
 
 class RecordingAoITracker(AoITracker):
@@ -93,15 +92,3 @@ def replay_scale_trace(ctx: UnlearnContext, details: Mapping[str, Any]) -> Recor
     for _ in range(n):
         aoi.full_round(float(rec.get("link_s") or 0.0) / n, list(aoi.keys))
     return aoi
-
-
-class TracedRetrainUnlearner(RetrainUnlearner):
-    """Retrain (:class:`scaleflu.unlearn.retrain.RetrainUnlearner` semantics) plus the AoI trace."""
-
-    def make_tracker(self, ctx: UnlearnContext) -> AoITracker:
-        """Retrain's tracker, wrapped so that it records the AoI trace."""
-        return RecordingAoITracker.wrap(super().make_tracker(ctx))
-
-    def finish(self, result: UnlearnResult, aoi: AoITracker) -> UnlearnResult:
-        """Add the recorded trace's time-average AoI to the result."""
-        return annotate(result, aoi)

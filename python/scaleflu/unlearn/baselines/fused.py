@@ -1,16 +1,19 @@
 """FUSED (Zhong et al., CVPR 2025): reversible unlearning by knowledge overwriting with adapters.
 
 1. Critical-layer identification: per Conv/Linear weight l, how much clients change it, from the
-   history's stored client updates of the last ``cli_rounds`` rounds:
-   ``score_l = mean_n ||Delta_{n,l}|| / ||Theta[t]_l||`` (relative change, so large layers do
-   not win by size). The ``num_layers`` highest-scoring layers get adapters.
+   history's stored client updates: ``score_l = mean_n ||Delta_{n,l}|| / ||Theta[t]_l||``
+   (relative change, so large layers do not win by size). With ``layer_choice: request`` only
+   the clients holding the data to forget count (weighted by their forget share), over the
+   last ``cli_rounds`` rounds they took part in: the layers this request's data moved most.
+   The ``num_layers`` highest-scoring layers get adapters.
 2. Sparse low-rank adapters on those layers only: ``W_l' = W_l + (alpha / r) * B_l A_l`` with
    ``A_l`` of shape (r, fan_in) initialised as in LoRA and ``B_l`` (fan_out, r) zero, so training
    starts at Theta. Conv weights are viewed as (out, in * kh * kw). The base model is frozen
    (BatchNorm statistics too: the forward pass runs in eval mode).
 3. The adapters are trained with FedAvg by the remaining clients on their remaining data
-   (``rounds`` rounds, the run's client sampling, ``local_epochs`` epochs of SGD on the adapter
-   parameters only); only adapter tensors go over the link.
+   (``rounds`` rounds, default ``fl.rounds`` as in the reference code; the run's client
+   sampling, ``local_epochs`` epochs of SGD on the adapter parameters only); only adapter
+   tensors go over the link.
 4. Reversible: the base model is untouched; :func:`drop_adapters` removes the merged adapters
    and gives Theta back (``FusedUnlearner.base_state`` keeps it exactly).
 """
@@ -42,24 +45,67 @@ log = logging.getLogger(__name__)
 State = dict[str, torch.Tensor]
 
 
-def critical_layers(
-    ctx: UnlearnContext, num_layers: int, cli_rounds: int
-) -> tuple[list[str], dict[str, float]]:
-    """The ``num_layers`` Conv/Linear weights clients change most (relative), with all scores."""
+def _relative_changes(
+    ctx: UnlearnContext, layers: list[str], rounds: list[int], clients: set[int] | None
+) -> dict[int, dict[str, list[float]]]:
+    """Per client: ``||Delta_{n,l}[t]|| / ||Theta[t]_l||`` over ``rounds`` (``clients``: only)."""
     history = ctx.run.history
-    layers = sensitivity_layers(ctx.new_model())
-    rounds = [t for t in history.rounds() if history.has_updates(t)][-max(1, cli_rounds) :]
-    if not rounds:
-        raise ValueError("fused: the history keeps no client updates to rank layers with")
-    acc = {k: [] for k in layers}
+    out: dict[int, dict[str, list[float]]] = {}
     for t in rounds:
         glob = history.global_model(t)
-        for upd in history.client_updates(t).values():
+        for n, upd in history.client_updates(t).items():
+            if clients is not None and n not in clients:
+                continue
+            acc = out.setdefault(n, {k: [] for k in layers})
             for k in layers:
                 acc[k].append(float(upd[k].norm()) / max(float(glob[k].norm()), 1e-12))
-    score = {k: float(np.mean(v)) for k, v in acc.items()}
+    return out
+
+
+def critical_layers(
+    ctx: UnlearnContext, num_layers: int, cli_rounds: int, choice: str = "history"
+) -> tuple[list[str], dict[str, float], dict[str, Any]]:
+    """The ``num_layers`` Conv/Linear weights with the highest scores, all scores, and how.
+
+    ``choice="history"``: ``score_l = mean_n ||Delta_{n,l}|| / ||Theta[t]_l||`` over every
+    client update of the last ``cli_rounds`` rounds with stored updates (the same layers for
+    every request). ``choice="request"``: the same relative change, but only of the clients
+    holding the data to forget (C_u), weighted by their forget share ``|D_u,n| / |D_n|``, over
+    the last ``cli_rounds`` rounds in which one of them took part -- the layers the data to
+    forget moved most. Falls back to ``history`` when no such update is stored.
+    """
+    history = ctx.run.history
+    layers = sensitivity_layers(ctx.new_model())
+    stored = [t for t in history.rounds() if history.has_updates(t)]
+    if not stored:
+        raise ValueError("fused: the history keeps no client updates to rank layers with")
+    how: dict[str, Any] = {"choice": choice}
+    score: dict[str, float] | None = None
+    if choice == "request":
+        targets = set(ctx.request.targets)
+        rounds = [t for t in stored if targets.intersection(history.participants(t))]
+        rounds = rounds[-max(1, cli_rounds) :]
+        per = _relative_changes(ctx, layers, rounds, targets) if rounds else {}
+        req = ctx.request
+        weights = {
+            n: req.forget_share(n, len(req.forget.get(n, ())) + len(req.remaining[n])) for n in per
+        }
+        total = sum(weights.values())
+        if per and total > 0:
+            score = {
+                k: sum(weights[n] * float(np.mean(per[n][k])) for n in per) / total for k in layers
+            }
+            how.update(rounds=rounds, clients={int(n): weights[n] for n in sorted(per)})
+        else:
+            how["fallback"] = "no stored update of a client holding the data to forget"
+            log.warning("fused: %s; ranking layers by every client's updates", how["fallback"])
+    if score is None:
+        rounds = stored[-max(1, cli_rounds) :]
+        per = _relative_changes(ctx, layers, rounds, None)
+        score = {k: float(np.mean([v for n in per for v in per[n][k]])) for k in layers}
+        how.update(rounds=rounds, clients=sorted(int(n) for n in per))
     top = sorted(layers, key=lambda k: -score[k])[: max(1, num_layers)]
-    return [k for k in layers if k in top], score
+    return [k for k in layers if k in top], score, how
 
 
 class Adapters(nn.Module):
@@ -177,7 +223,9 @@ class FusedUnlearner:
         hp = baseline_config("fused", self.overrides, ctx.cfg)
         fl = ctx.cfg["fl"]
         t0 = time.perf_counter()
-        layers, scores = critical_layers(ctx, int(hp["num_layers"]), int(hp["cli_rounds"]))
+        layers, scores, how = critical_layers(
+            ctx, int(hp["num_layers"]), int(hp["cli_rounds"]), str(hp["layer_choice"])
+        )
         log.info("FUSED critical layers: %s", layers)
         base = ctx.original_state()
         adapters = Adapters(
@@ -201,8 +249,9 @@ class FusedUnlearner:
         nbytes, link_s, rounds_done, trace = 0, 0.0, 0, []
         cur_adapter = adapters.tensors()
         merged_prev = base
+        n_rounds = int(hp["rounds"] if hp.get("rounds") is not None else fl["rounds"])
         for r in tqdm(
-            range(1, int(hp["rounds"]) + 1),
+            range(1, n_rounds + 1),
             desc="FUSED",
             unit="round",
             disable=not ctx.progress,
@@ -248,6 +297,7 @@ class FusedUnlearner:
             details={
                 "critical_layers": layers,
                 "layer_scores": scores,
+                "layer_choice": how,
                 "ranks": adapters.ranks,
                 "adapter_params": n_adapter,
                 "adapter_share": n_adapter / max(n_model, 1),

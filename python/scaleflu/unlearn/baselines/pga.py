@@ -13,8 +13,13 @@ Follows IBM/federated-unlearning, with its L2 confusion fixed:
    vector and the projection radius is exactly ``delta``.
 3. Projected gradient ascent on D_u (SGD on ``-loss``, gradient-norm clipping), starting from
    ``Theta_ref``; after every step the parameters are projected back into the ball
-   ``||Theta - Theta_ref||_2 <= delta``. Early stop as soon as the accuracy on D_u (as the
-   clients hold it) falls below ``stop_acc``.
+   ``||Theta - Theta_ref||_2 <= delta``. Stopping (``stop_rule``), checked after a step and
+   never before the first: ``reference`` (IBM/federated-unlearning) stops once the L2
+   distance to the target client's last local model exceeds ``stop_distance`` (the reference
+   code's ``distance_threshold``; null: ``stop_distance_ratio`` times that distance at the
+   start, the reference notebook's ratio); ``accuracy`` stops once the accuracy on D_u (as
+   the clients hold it) falls below ``stop_acc``. Without a stored target model the ascent
+   runs ``epochs`` passes, bounded by the projection.
 4. ``post_rounds`` normal FedAvg rounds with the remaining clients (run's local settings).
 
 D_u is treated as one virtual client (for several targets, their forget sets pooled). Link cost:
@@ -86,6 +91,24 @@ def reference_state(ctx: UnlearnContext) -> tuple[State, dict[str, Any]]:
     return aggregate(models, {n: sizes[n] for n in others}), info
 
 
+def target_models(ctx: UnlearnContext) -> dict[int, State]:
+    """The local model of each client holding D_u in the last round it took part in (stored).
+
+    The reference code stops the ascent once the model is far from the erased party's local
+    model; clients whose local model the history does not keep are left out.
+    """
+    history = ctx.run.history
+    out: dict[int, State] = {}
+    stored = [t for t in history.rounds() if history.has_updates(t)]
+    for n in ctx.request.targets:
+        seen = [t for t in stored if n in history.participants(t)]
+        if seen:
+            out[n] = history.client_model(seen[-1], n)
+    if not out:
+        log.warning("pga: no stored local model of a target client; no distance stop")
+    return out
+
+
 def pga_radius(ctx: UnlearnContext, ref: torch.nn.Module, models: int, fraction: float) -> float:
     """delta = fraction x mean plain L2 distance of the reference to freshly initialised models."""
     dists = []
@@ -126,23 +149,36 @@ class PGAUnlearner:
             rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 72]))
             check = check.subset(np.sort(rng.choice(len(check), size=cap, replace=False)))
         stop_acc = float(hp["stop_acc"])
+        rule = str(hp["stop_rule"])
+        stop_distance = hp.get("stop_distance")
+        targets = target_models(ctx) if rule == "reference" else {}
+        target_vecs = {
+            n: parameters_to_vector(ctx.new_model(st).parameters()).detach()
+            for n, st in targets.items()
+        }
+        start_dist = min((float((center - v).norm()) for v in target_vecs.values()), default=None)
+        threshold: float | None = None
+        if target_vecs:
+            threshold = (
+                float(stop_distance)
+                if stop_distance is not None
+                else float(hp["stop_distance_ratio"]) * float(start_dist or 0.0)
+            )
         opt = torch.optim.SGD(
             model.parameters(), lr=float(hp["lr"]), momentum=float(hp["momentum"])
         )
         bs = hp["batch_size"] or ctx.cfg["fl"]["batch_size"]  # None: full batch
         clip = float(hp["clip_grad"])
-        steps, stopped, dist = 0, False, 0.0
+        steps, stopped, dist, reason = 0, False, 0.0, "epochs done"
         acc = accuracy_from_probs(predict(model, check), check.labels) or 0.0
         acc_trace = [acc]
+        target_dist: float | None = None
         torch.manual_seed(derive_seed(ctx.seed, 73))
         batches = client_batches(
             len(forget_idx), int(hp["epochs"]), int(bs) if bs else None, ctx.seed, 0, 73
         )
         model.train()
         for pos in tqdm(batches, desc="PGA", unit="step", disable=not ctx.progress, leave=False):
-            if acc < stop_acc:
-                stopped = True
-                break
             idx = forget_idx[torch.as_tensor(pos)]
             opt.zero_grad(set_to_none=True)
             loss = -F.cross_entropy(model(data.inputs(idx)), data.labels[idx])
@@ -152,10 +188,25 @@ class PGAUnlearner:
             opt.step()
             dist = project_to_ball(model, center, radius)
             steps += 1
+            # The stop is checked after a step, never before the first (the reference code).
+            if rule == "accuracy":
+                acc = accuracy_from_probs(predict(model, check), check.labels) or 0.0
+                acc_trace.append(acc)
+                model.train()
+                if acc < stop_acc:
+                    stopped, reason = True, f"accuracy on D_u {acc:.3f} < {stop_acc}"
+                    break
+            elif target_vecs:
+                with torch.no_grad():
+                    vec = parameters_to_vector(model.parameters())
+                    target_dist = min(float((vec - v).norm()) for v in target_vecs.values())
+                if threshold is not None and target_dist > threshold:
+                    stopped = True
+                    reason = f"distance to the target's model {target_dist:.4g} > {threshold:.4g}"
+                    break
+        if rule != "accuracy":
             acc = accuracy_from_probs(predict(model, check), check.labels) or 0.0
             acc_trace.append(acc)
-            model.train()
-        stopped = stopped or acc < stop_acc
         pga_wall = time.perf_counter() - t0
         unlearned = {k: v.detach().clone() for k, v in model.state_dict().items()}
         theta = ctx.original_state()
@@ -194,6 +245,12 @@ class PGAUnlearner:
                 "final_distance": dist,
                 "ascent_steps": steps,
                 "early_stopped": stopped,
+                "stop_rule": rule,
+                "stop_reason": reason,
+                "target_models": sorted(int(n) for n in targets),
+                "target_distance_start": start_dist,
+                "target_distance": target_dist,
+                "stop_threshold": threshold,
                 "forget_acc_trace": acc_trace,
                 "pga_wall_s": pga_wall,
                 "post_rounds": post,
