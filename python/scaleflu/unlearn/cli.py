@@ -20,6 +20,11 @@ from scaleflu.config import save_config
 log = logging.getLogger(__name__)
 
 METHODS = ("scale", "retrain", "fedraser", "pga", "fused")
+PAPER_MODE_WARNING = (
+    "SCALE paper mode prunes the smallest-magnitude weights of the chosen groups (the "
+    "authors' Sparsify) and runs no recovery round: it is not expected to forget the request "
+    "(measured effect in docs/scale.md); use --mode default to unlearn"
+)
 
 
 def make_unlearner(method: str, mode: str, cfg: dict[str, Any] | None = None) -> Any:
@@ -59,6 +64,8 @@ def run_unlearn(
     )
     if mode is None:
         ctx.mode = str(ctx.scale_cfg["mode"])
+    if method == "scale" and ctx.mode == "paper":
+        log.warning(PAPER_MODE_WARNING)
     unlearner = make_unlearner(method, ctx.mode, ctx.cfg)
     slug = ctx.request.request.slug
     out_dir = Path(out) if out else Path(run_dir) / "unlearn" / f"{slug}-{ctx.mode}"
@@ -66,7 +73,19 @@ def run_unlearn(
         out_dir = Path(out) if out else Path(run_dir) / "unlearn" / f"{slug}-{method}"
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(resolve_unlearn_config(ctx.cfg), out_dir / "config.yaml")
-    result = unlearner.run(ctx)
+    # torch's intra-op threads as `experiment table2` and training set them (fl.threads), for
+    # every method, so single runs are comparable and do not swing with the CPU's other load
+    import torch
+
+    threads_before = torch.get_num_threads()
+    threads = int(ctx.cfg["fl"].get("threads") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        result = unlearner.run(ctx)
+    finally:
+        torch.set_num_threads(threads_before)
+    result.details.setdefault("torch_threads", threads if threads > 0 else threads_before)
     model_path = out_dir / "model.safetensors"
     state = ctx.last_state if ctx.last_state is not None else getattr(unlearner, "state", None)
     if state is None:
