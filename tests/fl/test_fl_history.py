@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from scaleflu.fl.history import HistoryStore, LinkModel, state_bytes
 from scaleflu.fl.models import build_model, layer_groups
@@ -127,3 +128,51 @@ def test_batchnorm_buffers_in_updates(tmp_path: Path) -> None:
     assert torch.allclose(upd["bn1.running_var"], torch.ones_like(upd["bn1.running_var"]))
     assert int(store.final_model()["bn1.num_batches_tracked"]) == 3
     assert int(store.client_model(1, 0)["bn1.num_batches_tracked"]) == 0  # from Theta[1]
+
+
+def test_erase_clients_deletes_their_updates_only(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    globals_ = _fill(store, 4)  # participants: 1 {1, 4}, 2 {2, 3}, 3 {0, 4}, 4 {1, 3}
+    keep_0 = store.client_update(3, 0)
+    keep_1 = store.client_update(1, 1)
+    size3 = store._updates_path(3).stat().st_size
+    summary = store.erase_clients([4], reason="client:4")
+    assert summary["clients"] == [4] and summary["rounds"] == [1, 3]
+    assert summary["updates"] == 2
+    n_float = sum(v.numel() for v in globals_[0].values() if v.is_floating_point())
+    assert summary["bytes"] == 2 * n_float * 4  # two float32 updates
+    assert summary["derived_kept_rounds"] == [1, 2, 3, 4]
+    # gone from the files on disk, from the participants and from the data sizes
+    for t in (1, 3):
+        with safe_open(str(store._updates_path(t)), framework="pt") as fh:
+            assert not [k for k in fh.keys() if k.startswith("4/")]  # noqa: SIM118
+        assert 4 not in store.participants(t) and 4 not in store.data_sizes(t)
+        with pytest.raises(KeyError):
+            store.client_update(t, 4)
+    assert store._updates_path(3).stat().st_size < size3
+    assert store.client_rounds(4) == []
+    # the other clients' updates are bit-exact as before; untouched rounds unchanged
+    assert all(torch.equal(keep_0[k], v) for k, v in store.client_update(3, 0).items())
+    assert all(torch.equal(keep_1[k], v) for k, v in store.client_update(1, 1).items())
+    assert store.participants(2) == [2, 3] and set(store.client_updates(3)) == {0}
+    log = store.erased()
+    assert [(r["round"], r["client"], r["data_size"]) for r in log] == [(1, 4, 50), (3, 4, 50)]
+    assert store.erased_clients() == {4}
+    # idempotent, persists across reopening
+    assert store.erase_clients([4])["updates"] == 0
+    store.close()
+    store = _store(tmp_path)
+    assert store.erased_clients() == {4} and 4 not in store.participants(1)
+    # a round whose every participant is erased keeps no update file
+    store.erase_clients([2, 3])
+    assert not store.has_updates(2) and not store._updates_path(2).exists()
+    assert store.participants(2) == [] and store.participants(4) == [1]
+
+
+def test_replace_final(tmp_path: Path) -> None:
+    store = _store(tmp_path)
+    globals_ = _fill(store, 2)
+    new = {k: torch.zeros_like(v) for k, v in globals_[-1].items()}
+    store.replace_final(new)
+    assert all(torch.equal(v, new[k].float()) for k, v in store.final_model().items())
+    assert torch.equal(store.global_model(2)["fc1.weight"], globals_[1]["fc1.weight"])

@@ -12,6 +12,7 @@ import torch
 
 from scaleflu.config import load_config
 from scaleflu.link import MemoryChannel
+from scaleflu.testbed.common import to_numpy
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
@@ -101,6 +102,16 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
         assert outs[r]["evals"]["unlearned"]["sha256"] == un["model_sha256"]
     assert "fa" in outs[1]["evals"]["before"]["metrics"]
     assert "fa" not in outs[2]["evals"]["before"]["metrics"]
+    # robot 1 (client 0) is erased from the history store: no stored update of it remains,
+    # the others' are still there, and the stored final model is the deployed one
+    er = un["erasure"]
+    assert er["clients"] == [0] and er["rounds"] == [1, 2] and er["updates"] == 2
+    assert er["bytes"] > 0 and er["final_model_replaced"]
+    h = server.history
+    assert h.client_rounds(0) == [] and h.erased_clients() == {0}
+    assert all(set(h.client_updates(t)) == {1, 2} for t in (1, 2))
+    assert state_sha256(to_numpy(h.final_model())) == un["model_sha256"]
+    assert [row["method"] for row in un["side_by_side"]] == [None]  # fake result, no compare
 
 
 def test_request_for_another_robot_refused(cfg, robot_data, tmp_path):

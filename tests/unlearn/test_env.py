@@ -75,6 +75,24 @@ def test_paper_reward_and_magnitude_pruning() -> None:
     assert trunc and not term and len(env.episode_returns) == 1
 
 
+def test_paper_step_that_changes_nothing_earns_nothing() -> None:
+    env = SparsifyEnv(_spec("paper", episode_steps=4))
+    env.reset()
+    _, r1, _, _, i1 = env.step([0, 1, 1, 0, 0, 1])  # x groups 0, 1 at s = 0.5: 2 zeros each
+    assert r1 > 0 and i1["changed"] == 2
+    before = env.layer_state()["x"].clone()
+    # the same action again: the 2 smallest |w| of each group are the zeros already there
+    _, r2, _, _, i2 = env.step([0, 1, 1, 0, 0, 1])
+    assert torch.equal(env.layer_state()["x"], before)
+    assert i2["changed"] == 0 and r2 == 0.0 and i2["r_f"] == 0.0 and i2["r_c"] == 0.0
+    # a larger s on group 0 only changes group 0 and is paid for it alone, at the paper's rate
+    _, r3, _, _, i3 = env.step([0, 1, 1, 0, 0, 3])  # s = 1.0 zeroes all of groups 0 and 1
+    assert i3["changed"] == 2 and i3["r_f"] == pytest.approx(2.0)
+    _, r4, _, _, i4 = env.step([0, 1, 0, 0, 0, 2])  # s = 0.75 of group 0: all 0 already
+    assert i4["changed"] == 0 and r4 == 0.0
+    assert len(env.episode_returns) == 1 and env.episode_returns[0] == pytest.approx(r1 + r3)
+
+
 def test_default_sparsify_follows_attribution_and_budget() -> None:
     env = SparsifyEnv(_spec("default", budget=2 / 24))  # 2 of the 24 top-M parameters
     env.reset()

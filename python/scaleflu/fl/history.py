@@ -22,6 +22,16 @@ files, ``global_{t:05d}.safetensors`` (always float32, always kept) and
 last ``keep_rounds`` rounds are kept when that is set). A round is committed to SQLite after
 its files are written; files of uncommitted rounds are removed when the store is opened, so a
 crash mid-round leaves the store at its last completed round.
+
+Erasure (:meth:`HistoryStore.erase_clients`, after an unlearning request is served): a
+forgotten client's stored updates are deleted from every round's updates file (the file is
+rewritten without them and replaced atomically), the client leaves those rounds' participants
+and data sizes, and table ``erased`` records each (round, client, data size, bytes, reason).
+:meth:`HistoryStore.replace_final` overwrites the final global model with the unlearned one,
+so a restarted server resumes from it. The intermediate global models Theta[t] and the other
+clients' later updates were computed after the client's updates had been averaged in; they are
+kept (SCALE and the baselines of later requests need them) and the erasure summary lists them
+as ``derived_kept_rounds``.
 """
 
 from __future__ import annotations
@@ -55,6 +65,15 @@ CREATE TABLE IF NOT EXISTS rounds (
     bytes INTEGER NOT NULL,
     updates_kept INTEGER NOT NULL,
     recorded_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS erased (
+    round INTEGER NOT NULL,
+    client INTEGER NOT NULL,
+    data_size INTEGER NOT NULL,
+    bytes INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    erased_at REAL NOT NULL,
+    PRIMARY KEY (round, client)
 );
 CREATE TABLE IF NOT EXISTS group_change (
     round INTEGER NOT NULL,
@@ -433,6 +452,106 @@ class HistoryStore:
         for layer, j, r in rows:
             out[(layer, int(j))] = (int(r), self.cumulative_link_seconds(int(r)))
         return out
+
+    # -- erasure ---------------------------------------------------------------------------
+
+    def erase_clients(self, clients: Iterable[int], reason: str = "") -> dict[str, Any]:
+        """Delete every stored update of ``clients``; they leave their rounds' participants.
+
+        Each round file holding an update of a client is rewritten without it (atomically, via
+        a temporary file); the client is removed from the round's ``participants`` and
+        ``data_sizes``, so aggregation weights of later unlearning requests no longer count its
+        data. Idempotent: erasing a client twice erases nothing the second time. Returns
+        ``{"clients", "rounds", "updates", "bytes", "derived_kept_rounds", "reason"}``: the
+        rounds touched, the number of client updates deleted, the tensor bytes deleted, and the
+        rounds from the clients' first participation on whose global models and other clients'
+        updates remain (computed after the clients' updates were averaged in).
+        """
+        clients = sorted({int(n) for n in clients})
+        now = time.time()
+        touched: list[int] = []
+        n_updates = 0
+        n_bytes = 0
+        first: int | None = None
+        for t in self.rounds():
+            part = self.participants(t)
+            hit = [n for n in clients if n in part]
+            if not hit:
+                continue
+            first = t if first is None else first
+            sizes = self.data_sizes(t)
+            per: dict[int, int] = {n: 0 for n in hit}
+            if self.has_updates(t):
+                flat = self._load(self._updates_path(t))
+                keep = {}
+                for key, v in flat.items():
+                    n = int(key.split("/", 1)[0])
+                    if n in per:
+                        per[n] += v.numel() * v.element_size()
+                    else:
+                        keep[key] = v
+                if keep:
+                    self._save(keep, self._updates_path(t))
+                else:
+                    self._updates_path(t).unlink(missing_ok=True)
+            n_bytes += sum(per.values())
+            erased_rows = [(t, n, int(sizes.get(n, 0)), per[n], reason, now) for n in hit]
+            rest = [n for n in part if n not in hit]
+            rest_sizes = {str(n): int(sizes[n]) for n in rest}
+            with self._db:
+                self._db.execute(
+                    "UPDATE rounds SET participants = ?, data_sizes = ?, updates_kept = ? "
+                    "WHERE round = ?",
+                    (
+                        json.dumps(rest),
+                        json.dumps(rest_sizes),
+                        1 if self.has_updates(t) and rest else 0,
+                        t,
+                    ),
+                )
+                self._db.executemany(
+                    "INSERT OR REPLACE INTO erased VALUES (?, ?, ?, ?, ?, ?)", erased_rows
+                )
+            touched.append(t)
+            n_updates += len(hit)
+        last = self.last_completed_round()
+        derived = list(range(first, last + 1)) if first is not None else []
+        if touched:
+            log.info(
+                "history: erased %d stored updates of client(s) %s in %d rounds (%d bytes)",
+                n_updates,
+                clients,
+                len(touched),
+                n_bytes,
+            )
+        return {
+            "clients": clients,
+            "rounds": touched,
+            "updates": n_updates,
+            "bytes": n_bytes,
+            "derived_kept_rounds": derived,
+            "reason": reason,
+        }
+
+    def erased(self) -> list[dict[str, Any]]:
+        """The erasure log: one row per (round, client) whose stored update was deleted."""
+        rows = self._db.execute(
+            "SELECT round, client, data_size, bytes, reason, erased_at FROM erased "
+            "ORDER BY round, client"
+        ).fetchall()
+        cols = ("round", "client", "data_size", "bytes", "reason", "erased_at")
+        return [dict(zip(cols, r, strict=True)) for r in rows]
+
+    def erased_clients(self) -> set[int]:
+        """Clients with at least one erased update."""
+        return {int(n) for (n,) in self._db.execute("SELECT DISTINCT client FROM erased")}
+
+    def replace_final(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Overwrite the final global model Theta[T+1] (e.g. with the unlearned Theta')."""
+        self._save(
+            {k: v.float() if v.is_floating_point() else v for k, v in state.items()},
+            self._global_path(self.last_completed_round() + 1),
+        )
 
     def storage_bytes(self) -> dict[str, int]:
         """Bytes on disk: ``globals``, ``updates``, ``sqlite`` and ``total``."""

@@ -185,8 +185,11 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
     demo["data"]["poison"]["backdoor_clients"] = []
     demo["fl"]["clients_per_round"] = n
     demo["testbed"] = {"robots": n, "rounds": args.rounds, "min_robots": n, "link": args.link}
+    # the demo serves the request with one method and runs Retrain and the fine-tune control on
+    # it too (cheap at the demo's size): the summary prints them side by side
+    demo["testbed"]["unlearn"] = {"compare": ["retrain", "finetune"]}
     if args.method:
-        demo["testbed"]["unlearn"] = {"method": args.method}
+        demo["testbed"]["unlearn"]["method"] = args.method
     cfg = merge(default_config(), demo)
     if args.config:
         cfg = merge(cfg, _read_file(Path(args.config)))

@@ -107,6 +107,9 @@ def plot_report(report: Mapping[str, Any], run_dir: Path) -> list[Path]:
         fig.savefig(p, dpi=110)
         plt.close(fig)
         out.append(p)
+    side = plot_side_by_side(un, run_dir)
+    if side is not None:
+        out.append(side)
     return out
 
 
@@ -166,6 +169,8 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
                 f"{_f(ma.get('fa')):>8} {_f(mb.get('asr')):>8} {_f(ma.get('asr')):>8} "
                 f"{str(ex):>9}\n"
             )
+    if un and not un.get("error"):
+        print_side_by_side(un, fh)
     rc = report.get("rejection_counts") or {}
     w(f"\nrejected messages: {dict(rc) if rc else 'none'}\n")
     w(
@@ -174,3 +179,85 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
     )
     for k, v in (report.get("timings") or {}).items():
         w(f"  {k}: {v:.1f}s\n")
+
+
+def print_side_by_side(un: Mapping[str, Any], fh: TextIO) -> None:
+    """The deployed method beside the comparison methods (``testbed.unlearn.compare``) and what
+    the history store erased."""
+    w = fh.write
+    rows = un.get("side_by_side") or []
+    if len(rows) > 1 or (rows and rows[0].get("method")):
+        w("\n  same request, server-side measurements (only the first method was deployed):\n")
+        w(
+            f"  {'method':<14} {'ASR':>6} {'test acc':>8} {'RA':>6} {'FA':>6} {'MIA AUC':>7} "
+            f"{'wall s':>7} {'CPU s':>7} {'link MB':>8} {'air MB':>7}\n"
+        )
+        for row in rows:
+            if row.get("error"):
+                w(f"  {str(row.get('method')):<14} not run: {row['error']}\n")
+                continue
+            link = row.get("link_bytes")
+            air = row.get("air_bytes")
+            w(
+                f"  {str(row.get('method')):<14} {_f(row.get('asr')):>6} "
+                f"{_f(row.get('test_acc')):>8} {_f(row.get('ra')):>6} {_f(row.get('fa')):>6} "
+                f"{_f(row.get('mia_auc')):>7} {_f(row.get('wall_s'), '{:.1f}'):>7} "
+                f"{_f(row.get('cpu_s'), '{:.1f}'):>7} "
+                f"{_f(None if link is None else link / 1e6, '{:.2f}'):>8} "
+                f"{_f(None if air is None else air / 1e6, '{:.2f}'):>7}\n"
+            )
+        w(
+            "  (link MB: the method's own FedAvg traffic on the simulated link; air MB: the "
+            "deployed model and evaluations on the testbed's air)\n"
+        )
+    er = un.get("erasure")
+    if er:
+        w(
+            f"  erased from the history store: {er.get('updates')} stored updates of client(s) "
+            f"{er.get('clients')} in rounds {er.get('rounds')} ({er.get('bytes', 0) / 1e6:.2f} "
+            f"MB); final model replaced by the unlearned one: {er.get('final_model_replaced')}; "
+            f"global models of rounds {_span(er.get('derived_kept_rounds'))} (computed after "
+            "those updates were averaged in) kept\n"
+        )
+
+
+def _span(rounds: Any) -> str:
+    rounds = list(rounds or [])
+    if not rounds:
+        return "-"
+    return f"{rounds[0]}..{rounds[-1]}" if len(rounds) > 1 else str(rounds[0])
+
+
+def plot_side_by_side(un: Mapping[str, Any], run_dir: Path) -> Path | None:
+    """Bars of ASR, test accuracy, RA, FA and MIA AUC per method, and their times."""
+    rows = [r for r in un.get("side_by_side") or [] if not r.get("error") and r.get("method")]
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = ("asr", "test_acc", "ra", "fa", "mia_auc")
+    fig, ax = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1]})
+    width = 0.8 / len(rows)
+    for i, row in enumerate(rows):
+        x = [k + (i - (len(rows) - 1) / 2) * width for k in range(len(keys))]
+        ax[0].bar(x, [row.get(k) or 0.0 for k in keys], width, label=str(row["method"]))
+        ax[1].bar(
+            [i - 0.2, i + 0.2],
+            [row.get("wall_s") or 0.0, row.get("cpu_s") or 0.0],
+            0.4,
+            color=[f"C{i}", f"C{i}"],
+            alpha=0.9,
+        )
+    ax[0].set_xticks(range(len(keys)), ["ASR", "test acc", "RA", "FA", "MIA AUC"])
+    ax[0].set(ylim=(0, 1), title="same request, server-side measurements")
+    ax[0].legend(fontsize=8)
+    ax[1].set_xticks(range(len(rows)), [str(r["method"]) for r in rows], rotation=20, fontsize=8)
+    ax[1].set(ylabel="s", title="wall (left) and CPU (right) time")
+    fig.tight_layout()
+    p = run_dir / "unlearning_side_by_side.png"
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p

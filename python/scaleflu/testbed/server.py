@@ -134,6 +134,58 @@ def default_unlearn(
     return done.state, done.result.to_dict()
 
 
+def compare_unlearn(
+    run_dir: Path, request: str, method: str, overrides: list[str], progress: bool
+) -> dict[str, Any]:
+    """Run another method on the same request for the side-by-side table (not deployed).
+
+    Writes to ``run_dir/unlearn_compare/<method>``; returns its result dict, or
+    ``{"method", "error"}`` when the method cannot run (e.g. not in this build).
+    """
+    from scaleflu.unlearn.cli import run_unlearn
+
+    try:
+        out = run_unlearn(
+            run_dir,
+            request,
+            method=method,
+            out=run_dir / "unlearn_compare" / method,
+            overrides=list(overrides),
+            progress=progress,
+        )
+    except (ValueError, KeyError, ImportError) as exc:
+        log.warning("comparison method %s on %s not run: %s", method, request, exc)
+        return {"method": method, "error": str(exc)}
+    return json.loads((out / "result.json").read_text())
+
+
+def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) -> dict[str, Any]:
+    """One method's row of the side-by-side table from its result dict."""
+    if result.get("error"):
+        return {"method": result.get("method"), "error": result["error"]}
+    m = result.get("metrics") or {}
+    c = result.get("cost") or {}
+    mia = m.get("mia_loss_auc")
+    for key in ("mia_calibrated_auc", "mia_auc"):  # the calibrated audit where it exists
+        if m.get(key) is not None:
+            mia = m[key]
+            break
+    return {
+        "method": result.get("method"),
+        "asr": m.get("backdoor_asr"),
+        "test_acc": m.get("test_acc"),
+        "ra": m.get("ra"),
+        "fa": m.get("fa_protocol"),
+        "mia_auc": mia,
+        "wall_s": c.get("wall_s"),
+        "cpu_s": c.get("cpu_s"),
+        "startup_s": (result.get("details") or {}).get("startup_s"),
+        "link_bytes": c.get("bytes"),  # the method's own FL traffic on the simulated link
+        "air_bytes": air_bytes,  # measured on the testbed's air (the deployed method only)
+        "fl_rounds": c.get("fl_rounds"),
+    }
+
+
 UnlearnFn = Callable[
     [Path, str, str, str, list[str], bool], tuple[dict[str, torch.Tensor], dict[str, Any]]
 ]
@@ -158,6 +210,7 @@ class EdgeServer:
         self.run_dir = Path(run_dir)
         self.progress = progress
         self.unlearn_fn = unlearn_fn or default_unlearn
+        self.compare_fn = compare_unlearn  # testbed.unlearn.compare: the side-by-side methods
         self.on_event = on_event
         self.cfg = self._resolve_config(dict(cfg))
         tb = self.cfg["testbed"]
@@ -746,6 +799,24 @@ class EdgeServer:
         deploy_s = time.monotonic() - d0
         self._check_sends()
         exact = {r: rep.get("sha256") == sha for r, rep in after.items()}
+        deploy_air = self._air_bytes() - bytes0
+        # the same request by other methods (Retrain, the fine-tune control), on the history as
+        # it was: side by side with the deployed method, before anything is erased
+        side = [side_by_side_row(result, deploy_air)]
+        for other in [str(m) for m in u.get("compare") or []]:
+            if other == str(u["method"]):
+                continue
+            self._event("unlearn_compare", method=other)
+            side.append(
+                side_by_side_row(
+                    self.compare_fn(
+                        self.run_dir, req["text"], other, list(u["overrides"]), self.progress
+                    )
+                )
+            )
+        erasure = None
+        if u.get("erase", True):
+            erasure = self._erase(req, result, state)
         with (self.run_dir / "unlearn_served.jsonl").open("a") as fh:
             fh.write(req["text"] + "\n")
         return {
@@ -755,7 +826,9 @@ class EdgeServer:
             "protocol": result.get("protocol"),
             "unlearn_s": unlearn_s,
             "deploy_s": deploy_s,
-            "deploy_air_bytes": self._air_bytes() - bytes0,
+            "deploy_air_bytes": deploy_air,
+            "side_by_side": side,
+            "erasure": erasure,
             "aoi_after_deploy_s": self.aoi_seconds(),
             "model_sha256": sha,
             "before_sha256": before_sha,
@@ -767,6 +840,38 @@ class EdgeServer:
             "cost": result.get("cost"),
             "aoi": result.get("aoi"),
         }
+
+    def _erase(
+        self, req: Mapping[str, Any], result: Mapping[str, Any], state: Mapping[str, torch.Tensor]
+    ) -> dict[str, Any]:
+        """Delete the request's targets' stored updates; the history's final model is Theta'.
+
+        The targets are the clients holding forgotten data (the robot's client index for the
+        testbed's requests); recorded in the report and in the served result's JSON.
+        """
+        from scaleflu.unlearn.cli import erase_history
+
+        rq = result.get("request")
+        targets = (rq.get("targets") if isinstance(rq, Mapping) else None) or [
+            int(req["robot"]) - 1
+        ]
+        erasure = erase_history(self.history, [int(n) for n in targets], req["text"], state)
+        self._event("erased", clients=erasure["clients"], updates=erasure["updates"])
+        path = self.run_dir / "unlearn" / "result.json"
+        if path.is_file():  # the served result records what was erased
+            try:
+                data = json.loads(path.read_text())
+                data["erasure"] = erasure
+                path.write_text(json.dumps(data, indent=2))
+            except (OSError, ValueError) as exc:
+                log.warning("could not record the erasure in %s: %s", path, exc)
+        log.info(
+            "erased %d stored updates of client(s) %s from the history (%d bytes)",
+            erasure["updates"],
+            erasure["clients"],
+            erasure["bytes"],
+        )
+        return erasure
 
     def finish(self) -> None:
         """Tell every robot the run is over (waits briefly for the BYEs to go out)."""

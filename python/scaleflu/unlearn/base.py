@@ -71,6 +71,9 @@ class UnlearnResult:
     details: dict[str, Any] = field(default_factory=dict)
     config: dict[str, Any] = field(default_factory=dict)
     model_path: str | None = None
+    erasure: dict[str, Any] | None = (
+        None  # what the history store erased (HistoryStore.erase_clients)
+    )
     created: str = field(default_factory=lambda: time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     schema: int = SCHEMA_VERSION
 

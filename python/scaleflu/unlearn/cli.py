@@ -32,10 +32,14 @@ def run_unlearn(
     config: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
     progress: bool = True,
+    erase: bool = False,
 ) -> Path:
     """Unlearn ``request`` from the run in ``run_dir``; write everything to the output folder.
 
     The unlearning itself is :func:`scaleflu.unlearn.registry.run_unlearning` (in memory).
+    ``erase``: afterwards delete the request's target clients' stored updates from the run's
+    history store and make the unlearned model its final model (:func:`erase_history`); the
+    result JSON records what was erased under ``erasure``.
     """
     from scaleflu.unlearn.base import resolve_unlearn_config
     from scaleflu.unlearn.scale import plot_rewards, plot_sum_aoi
@@ -52,6 +56,8 @@ def run_unlearn(
     model_path = out_dir / "model.safetensors"
     save_file({k: v.contiguous() for k, v in state.items()}, str(model_path))
     result.model_path = str(model_path)
+    if erase:
+        result.erasure = erase_history(ctx.run.history, ctx.request.targets, request, state)
     result.save(out_dir / "result.json")
     if method == "scale":
         unlearner.report.save(out_dir / "sensitivity.json")
@@ -74,6 +80,23 @@ def run_unlearn(
     return out_dir
 
 
+def erase_history(
+    history: Any, targets: list[int], request: str, state: dict[str, Any] | None
+) -> dict[str, Any]:
+    """Erase what the history store holds of a served request; return what was erased.
+
+    Every stored update of the request's target clients is deleted: for a client request they
+    are the forgotten robot's own updates; for a class or sample request each target's updates
+    were computed on the forgotten data as well, and the store cannot separate the parts, so
+    they go as a whole. With ``state`` the final global model becomes the unlearned model.
+    """
+    summary = history.erase_clients(targets, reason=request)
+    if state is not None:
+        history.replace_final(state)
+    summary["final_model_replaced"] = state is not None
+    return summary
+
+
 def _cmd_unlearn(args: argparse.Namespace) -> int:
     run_unlearn(
         args.run,
@@ -84,6 +107,7 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         args.config,
         args.overrides,
         progress=not args.no_progress,
+        erase=args.erase,
     )
     return 0
 
@@ -107,5 +131,11 @@ def add_unlearn_parser(subparsers: Any) -> None:
     p.add_argument("--method", choices=METHODS, default="scale")
     p.add_argument("--out", default=None, help="output folder (default RUN/unlearn/<req>-<mode>)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    p.add_argument(
+        "--erase",
+        action="store_true",
+        help="afterwards delete the targets' stored updates from RUN's history and make the "
+        "unlearned model its final model (what a serving server does)",
+    )
     add_config_args(p)
     p.set_defaults(func=_cmd_unlearn)

@@ -22,7 +22,9 @@ saliency on the server's validation set (``EnvSpec.attribution``; ``subtract`` r
 Rewards, with A read before the step:
 
 * ``paper``: R_f = sum_{j in G} S_l / max S * s, R_c = 1/|G| sum_{j in G} A_lj / max A * s,
-  R = w_f R_f + w_c R_c (the paper's equations; they grow with s and |G|).
+  R = w_f R_f + w_c R_c (the paper's equations; they grow with s and |G|), where the sums run
+  over the chosen groups the step changed: a group whose floor(s |W_lj|) smallest entries are
+  already 0 is left as it was and earns nothing (the literal equations pay s for it anyway).
 * ``default``: s is replaced by what the step really did. R_f = S_l / max S * (|C| mass newly
   zeroed in the chosen groups / |C| mass of layer l); R_c = 1/|G| sum A_lj / max A * dz_lj with
   dz_lj the newly zeroed fraction of the group; a per-episode budget caps the zeroed share of the
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -159,6 +162,7 @@ class SparsifyEnv(gym.Env):
         self.top: list[EpisodeRecord] = []  # best first
         self._util_cache: dict[bytes, float] = {}
         self.utility_evals = self.utility_hits = 0
+        self.utility_s = 0.0  # seconds spent in utility forward passes
         self.reset()
 
     # -- state ---------------------------------------------------------------------------
@@ -243,7 +247,9 @@ class SparsifyEnv(gym.Env):
         key = self.state_key() + (b"f" if forget else b"")
         hit = self._util_cache.get(key)
         if hit is None:
+            t0 = time.perf_counter()
             hit = self._util_cache[key] = float(fn(self.layer_state()))
+            self.utility_s += time.perf_counter() - t0
             self.utility_evals += 1
         else:
             self.utility_hits += 1
@@ -313,6 +319,7 @@ class SparsifyEnv(gym.Env):
                     self.cur[layer][idx] = self._flat0[layer][idx] - self._contrib[layer][idx]
                 else:
                     self.cur[layer][idx] = 0.0
+                did = bool(len(idx)) and bool((before != self.cur[layer][idx]).any())
                 if self.default:
                     newly = len(idx)
                     self.zeroed[layer][idx] = True
@@ -320,10 +327,12 @@ class SparsifyEnv(gym.Env):
                     dz = newly / size
                     r_f += rel * float(self._attr_abs[layer][idx].sum()) / self._attr_mass[layer]
                     r_c += aoi_before[(layer, j)] / amax * dz
-                else:
+                elif did:
+                    # the paper's terms, paid only for a group the step changed: pruning entries
+                    # that are already 0 leaves the model as it was and earns nothing
                     r_f += rel * s
                     r_c += aoi_before[(layer, j)] / amax * s
-                if len(idx) and bool((before != self.cur[layer][idx]).any()):
+                if did:
                     changed.append((layer, j))
             r_c /= len(chosen)
             if self.default and self.spec.forget_utility is not None:

@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import difflib
 import importlib
+import logging
 import types
 import typing
 from collections.abc import Mapping
@@ -37,6 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from scaleflu.config import ConfigError, default_config
+
+log = logging.getLogger(__name__)
+
+PAPER_MODE_WARNING = (
+    "SCALE paper mode prunes the smallest-magnitude weights of the chosen groups (the "
+    "authors' Sparsify) and runs no recovery round: it is not expected to forget the request "
+    "(measured effect in docs/scale.md); use --mode default to unlearn"
+)
 
 # -- typed hyper-parameters -------------------------------------------------------------------
 
@@ -319,9 +328,23 @@ def run_unlearning(
     if mode is None:
         mode = hyper_parameters("scale", ctx.cfg)["mode"] if name == "scale" else None
         ctx.mode = str(mode or ctx.scale_cfg["mode"])
+    if name == "scale" and ctx.mode == "paper":
+        log.warning(PAPER_MODE_WARNING)
     extra = {"mode": ctx.mode} if name == "scale" else {}
     unlearner = make_method(name, ctx.cfg, **extra)
-    result = unlearner.run(ctx)
+    # torch's intra-op threads as `experiment table2` and training set them (fl.threads), for
+    # every method, so single runs are comparable and do not swing with the CPU's other load
+    import torch
+
+    threads_before = torch.get_num_threads()
+    threads = int(ctx.cfg["fl"].get("threads") or 0)
+    if threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        result = unlearner.run(ctx)
+    finally:
+        torch.set_num_threads(threads_before)
+    result.details.setdefault("torch_threads", threads if threads > 0 else threads_before)
     state = ctx.last_state if ctx.last_state is not None else getattr(unlearner, "state", None)
     if state is None:
         raise RuntimeError(f"method {name} produced no model state")
