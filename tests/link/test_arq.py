@@ -128,13 +128,13 @@ def test_many_messages_interleaved_to_one_receiver() -> None:
 
 
 # ---------------------------------------------------------------------------- explicit failure
-def test_deadline_expiry_reports_failed() -> None:
+def test_deadline_expiry_reports_unconfirmed_when_all_was_sent() -> None:
     net = SimNetwork(ChannelModel(loss=1.0), seed=0)
     a = net.add_endpoint(1)
     net.add_endpoint(2)
     h = a.send(2, b"x" * 5000, deadline=3.0)
     assert net.run_until(h.done, max_time=100)
-    assert h.status is SendStatus.FAILED and h.reason == "deadline"
+    assert h.status is SendStatus.UNCONFIRMED and h.reason == "deadline"
     assert 3.0 <= h.elapsed < 3.6
     assert a.pending_sends == 0 and a.next_deadline() is None
     assert a.stats.rto_expiries > 0
@@ -164,6 +164,18 @@ def test_max_retransmissions_fails() -> None:
     h = a.send(2, b"abc")
     assert net.run_until(h.done, max_time=100)
     assert h.reason == "max_retransmissions" and h.frames_sent == 3
+    assert h.status is SendStatus.UNCONFIRMED  # every fragment left: delivery unknown
+
+
+def test_deadline_before_every_fragment_left_is_failed() -> None:
+    # window 2 and a dead channel: most fragments never leave, so the message cannot be there
+    net = SimNetwork(ChannelModel(loss=1.0), seed=0)
+    a = net.add_endpoint(1, window=2)
+    net.add_endpoint(2)
+    h = a.send(2, bytes(20_000), deadline=2.0)
+    assert net.run_until(h.done, max_time=100)
+    assert h.status is SendStatus.FAILED and h.reason == "deadline"
+    assert a.stats.sends_failed == 1 and a.stats.sends_unconfirmed == 0
 
 
 def test_receiver_refuses_oversized_message() -> None:
@@ -184,11 +196,12 @@ def test_receiver_eviction_resets_sender_and_still_delivers() -> None:
     data = random.Random(1).randbytes(100_000)
     h = a.send(2, data)
     net.run_until(lambda: (b.reassembler.progress(1, h.msg_id) or (0, 0))[0] > 20, max_time=10)
-    hc = c.send(2, b"small")  # evicts a's partial message at the receiver
+    small = bytes(3000)  # two fragments: a partial message that evicts a's at the receiver
+    hc = c.send(2, small)
     assert net.run_until(lambda: h.done() and hc.done(), max_time=60)
     assert h.status is SendStatus.DELIVERED and hc.status is SendStatus.DELIVERED
     assert b.reassembler.stats.evictions >= 1 and a.stats.nacks_rx >= 1
-    assert sorted(net.inbox[2]) == sorted([(1, data), (3, b"small")])
+    assert sorted(net.inbox[2]) == sorted([(1, data), (3, small)])
 
 
 def test_retransmission_after_completion_is_reacked_not_redelivered() -> None:
@@ -292,7 +305,12 @@ def test_random_frames_never_break_the_endpoint(chunks: list[bytes], data: st.Da
         ep.on_frame(encode_frame(ftype, 1, 2, mid, 0, 1, c))
         clock.t += 0.1
         ep.poll()
-    assert h.status in (SendStatus.PENDING, SendStatus.DELIVERED, SendStatus.FAILED)
+    assert h.status in (
+        SendStatus.PENDING,
+        SendStatus.DELIVERED,
+        SendStatus.FAILED,
+        SendStatus.UNCONFIRMED,
+    )
     if h.status is SendStatus.DELIVERED:  # only a well-formed complete ACK can do this
         assert ep.stats.acks_rx >= 1
 
