@@ -108,6 +108,7 @@ _NACK_REASONS = {NACK_TOO_LARGE: "too_large", NACK_REFUSED: "refused", NACK_RESE
 TAG_SIZE = 16  # bytes of the truncated HMAC-SHA256 tag of frames exchanged with a keyed peer
 MIN_KEY_SIZE = 16
 _CRC = struct.Struct(">I")
+RATE_WINDOW_S = 10.0  # delivery-rate samples are kept this long (windowed maximum)
 
 
 def frame_tag(key: bytes, header_and_payload: bytes | memoryview) -> bytes:
@@ -255,6 +256,9 @@ class ArqConfig:
     min_rto: float = 0.05
     max_rto: float = 5.0
     backoff: float = 2.0  # RTO multiplier per round of timeouts (reset by a fresh ACK)
+    max_backoff: int = 2  # at most this many backoff steps (x4) until a fresh ACK
+    rto_copies: int = 2  # copies of a fragment retransmitted after a timeout (tail losses)
+    rate_floor: bool = True  # RTO >= 1.5 x bytes in flight / measured delivery rate
     rto_granularity: float = 0.001  # lower bound of the 4·RTTVAR term (RFC 6298's G)
     deadline: float = 60.0  # default time a send may take before it ends
     max_retransmissions: int | None = None  # per fragment; None = until the deadline
@@ -397,20 +401,31 @@ class _Outgoing:
         self.copies = [0] * n
         self.max_acked_order = -1
         self.max_acked_tx = -1e300  # transmission time of the newest acknowledged copy
+        self.timed_out: set[int] = set()  # fragments whose latest copy was lost by timeout
 
 
 class _Peer:
     """Per-peer sender state: RTT estimator, backoff and delivery rate (RFC 6298)."""
 
-    __slots__ = ("srtt", "rttvar", "backoff", "rate", "rate_t0", "rate_acc", "inflight_bytes")
+    __slots__ = (
+        "srtt",
+        "rttvar",
+        "backoff",
+        "rate",
+        "rate_t0",
+        "rate_acc",
+        "rate_samples",
+        "inflight_bytes",
+    )
 
     def __init__(self) -> None:
         self.srtt: float | None = None
         self.rttvar = 0.0
         self.backoff = 0  # RTO doublings since the last fresh ACK
-        self.rate: float | None = None  # bytes/s acknowledged while busy (EWMA)
+        self.rate: float | None = None  # bytes/s acknowledged: max of the recent samples
         self.rate_t0: float | None = None
         self.rate_acc = 0
+        self.rate_samples: deque[tuple[float, float]] = deque()
         self.inflight_bytes = 0
 
 
@@ -627,10 +642,11 @@ class ArqEndpoint:
                     if limit is not None and o.copies[seq] > limit:
                         self._end(o, "max_retransmissions", now)
                         break
+                    o.timed_out.add(seq)
                     self._requeue(o, seq, front=True)
         for dst in backed_off:  # one doubling per round of timeouts, not per fragment
             p = self._peer(dst)
-            if self._rto(dst) < self.config.max_rto:
+            if p.backoff < self.config.max_backoff and self._rto(dst) < self.config.max_rto:
                 p.backoff += 1
         for key, st in list(self._acks.items()):
             if st.due is not None and now >= st.due:
@@ -835,7 +851,7 @@ class ArqEndpoint:
             return
         self.stats.acks_rx += 1
         before = o.n_acked
-        newest: int | None = None  # newest newly acknowledged fragment sent once (Karn)
+        newest: int | None = None  # the newest newly acknowledged fragment
         if info.complete:
             newly = np.nonzero(o.acked == 0)[0].tolist()
         else:
@@ -848,14 +864,15 @@ class ArqEndpoint:
                 bits = np.unpackbits(np.frombuffer(info.bitmap, dtype=np.uint8))[: end - info.base]
                 got = np.nonzero(bits)[0] + info.base
                 newly += got[o.acked[got] == 0].tolist()
-        for seq in newly:
-            if self._mark_acked(o, seq) and (newest is None or o.order[seq] > o.order[newest]):
+        for seq in newly:  # the RTT sample comes from the newest fragment, if it was sent once
+            self._mark_acked(o, seq)
+            if newest is None or o.order[seq] > o.order[newest]:
                 newest = seq
         p = self._peer(o.handle.dst)
         if o.n_acked > before:
             p.backoff = 0  # a fresh ACK: the path works, forget the backoff
             self._rate_sample(p, sum(len(o.frames[s]) for s in newly), now)
-        if newest is not None:
+        if newest is not None and o.copies[newest] == 1:  # Karn: never from a retransmission
             self._rtt_sample(p, now - o.tx_time[newest])
         if info.complete or o.n_acked == n:
             self._finish(o, SendStatus.DELIVERED, "", now)
@@ -897,7 +914,7 @@ class ArqEndpoint:
         self._finish(o, SendStatus.FAILED, f"rejected by receiver: {_NACK_REASONS[code]}", now)
 
     def _mark_acked(self, o: _Outgoing, seq: int) -> bool:
-        """Mark a fragment acknowledged; True when it was sent exactly once (an RTT sample)."""
+        """Mark a fragment acknowledged; True when it was not acknowledged before."""
         if o.acked[seq]:
             return False
         o.acked[seq] = 1
@@ -907,7 +924,7 @@ class ArqEndpoint:
         if o.order[seq] > o.max_acked_order:
             o.max_acked_order = o.order[seq]
             o.max_acked_tx = o.tx_time[seq]
-        return o.copies[seq] == 1
+        return True
 
     def _peer(self, dst: int) -> _Peer:
         p = self._peers.get(dst)
@@ -930,8 +947,12 @@ class ArqEndpoint:
         p.rate_acc += nbytes
         dt = now - p.rate_t0
         if dt >= max(0.01, p.srtt or 0.0) and p.rate_acc > 0:
-            sample = p.rate_acc / dt
-            p.rate = sample if p.rate is None else 0.75 * p.rate + 0.25 * sample
+            # windowed maximum (as BBR's bottleneck bandwidth): losses and timeouts make
+            # samples small, and a small rate must not lengthen the RTO that slowed it
+            p.rate_samples.append((now, p.rate_acc / dt))
+            while p.rate_samples and now - p.rate_samples[0][0] > RATE_WINDOW_S:
+                p.rate_samples.popleft()
+            p.rate = max(r for _, r in p.rate_samples)
             p.rate_t0, p.rate_acc = now, 0
 
     def _rto(self, dst: int) -> float:
@@ -943,7 +964,7 @@ class ArqEndpoint:
             base = p.srtt + max(4 * p.rttvar, cfg.rto_granularity) + cfg.ack_delay
         base = max(cfg.min_rto, base)
         if p is not None:
-            if p.rate:  # what is queued ahead of a frame sent now must drain first
+            if p.rate and cfg.rate_floor:  # what is queued ahead of a frame must drain first
                 base = max(base, 1.5 * p.inflight_bytes / p.rate)
             base *= cfg.backoff**p.backoff
         return min(cfg.max_rto, base)
@@ -1023,6 +1044,11 @@ class ArqEndpoint:
         self.stats.data_tx += 1
         self.stats.bytes_tx += len(frame)
         self.transmit(frame)
+        if seq in o.timed_out:  # a timeout: repeat the copy, a lone copy is often lost again
+            o.timed_out.discard(seq)
+            for _ in range(self.config.rto_copies - 1):
+                self.stats.bytes_tx += len(frame)
+                self.transmit(frame)
 
     def _end(self, o: _Outgoing, reason: str, now: float) -> None:
         """End a send without confirmation: FAILED if part of it never left, else UNCONFIRMED."""
