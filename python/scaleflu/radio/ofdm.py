@@ -294,7 +294,7 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         for b in (pay_ser, pay_demod, pack, descrambler, self.crc):
             b.set_min_output_buffer(bit_buf)
         self.to_pdu = pdu.tagged_stream_to_pdu(gr.types.byte_t, len_tag_key)
-        self.parser = _gr_scaleflu.frame_parser(node_id)
+        self.parser = _gr_scaleflu.frame_parser(node_id, mtu)
         self.connect((hpd, 1), pay_fft, pay_eq, pay_ser, pay_demod, pack, descrambler)
         self.connect(descrambler, self.crc, self.to_pdu)
         self.msg_connect(self.to_pdu, "pdus", self.parser, "in")
