@@ -213,6 +213,102 @@ def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int) -> dict
     }
 
 
+# -- 3b. tail latency under heavy loss ------------------------------------------------------
+def _lenet_message(seed: int) -> bytes:
+    rng = np.random.default_rng(seed)
+    shapes = {
+        "conv1.weight": (6, 1, 5, 5),
+        "conv1.bias": (6,),
+        "conv2.weight": (16, 6, 5, 5),
+        "conv2.bias": (16,),
+        "fc1.weight": (120, 400),
+        "fc1.bias": (120,),
+        "fc2.weight": (84, 120),
+        "fc2.bias": (84,),
+        "fc3.weight": (10, 84),
+        "fc3.bias": (10,),
+    }
+    tensors = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+    return encode_message(Message(type=MessageType.MODEL, tensors=tensors))
+
+
+def _tail_summary(times: list[float], statuses: list[str], extra: dict) -> dict:
+    t = np.asarray(times)
+    med = float(np.median(t))
+    p99 = float(np.percentile(t, 99))
+    return {
+        "transfers": len(times),
+        "delivered_bit_exact": statuses.count("delivered"),
+        "statuses": {s: statuses.count(s) for s in sorted(set(statuses))},
+        "median_s": med,
+        "p90_s": float(np.percentile(t, 90)),
+        "p99_s": p99,
+        "max_s": float(t.max()),
+        "p99_over_median": p99 / med,
+        "seconds": times,
+        **extra,
+    }
+
+
+def tail_memory(n: int, loss: float, seed: int) -> dict:
+    """LeNet state dict (fp32) over a MemoryChannel with ``loss`` frame loss both ways, n times."""
+    from scaleflu.link import MemoryChannel
+
+    times, statuses = [], []
+    with MemoryChannel(loss=loss, delay=0.002, rate_bytes_per_s=700e3, seed=seed) as ch:
+        a, b = ch.attach(0, rate_bytes_per_s=650e3), ch.attach(1)
+        for i in range(n):
+            data = _lenet_message(seed * 1000 + i)
+            t0 = time.monotonic()
+            res = a.send(1, data, timeout=120)
+            got = b.recv(timeout=10)
+            times.append(time.monotonic() - t0)
+            ok = res.ok and got is not None and got[1] == data
+            statuses.append("delivered" if ok else res.status.value)
+        stats = a.stats()["arq"]
+    return _tail_summary(
+        times,
+        statuses,
+        {
+            "kind": "memory",
+            "loss": loss,
+            "message_bytes": len(data),
+            "rto_expiries": stats["rto_expiries"],
+            "retransmissions": stats["retransmissions"],
+        },
+    )
+
+
+def tail_ofdm(n: int, drop: float, seed: int) -> dict:
+    """LeNet state dict over the OFDM loopback (20 dB, CFO, multipath) with ``drop`` of the
+    frames dropped after each receiver (both directions), n transfers on one network."""
+    ch = ChannelConfig(snr_db=20.0, cfo=CFO, taps=MULTIPATH, drop_rate=drop, seed=seed)
+    times, statuses = [], []
+    with OfdmLoopbackNetwork(nodes=(0, 1), channel=ch) as net:
+        s, r = net.link(0), net.link(1)
+        time.sleep(0.2)
+        for i in range(n):
+            data = _lenet_message(seed * 1000 + i)
+            t0 = time.monotonic()
+            res = s.send(1, data, timeout=120)
+            got = r.recv(timeout=10)
+            times.append(time.monotonic() - t0)
+            ok = res.ok and got is not None and got[1] == data
+            statuses.append("delivered" if ok else res.status.value)
+        stats = s.stats()["arq"]
+    return _tail_summary(
+        times,
+        statuses,
+        {
+            "kind": "ofdm_loopback",
+            "drop_rate": drop,
+            "message_bytes": len(data),
+            "rto_expiries": stats["rto_expiries"],
+            "retransmissions": stats["retransmissions"],
+        },
+    )
+
+
 # -- 4. FER vs SNR -------------------------------------------------------------------------
 def fer_point(snr_db: float, multipath: bool, n: int, seed: int, window: int | None = None) -> dict:
     """Frame error rate (and rate) of ofdm_link_tx -> channel -> ofdm_link_rx, n frames of FRAME
@@ -377,7 +473,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--message-mb", type=float, default=2.0, help="tensor bytes per transfer")
+    ap.add_argument(
+        "--tails",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the tail-latency check: N LeNet transfers at 40%% loss per back-end",
+    )
     a = ap.parse_args(argv)
+    if a.tails:
+        return tails_main(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     reps = 1 if a.quick else a.reps
     nfr = 150 if a.quick else 400
@@ -482,6 +587,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     log.info("targets %s", res["targets"])
     log.info("wrote %s", a.out / "link_bench.json")
+    return 0
+
+
+def tails_main(a: argparse.Namespace) -> int:
+    """Tail latency at 40 % frame loss: p99 <= 3 x median on MemoryChannel and OFDM loopback."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    a.out.mkdir(parents=True, exist_ok=True)
+    res: dict = {
+        "load_average_start": os.getloadavg(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "gnuradio": gr.version()},
+    }
+    res["memory_40pct"] = _isolated(tail_memory, a.tails, 0.4, 1)
+    log.info("memory: %s", {k: v for k, v in res["memory_40pct"].items() if k != "seconds"})
+    res["ofdm_40pct"] = _isolated(tail_ofdm, a.tails, 0.4, 1)
+    log.info("ofdm: %s", {k: v for k, v in res["ofdm_40pct"].items() if k != "seconds"})
+    res["targets"] = {
+        f"{k}: p99 <= 3 x median": res[k]["p99_over_median"] <= 3.0
+        for k in ("memory_40pct", "ofdm_40pct")
+    }
+    res["load_average_end"] = os.getloadavg()
+    (a.out / "link_tails.json").write_text(json.dumps(res, indent=2))
+    log.info("targets %s; wrote %s", res["targets"], a.out / "link_tails.json")
     return 0
 
 

@@ -72,6 +72,8 @@ const char* status_name(parse_status s)
         return "bad sequence (count == 0 or seq >= count)";
     case parse_status::CRC_MISMATCH:
         return "crc mismatch";
+    case parse_status::TOO_LONG:
+        return "longer than the mtu";
     }
     return "unknown";
 }
@@ -119,8 +121,11 @@ parse_status parse(const uint8_t* buf,
                    size_t len,
                    header& h,
                    const uint8_t*& payload,
-                   size_t& payload_len)
+                   size_t& payload_len,
+                   size_t mtu)
 {
+    if (len > mtu)
+        return parse_status::TOO_LONG;
     if (buf == nullptr || len < OVERHEAD)
         return parse_status::TOO_SHORT;
     if (get16(buf) != MAGIC)

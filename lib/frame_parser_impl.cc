@@ -17,17 +17,20 @@ const pmt::pmt_t PORT_IN = pmt::mp("in");
 const pmt::pmt_t PORT_OUT = pmt::mp("out");
 } // namespace
 
-frame_parser::sptr frame_parser::make(int node_id)
+frame_parser::sptr frame_parser::make(int node_id, int mtu)
 {
-    return gnuradio::make_block_sptr<frame_parser_impl>(node_id);
+    return gnuradio::make_block_sptr<frame_parser_impl>(node_id, mtu);
 }
 
-frame_parser_impl::frame_parser_impl(int node_id)
+frame_parser_impl::frame_parser_impl(int node_id, int mtu)
     : gr::block("frame_parser", gr::io_signature::make(0, 0, 0), gr::io_signature::make(0, 0, 0)),
-      d_node_id(node_id)
+      d_node_id(node_id),
+      d_mtu(size_t(mtu < 0 ? 0 : mtu))
 {
     if (node_id < -1 || node_id > 0xFFFF)
         throw std::invalid_argument("frame_parser: node_id must be -1 or in [0, 65535]");
+    if (mtu < int(frame::OVERHEAD + 1) || mtu > int(frame::OVERHEAD + 0xFFFF))
+        throw std::invalid_argument("frame_parser: mtu must be in [27, 65561]");
     message_port_register_in(PORT_IN);
     message_port_register_out(PORT_OUT);
     set_msg_handler(PORT_IN, [this](const pmt::pmt_t& msg) { handle(msg); });
@@ -45,7 +48,7 @@ void frame_parser_impl::handle(const pmt::pmt_t& msg)
     frame::header h;
     const uint8_t* payload = nullptr;
     size_t plen = 0;
-    const frame::parse_status st = frame::parse(buf, len, h, payload, plen);
+    const frame::parse_status st = frame::parse(buf, len, h, payload, plen, d_mtu);
     if (st == frame::parse_status::CRC_MISMATCH) {
         d_crc++;
         d_logger->debug("dropping frame: crc mismatch ({:d} B)", len);

@@ -17,6 +17,7 @@ class frame_parser_impl : public frame_parser
 {
 private:
     const int d_node_id;
+    const size_t d_mtu;
     std::atomic<uint64_t> d_ok{ 0 };
     std::atomic<uint64_t> d_crc{ 0 };
     std::atomic<uint64_t> d_malformed{ 0 };
@@ -25,7 +26,7 @@ private:
     void handle(const pmt::pmt_t& msg);
 
 public:
-    explicit frame_parser_impl(int node_id);
+    frame_parser_impl(int node_id, int mtu);
 
     uint64_t frames_ok() const override { return d_ok; }
     uint64_t crc_errors() const override { return d_crc; }

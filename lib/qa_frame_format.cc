@@ -9,6 +9,7 @@
 #include <cstring>
 #include <random>
 #include <stdexcept>
+#include <string>
 
 using namespace gr::scaleflu::frame;
 
@@ -140,4 +141,20 @@ BOOST_AUTO_TEST_CASE(random_bytes_never_parse_or_crash)
             accepted++;
     }
     BOOST_CHECK_EQUAL(accepted, 0u);
+}
+
+BOOST_AUTO_TEST_CASE(parse_rejects_frames_longer_than_the_mtu)
+{
+    header h;
+    std::vector<uint8_t> payload(200, 0x5A);
+    const auto f = build(h, payload.data(), payload.size());
+    const uint8_t* p = nullptr;
+    size_t n = 0;
+    header out;
+    BOOST_CHECK(parse(f.data(), f.size(), out, p, n, f.size()) == parse_status::OK);
+    BOOST_CHECK(parse(f.data(), f.size(), out, p, n, f.size() - 1) == parse_status::TOO_LONG);
+    // checked before anything else, as Python's decode_frame (FrameTooLongError)
+    std::vector<uint8_t> junk(DEFAULT_MTU + 1, 0);
+    BOOST_CHECK(parse(junk.data(), junk.size(), out, p, n) == parse_status::TOO_LONG);
+    BOOST_CHECK(std::string(status_name(parse_status::TOO_LONG)) == "longer than the mtu");
 }

@@ -62,6 +62,7 @@ enum class parse_status : int {
     LENGTH_MISMATCH,
     BAD_SEQUENCE,
     CRC_MISMATCH,
+    TOO_LONG, //!< longer than the MTU (checked first, as Python's FrameTooLongError)
 };
 
 SCALEFLU_API const char* status_name(parse_status s);
@@ -75,12 +76,15 @@ SCALEFLU_API std::vector<uint8_t>
 build(const header& h, const uint8_t* payload, size_t len, size_t mtu = DEFAULT_MTU);
 
 /*! Validate and parse a frame. On OK, fills h and sets payload/payload_len to the
- *  payload inside buf (no copy). Never reads outside [buf, buf+len). */
+ *  payload inside buf (no copy). Never reads outside [buf, buf+len). Checks in the
+ *  order of scaleflu.link.frame.decode_frame: TOO_LONG (len > mtu), TOO_SHORT /
+ *  BAD_MAGIC, BAD_VERSION, LENGTH_MISMATCH, CRC_MISMATCH, BAD_TYPE, BAD_SEQUENCE. */
 SCALEFLU_API parse_status parse(const uint8_t* buf,
                                 size_t len,
                                 header& h,
                                 const uint8_t*& payload,
-                                size_t& payload_len);
+                                size_t& payload_len,
+                                size_t mtu = DEFAULT_MTU);
 
 } // namespace frame
 } // namespace scaleflu

@@ -25,14 +25,15 @@ namespace scaleflu {
  * off the air can crash the block. Accepted frames leave on "out" as PDUs whose
  * metadata holds "type", "src", "dst", "msg_id", "seq", "count" and whose bytes are
  * the payload. With \p node_id >= 0 only frames addressed to that node or to the
- * broadcast address pass; -1 passes every frame.
+ * broadcast address pass; -1 passes every frame. Frames longer than \p mtu bytes are
+ * dropped and counted as malformed (as Python's FrameTooLongError).
  */
 class SCALEFLU_API frame_parser : virtual public gr::block
 {
 public:
     typedef std::shared_ptr<frame_parser> sptr;
 
-    static sptr make(int node_id = -1);
+    static sptr make(int node_id = -1, int mtu = 1500);
 
     virtual uint64_t frames_ok() const = 0;
     virtual uint64_t crc_errors() const = 0;

@@ -18,6 +18,24 @@
 namespace py = pybind11;
 
 #include <gnuradio/scaleflu/frame_format.h>
+#include <stdexcept>
+#include <string>
+
+namespace {
+// An integer argument in [0, limit]: ValueError when out of range (as encode_frame),
+// TypeError when not an int at all.
+uint64_t checked_int(const py::handle& v, const char* name, uint64_t limit)
+{
+    if (!PyLong_Check(v.ptr()))
+        throw py::type_error(std::string(name) + " must be an int");
+    int overflow = 0;
+    const long long x = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+    if (overflow != 0 || x < 0 || uint64_t(x) > limit)
+        throw std::invalid_argument(std::string(name) + " out of range 0.." +
+                                    std::to_string(limit));
+    return uint64_t(x);
+}
+} // namespace
 
 // The C++ frame codec, exposed so tests can check it byte for byte against
 // scaleflu.link.frame (the Python reference).
@@ -34,34 +52,34 @@ void bind_frame_format(py::module& m)
         "IEEE CRC32 of bytes (equals zlib.crc32).");
     m.def(
         "frame_build",
-        [](int type, int src, int dst, uint32_t msg_id, uint32_t seq, uint32_t count,
-           const py::bytes& payload, size_t mtu) {
+        [](const py::object& type, const py::object& src, const py::object& dst,
+           const py::object& msg_id, const py::object& seq, const py::object& count,
+           const py::bytes& payload, const py::object& mtu) {
             f::header h;
-            if (type < 0 || type > 255 || src < 0 || src > 0xFFFF || dst < 0 || dst > 0xFFFF)
-                throw std::invalid_argument("type, src or dst out of range");
-            h.type = uint8_t(type);
-            h.src = uint16_t(src);
-            h.dst = uint16_t(dst);
-            h.msg_id = msg_id;
-            h.seq = seq;
-            h.count = count;
+            h.type = uint8_t(checked_int(type, "type", 0xFF));
+            h.src = uint16_t(checked_int(src, "src", 0xFFFF));
+            h.dst = uint16_t(checked_int(dst, "dst", 0xFFFF));
+            h.msg_id = uint32_t(checked_int(msg_id, "msg_id", 0xFFFFFFFFu));
+            h.seq = uint32_t(checked_int(seq, "seq", 0xFFFFFFFFu));
+            h.count = uint32_t(checked_int(count, "count", 0xFFFFFFFFu));
+            const size_t m = size_t(checked_int(mtu, "mtu", 0xFFFFFFFFu));
             const std::string s = payload;
             const auto out =
-                f::build(h, reinterpret_cast<const uint8_t*>(s.data()), s.size(), mtu);
+                f::build(h, reinterpret_cast<const uint8_t*>(s.data()), s.size(), m);
             return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
         },
         py::arg("type"), py::arg("src"), py::arg("dst"), py::arg("msg_id"), py::arg("seq"),
-        py::arg("count"), py::arg("payload"), py::arg("mtu") = f::DEFAULT_MTU,
-        "Build one link frame (raises ValueError on bad input).");
+        py::arg("count"), py::arg("payload"), py::arg("mtu") = py::int_(f::DEFAULT_MTU),
+        "Build one link frame (ValueError for out-of-range fields, TypeError for non-ints).");
     m.def(
         "frame_parse",
-        [](const py::bytes& data) -> py::object {
+        [](const py::bytes& data, size_t mtu) -> py::object {
             const std::string s = data;
             f::header h;
             const uint8_t* p = nullptr;
             size_t n = 0;
             const auto st =
-                f::parse(reinterpret_cast<const uint8_t*>(s.data()), s.size(), h, p, n);
+                f::parse(reinterpret_cast<const uint8_t*>(s.data()), s.size(), h, p, n, mtu);
             if (st != f::parse_status::OK)
                 return py::str(f::status_name(st));
             py::dict d;
@@ -74,6 +92,6 @@ void bind_frame_format(py::module& m)
             d["payload"] = py::bytes(reinterpret_cast<const char*>(p), n);
             return d;
         },
-        py::arg("data"),
+        py::arg("data"), py::arg("mtu") = f::DEFAULT_MTU,
         "Parse one frame: a dict of header fields and payload, or the rejection reason.");
 }

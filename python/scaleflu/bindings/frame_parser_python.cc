@@ -26,7 +26,10 @@ void bind_frame_parser(py::module& m)
 
     py::class_<frame_parser, gr::block, gr::basic_block, std::shared_ptr<frame_parser>>(
         m, "frame_parser", D(frame_parser))
-        .def(py::init(&frame_parser::make), py::arg("node_id") = -1, D(frame_parser, make))
+        .def(py::init(&frame_parser::make),
+             py::arg("node_id") = -1,
+             py::arg("mtu") = 1500,
+             D(frame_parser, make))
         .def("frames_ok", &frame_parser::frames_ok, D(frame_parser, frames_ok))
         .def("crc_errors", &frame_parser::crc_errors, D(frame_parser, crc_errors))
         .def("malformed", &frame_parser::malformed, D(frame_parser, malformed))

@@ -1,7 +1,11 @@
 """The Link interface the apps use, a threaded ARQ link, and an in-memory simulated channel.
 
 ``Link`` is what the FL apps talk to: ``send(peer, message, timeout)`` blocks until the message
-is delivered bit-exact or has failed, ``recv(timeout)`` returns the next (src, bytes). ``ArqLink``
+is delivered bit-exact (DELIVERED), certainly not delivered (FAILED) or ended without a
+confirmation (UNCONFIRMED: send the same bytes again, the receiver recognises the retry and does
+not deliver it twice), ``recv(timeout)`` returns the next (src, bytes).
+``set_peer_key(peer, key)`` authenticates every frame exchanged with ``peer`` (HMAC-SHA256 link
+tags, see ``scaleflu.link.arq``): forged ACKs, NACKs and DATA frames are dropped. ``ArqLink``
 implements it over any frame transport: give it a ``transmit(bytes)`` callable and call
 ``feed(raw)`` for each frame received; the GNU Radio back-ends in ``scaleflu.radio`` do exactly
 that with PDUs. ``MemoryChannel`` connects several ``MemoryLink`` endpoints in one process through
@@ -49,8 +53,13 @@ class DeliveryResult:
 
     @property
     def ok(self) -> bool:
-        """True when the message was delivered."""
+        """True when the receiver confirmed the message (DELIVERED)."""
         return self.status is SendStatus.DELIVERED
+
+    @property
+    def unconfirmed(self) -> bool:
+        """True when the outcome is unknown (the receiver may hold the message)."""
+        return self.status is SendStatus.UNCONFIRMED
 
     @classmethod
     def from_handle(cls, h: SendHandle) -> DeliveryResult:
@@ -76,7 +85,7 @@ class Link(abc.ABC):
     def send_async(
         self, peer: int, message: bytes | Message, timeout: float | None = None
     ) -> SendHandle:
-        """Start sending; the handle reports DELIVERED or FAILED (after ``timeout`` at most)."""
+        """Start sending; the handle reports DELIVERED, FAILED or UNCONFIRMED (by ``timeout``)."""
 
     def send(
         self, peer: int, message: bytes | Message, timeout: float | None = None
@@ -91,9 +100,16 @@ class Link(abc.ABC):
         """How long a blocking send waits for its handle (None = forever)."""
         return None if timeout is None else timeout + 5.0
 
+    def set_peer_key(self, peer: int, key: bytes | None) -> None:
+        """Authenticate the link with ``peer`` with a shared key (None: stop); both ends must.
+
+        Link kinds without link-level authentication raise NotImplementedError.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no link-level authentication")
+
     @abc.abstractmethod
     def cancel(self, handle: SendHandle, reason: str = "cancelled") -> None:
-        """Fail a pending send now (its handle reports FAILED with ``reason``)."""
+        """End a pending send now (FAILED, or UNCONFIRMED if all of it was sent; ``reason``)."""
 
     @abc.abstractmethod
     def recv(self, timeout: float | None = None) -> tuple[int, bytes] | None:
@@ -192,9 +208,14 @@ class ArqLink(Link):
         return (self.endpoint.config.deadline if timeout is None else timeout) + 5.0
 
     def cancel(self, handle: SendHandle, reason: str = "cancelled") -> None:
-        """Fail a pending send now."""
+        """End a pending send now."""
         with self._wake:
             self.endpoint.cancel(handle, reason)
+
+    def set_peer_key(self, peer: int, key: bytes | None) -> None:
+        """Authenticate every frame exchanged with ``peer`` (see ArqEndpoint.set_peer_key)."""
+        with self._wake:
+            self.endpoint.set_peer_key(peer, key)
 
     def stats(self) -> dict[str, Any]:
         """Snapshot of the ARQ and reassembly counters."""

@@ -2,13 +2,45 @@
 
 An ArqEndpoint fragments outgoing messages into DATA frames, paces them (window of frames in
 flight and an optional token bucket in bytes per second), retransmits fragments that the peer's
-ACK bitmaps report missing (fast retransmit) or that time out (exponential backoff), and fails a
-send explicitly after its deadline. Incoming DATA frames are reassembled, acknowledged with
-compact bitmaps and delivered exactly once; a short memory of completed messages makes late
-retransmissions re-ACKed but not re-delivered.
+ACK bitmaps report missing (fast retransmit, by count and by time) or that time out, and ends a
+send at its deadline. Incoming DATA frames are reassembled, acknowledged with compact bitmaps and
+delivered exactly once; a memory of completed messages makes late retransmissions (and retries of
+the same message) re-ACKed but not re-delivered.
+
+**Delivery status.** ``DELIVERED`` only when the receiver acknowledged every fragment (a COMPLETE
+ACK, or every fragment's bit). ``FAILED`` only when the message certainly did not get through:
+refused by the receiver (NACK), or ended (deadline, ``max_retransmissions``, cancel, close)
+before every fragment was even transmitted once. A send ended after every fragment went out
+without a confirmation is ``UNCONFIRMED``: the receiver may or may not hold it. Retry it with
+the same bytes: a new send of bytes identical to a recent ``UNCONFIRMED`` send to the same peer
+reuses its message id (or pass ``msg_id=`` explicitly), and the receiver, which remembers
+completed (src, msg_id) for ``completed_ttl``, ACKs it COMPLETE without delivering it twice.
+
+**Timers** (RFC 6298 per peer): SRTT/RTTVAR from one Karn-filtered sample per ACK (the newest
+fragment it newly acknowledges that was sent once), RTO = SRTT + max(4·RTTVAR, granularity) +
+ack_delay, clamped to [min_rto, max_rto] and at least the time the measured delivery rate needs
+to drain the bytes in flight to that peer. Each round of timeouts doubles the peer's RTO
+(one backoff per poll, not per fragment); any ACK that acknowledges new data resets it.
+A fragment sent before one that has been acknowledged is retransmitted at once when
+``reorder_tolerance`` later frames were acknowledged or it was sent a quarter SRTT before the
+newest acknowledged one (time-based loss detection, as TCP RACK). The receiver sends its
+COMPLETE ACK when a message completes, repeats it ``complete_ack_repeats`` times (at
+``complete_ack_interval``, doubling) and again whenever a retransmission of the message arrives.
+
+**Link keys** (optional, per peer): ``set_peer_key(peer, key)`` makes every frame exchanged with
+``peer`` carry a 16-byte tag, HMAC-SHA256(key, frame header ‖ payload before the tag) truncated
+to 16 bytes, appended to the payload (the frame's length field and CRC cover it). A DATA, ACK or
+NACK frame that claims to come from a keyed peer without a valid tag is dropped and counted
+(``auth_failures``): nobody without the key can mark a send delivered, fail it, reset it or
+inject fragments into it. Both ends must hold the same key (set it on both before sending).
+Frames from keyed peers are *trusted* in reassembly: untrusted senders cannot evict them.
+``require_auth=True`` drops every unicast frame from a peer without a key (``unauthenticated``).
+Broadcast DATA frames are never tagged (no pairwise key); authenticate them above the link.
+The tag binds the frame to (type, src, dst, msg_id, seq, count); a recorded frame replays only
+into the same message under the same key, so derive a fresh key per session.
 
 ACK payload (frame type ACK, src = receiver, dst = sender, msg_id of the message, seq 0, count 1),
-big-endian::
+big-endian (followed by the 16-byte tag when the peers share a key)::
 
     off size field
     0   1    flags: bit0 COMPLETE (every fragment received); other bits 0
@@ -17,10 +49,12 @@ big-endian::
     9   2    n: bitmap length in bytes
     11  n    bitmap, MSB-first: bit i set = fragment base + i received; bits >= count are 0
 
-NACK payload: u8 reason, u32 count (echo). Reasons: 1 TOO_LARGE and 2 REFUSED (the receiver
-will never take the message: the send fails), 3 RESET (the receiver dropped its partial copy
-after eviction or timeout: the sender forgets all acknowledgements and sends every fragment
-again). ACKs are cumulative: a fragment once acknowledged is not sent again unless a RESET comes.
+NACK payload: u8 reason, u32 count (echo; a NACK whose count differs is ignored). Reasons: 1
+TOO_LARGE and 2 REFUSED (the receiver will never take the message: the send fails), 3 RESET (the
+receiver dropped its partial copy after eviction or timeout: the sender forgets all
+acknowledgements and sends every fragment again). Any other reason code is rejected and counted
+(``bad_nacks``). ACKs are cumulative: a fragment once acknowledged is not sent again unless a
+RESET comes.
 
 The endpoint never blocks and never starts threads: the owner calls ``on_frame`` for every frame
 off the air, and ``poll`` whenever ``next_deadline`` passes. ``transmit`` is called from inside
@@ -30,21 +64,28 @@ off the air, and ``poll`` whenever ``next_deadline`` passes. ``transmit`` is cal
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import logging
 import random
 import struct
 import threading
 import time
+import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from .fragment import Reassembler, fragment
+from .fragment import Reassembler
 from .frame import (
     BROADCAST,
     DEFAULT_MTU,
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE,
+    FRAME_MAGIC,
+    FRAME_VERSION,
     Frame,
     FrameCrcError,
     FrameError,
@@ -64,14 +105,67 @@ NACK_TOO_LARGE = 1
 NACK_REFUSED = 2
 NACK_RESET = 3
 _NACK_REASONS = {NACK_TOO_LARGE: "too_large", NACK_REFUSED: "refused", NACK_RESET: "reset"}
+TAG_SIZE = 16  # bytes of the truncated HMAC-SHA256 tag of frames exchanged with a keyed peer
+MIN_KEY_SIZE = 16
+_CRC = struct.Struct(">I")
+RATE_WINDOW_S = 10.0  # delivery-rate samples are kept this long (windowed maximum)
+
+
+def frame_tag(key: bytes, header_and_payload: bytes | memoryview) -> bytes:
+    """The 16-byte link tag: HMAC-SHA256(key, frame header ‖ payload before the tag)[:16]."""
+    return hmac.digest(key, header_and_payload, hashlib.sha256)[:TAG_SIZE]
+
+
+def encode_tagged_frame(
+    key: bytes,
+    type: FrameType | int,
+    src: int,
+    dst: int,
+    msg_id: int,
+    seq: int,
+    count: int,
+    payload: bytes | memoryview,
+    mtu: int = DEFAULT_MTU,
+) -> bytes:
+    """A frame whose payload is ``payload`` followed by its link tag (see the module docstring)."""
+    if len(payload) + TAG_SIZE > max_payload(mtu):
+        raise ValueError(f"payload of {len(payload)} bytes + tag exceeds {max_payload(mtu)}")
+    ftype = FrameType(type)
+    for label, value, limit in (
+        ("src", src, 0xFFFF),
+        ("dst", dst, 0xFFFF),
+        ("msg_id", msg_id, 0xFFFFFFFF),
+        ("count", count, 0xFFFFFFFF),
+    ):
+        if not 0 <= value <= limit:
+            raise ValueError(f"{label} {value} out of range 0..{limit}")
+    if not 0 <= seq < count:
+        raise ValueError(f"need count >= 1 and 0 <= seq < count (seq={seq}, count={count})")
+    body = (
+        FRAME_HEADER.pack(
+            FRAME_MAGIC,
+            FRAME_VERSION,
+            int(ftype),
+            src,
+            dst,
+            msg_id,
+            seq,
+            count,
+            len(payload) + TAG_SIZE,
+        )
+        + payload
+    )
+    body += frame_tag(key, body)
+    return body + _CRC.pack(zlib.crc32(body) & 0xFFFFFFFF)
 
 
 class SendStatus(enum.Enum):
     """Outcome of a send."""
 
     PENDING = "pending"
-    DELIVERED = "delivered"
-    FAILED = "failed"
+    DELIVERED = "delivered"  # the receiver confirmed every fragment
+    FAILED = "failed"  # certainly not delivered (refused, or ended before all was sent once)
+    UNCONFIRMED = "unconfirmed"  # ended without confirmation after all was sent: unknown
 
 
 @dataclass
@@ -161,18 +255,43 @@ class ArqConfig:
     initial_rto: float = 0.5  # retransmission timeout before any RTT sample
     min_rto: float = 0.05
     max_rto: float = 5.0
-    backoff: float = 2.0  # RTO multiplier per timeout of the same fragment
-    deadline: float = 60.0  # default time a send may take before it fails
+    backoff: float = 2.0  # RTO multiplier per round of timeouts (reset by a fresh ACK)
+    max_backoff: int = 2  # at most this many backoff steps (x4) until a fresh ACK
+    rto_copies: int = 2  # copies of a fragment retransmitted after a timeout (tail losses)
+    rate_floor: bool = True  # RTO >= 1.5 x bytes in flight / measured delivery rate
+    rto_granularity: float = 0.001  # lower bound of the 4·RTTVAR term (RFC 6298's G)
+    deadline: float = 60.0  # default time a send may take before it ends
     max_retransmissions: int | None = None  # per fragment; None = until the deadline
     reorder_tolerance: int = 3  # frames sent after a missing one before it counts as lost
     ack_every: int = 8  # ACK after this many new fragments
     ack_delay: float = 0.02  # or this long after the first unacknowledged one
+    complete_ack_repeats: int = 3  # unsolicited repeats of a COMPLETE ACK
+    complete_ack_interval: float = 0.05  # first repeat after this long, then doubling
     max_message_size: int = 256 * 1024 * 1024 + 64
     reassembly_max_messages: int = 32
     reassembly_max_bytes: int = 300 * 1024 * 1024
+    reassembly_max_messages_per_sender: int | None = 8  # None = reassembly_max_messages
+    reassembly_max_bytes_per_sender: int | None = None  # None = reassembly_max_bytes
     reassembly_timeout: float = 120.0
     completed_memory: int = 1024
     completed_ttl: float = 300.0
+    require_auth: bool = False  # drop unicast frames from peers without a link key
+
+    @classmethod
+    def robot(cls, **overrides: object) -> ArqConfig:
+        """Defaults for a robot (4 GB board): 40 MiB of partial messages in all, 8 per sender."""
+        base = {
+            "reassembly_max_messages": 8,
+            "reassembly_max_bytes": ROBOT_REASSEMBLY_BYTES,
+            "reassembly_max_messages_per_sender": 4,
+            "max_message_size": ROBOT_REASSEMBLY_BYTES,
+        }
+        return cls(**{**base, **overrides})
+
+
+# A robot holds at most this many bytes of partial messages: a LeNet/ResNet-18 state dict
+# (45 MB fp32 is the largest model in the paper's tables) needs less; see docs/link.md §6.
+ROBOT_REASSEMBLY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -184,17 +303,23 @@ class ArqStats:
     fast_retransmissions: int = 0  # retransmissions triggered by an ACK gap
     rto_expiries: int = 0
     acks_tx: int = 0
+    complete_acks_repeated: int = 0  # unsolicited repeats of COMPLETE ACKs
     acks_rx: int = 0
     nacks_tx: int = 0
     nacks_rx: int = 0
     bad_acks: int = 0
+    bad_nacks: int = 0  # malformed NACKs, unknown reason codes, count mismatch
+    auth_failures: int = 0  # frames from a keyed peer without a valid tag
+    unauthenticated: int = 0  # unicast frames from peers without a key (require_auth)
     crc_errors: int = 0
     bad_frames: int = 0
     not_for_us: int = 0
-    stale_acks: int = 0  # ACKs for messages no longer being sent
+    stale_acks: int = 0  # ACKs / NACKs for messages no longer being sent
     delivered: int = 0  # messages handed to the application
     sends_delivered: int = 0
     sends_failed: int = 0
+    sends_unconfirmed: int = 0
+    retries_recognised: int = 0  # sends that reused the msg id of an unconfirmed send
     bytes_tx: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -204,7 +329,7 @@ class ArqStats:
 
 @dataclass
 class SendHandle:
-    """Tracks one send: status DELIVERED or FAILED (with a reason) once finished."""
+    """Tracks one send: DELIVERED, FAILED or UNCONFIRMED (with a reason) once finished."""
 
     msg_id: int
     dst: int
@@ -216,11 +341,12 @@ class SendHandle:
     finished: float | None = None
     frames_sent: int = 0
     retransmissions: int = 0
+    retry: bool = False  # this send reused the message id of an earlier unconfirmed one
     _event: threading.Event = field(default_factory=threading.Event, repr=False)
     _callbacks: list[Callable[[SendHandle], None]] = field(default_factory=list, repr=False)
 
     def done(self) -> bool:
-        """Whether the send has finished (delivered or failed)."""
+        """Whether the send has finished (delivered, failed or unconfirmed)."""
         return self.status is not SendStatus.PENDING
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -255,13 +381,17 @@ class SendHandle:
 class _Outgoing:
     """Sender state of one message."""
 
-    def __init__(self, handle: SendHandle, frames: list[bytes], deadline: float) -> None:
+    def __init__(
+        self, handle: SendHandle, frames: list[bytes], deadline: float, digest: bytes
+    ) -> None:
         n = len(frames)
         self.handle = handle
         self.frames = frames
         self.deadline = deadline
+        self.digest = digest
         self.acked = np.zeros(n, dtype=np.uint8)
         self.n_acked = 0
+        self.n_sent = 0  # fragments transmitted at least once
         self.cum = 0  # every seq < cum is acknowledged
         self.pending: deque[int] = deque(range(n))
         self.queued = bytearray(b"\x01" * n)
@@ -269,8 +399,34 @@ class _Outgoing:
         self.order = [-1] * n  # transmission order of the latest copy
         self.tx_time = [0.0] * n
         self.copies = [0] * n
-        self.timeouts = [0] * n
         self.max_acked_order = -1
+        self.max_acked_tx = -1e300  # transmission time of the newest acknowledged copy
+        self.timed_out: set[int] = set()  # fragments whose latest copy was lost by timeout
+
+
+class _Peer:
+    """Per-peer sender state: RTT estimator, backoff and delivery rate (RFC 6298)."""
+
+    __slots__ = (
+        "srtt",
+        "rttvar",
+        "backoff",
+        "rate",
+        "rate_t0",
+        "rate_acc",
+        "rate_samples",
+        "inflight_bytes",
+    )
+
+    def __init__(self) -> None:
+        self.srtt: float | None = None
+        self.rttvar = 0.0
+        self.backoff = 0  # RTO doublings since the last fresh ACK
+        self.rate: float | None = None  # bytes/s acknowledged: max of the recent samples
+        self.rate_t0: float | None = None
+        self.rate_acc = 0
+        self.rate_samples: deque[tuple[float, float]] = deque()
+        self.inflight_bytes = 0
 
 
 class _AckState:
@@ -302,6 +458,9 @@ class ArqEndpoint:
         cfg = replace(config or ArqConfig(), **overrides)
         if cfg.window < 1 or cfg.ack_every < 1 or cfg.backoff < 1.0:
             raise ValueError("window and ack_every must be >= 1, backoff >= 1")
+        if cfg.complete_ack_repeats < 0 or cfg.complete_ack_interval <= 0:
+            raise ValueError("complete_ack_repeats must be >= 0, complete_ack_interval > 0")
+        max_payload(cfg.mtu)  # validates the MTU
         self.node_id = node_id
         self.transmit = transmit
         self.clock = clock
@@ -317,36 +476,96 @@ class ArqEndpoint:
             clock=clock,
             mtu=cfg.mtu,
             on_drop=self._on_reassembly_drop,
+            max_messages_per_sender=cfg.reassembly_max_messages_per_sender,
+            max_bytes_per_sender=cfg.reassembly_max_bytes_per_sender,
         )
         self._inbox: deque[tuple[int, bytes]] = deque()
         self._out: OrderedDict[tuple[int, int], _Outgoing] = OrderedDict()
         self._acks: dict[tuple[int, int], _AckState] = {}
         self._reacks: OrderedDict[tuple[int, int], float] = OrderedDict()
+        self._repeats: dict[tuple[int, int], list[float]] = {}  # key -> [due, left, gap, count]
+        self._unconfirmed: OrderedDict[tuple[int, bytes], tuple[int, float]] = OrderedDict()
+        self._keys: dict[int, bytes] = {}
         self._next_id = random.getrandbits(32) if msg_id_start is None else msg_id_start
         self._order = 0
         self._in_flight = 0
-        self._rtt: dict[int, tuple[float, float]] = {}
+        self._peers: dict[int, _Peer] = {}
         self._tokens = float(cfg.burst_bytes)
         self._tokens_at = clock()
-        self._ack_max = max_payload(cfg.mtu) - ACK_HEADER_SIZE
+        self._ack_max = max_payload(cfg.mtu) - ACK_HEADER_SIZE - TAG_SIZE
         self._broadcast_keys: set[tuple[int, int]] = set()
 
     # -- public API ------------------------------------------------------------------------
-    def send(self, dst: int, payload: bytes, deadline: float | None = None) -> SendHandle:
-        """Queue a message for reliable delivery to ``dst``; ``deadline`` in seconds from now."""
+    def set_peer_key(self, peer: int, key: bytes | None) -> None:
+        """Authenticate every frame exchanged with ``peer`` with ``key`` (None: stop).
+
+        The key (at least 16 bytes; 32 random bytes recommended, e.g. derived per robot and
+        session with HKDF) must be set on both ends. Sends already in progress to ``peer`` use
+        the framing they started with; set keys before sending.
+        """
+        if not 0 <= peer < BROADCAST or peer == self.node_id:
+            raise ValueError(f"no link key for node {peer}")
+        if key is None:
+            self._keys.pop(peer, None)
+            return
+        if not isinstance(key, (bytes, bytearray)) or len(key) < MIN_KEY_SIZE:
+            raise ValueError(f"a link key must be at least {MIN_KEY_SIZE} bytes")
+        self._keys[peer] = bytes(key)
+
+    def has_peer_key(self, peer: int) -> bool:
+        """Whether frames with ``peer`` are authenticated."""
+        return peer in self._keys
+
+    def send(
+        self,
+        dst: int,
+        payload: bytes,
+        deadline: float | None = None,
+        msg_id: int | None = None,
+    ) -> SendHandle:
+        """Queue a message for reliable delivery to ``dst``; ``deadline`` in seconds from now.
+
+        Bytes identical to a recent UNCONFIRMED send to ``dst`` reuse its message id, so the
+        receiver recognises the retry; ``msg_id`` forces an id (only ever reuse one for the same
+        bytes to the same peer).
+        """
         if not 0 <= dst < BROADCAST or dst == self.node_id:
             raise ValueError(f"cannot send reliably to node {dst}")
         if len(payload) > self.config.max_message_size:
             raise ValueError(f"message of {len(payload)} bytes exceeds max_message_size")
         now = self.clock()
-        msg_id = self._next_id
-        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
-        frames = fragment(payload, msg_id, self.node_id, dst, self.config.mtu)
-        handle = SendHandle(msg_id, dst, len(payload), len(frames), now)
+        digest = hashlib.sha256(payload).digest()
+        prior = self._unconfirmed.get((dst, digest))
+        if prior is not None and now - prior[1] >= self.config.completed_ttl:
+            prior = None  # the receiver has forgotten it: a retry would not be recognised
+        if msg_id is not None:
+            if not 0 <= msg_id <= 0xFFFFFFFF:
+                raise ValueError(f"msg_id {msg_id} out of range")
+            for (d, dig), (mid, _) in self._unconfirmed.items():
+                if d == dst and mid == msg_id and dig != digest:
+                    raise ValueError(f"msg_id {msg_id} was used for other bytes to node {dst}")
+        elif prior is not None:
+            msg_id = prior[0]
+        if msg_id is not None and (dst, msg_id) in self._out:
+            raise ValueError(f"msg_id {msg_id} to node {dst} is still being sent")
+        retry = msg_id is not None
+        if msg_id is None:
+            msg_id = self._next_id
+            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        else:
+            self._unconfirmed.pop((dst, digest), None)
+            self.stats.retries_recognised += prior is not None
+        frames = self._fragment(payload, msg_id, dst)
+        handle = SendHandle(msg_id, dst, len(payload), len(frames), now, retry=retry)
         limit = self.config.deadline if deadline is None else deadline
-        self._out[(dst, msg_id)] = _Outgoing(handle, frames, now + limit)
+        self._out[(dst, msg_id)] = _Outgoing(handle, frames, now + limit, digest)
         logger.debug(
-            "send %d bytes to %d as msg %d (%d frames)", len(payload), dst, msg_id, len(frames)
+            "send %d bytes to %d as msg %d (%d frames%s)",
+            len(payload),
+            dst,
+            msg_id,
+            len(frames),
+            ", retry" if retry else "",
         )
         self.poll()
         return handle
@@ -356,16 +575,16 @@ class ArqEndpoint:
         return self._inbox.popleft() if self._inbox else None
 
     def cancel(self, handle: SendHandle, reason: str = "cancelled") -> None:
-        """Fail a pending send now."""
+        """End a pending send now (FAILED, or UNCONFIRMED if all of it was sent)."""
         o = self._out.get((handle.dst, handle.msg_id))
         if o is not None:
-            self._finish(o, SendStatus.FAILED, reason, self.clock())
+            self._end(o, reason, self.clock())
 
     def cancel_all(self, reason: str = "cancelled") -> None:
-        """Fail every pending send now (e.g. when the link closes)."""
+        """End every pending send now (e.g. when the link closes)."""
         now = self.clock()
         for o in list(self._out.values()):
-            self._finish(o, SendStatus.FAILED, reason, now)
+            self._end(o, reason, now)
 
     @property
     def pending_sends(self) -> int:
@@ -385,9 +604,20 @@ class ArqEndpoint:
         if frame.src == self.node_id or (frame.dst != self.node_id and frame.dst != BROADCAST):
             self.stats.not_for_us += 1
             return
+        trusted = False
+        if frame.dst != BROADCAST:
+            key = self._keys.get(frame.src)
+            if key is not None:
+                frame = self._verify(frame, raw, key)
+                if frame is None:
+                    return
+                trusted = True
+            elif self.config.require_auth:
+                self.stats.unauthenticated += 1
+                return
         now = self.clock()
         if frame.type == FrameType.DATA:
-            self._on_data(frame, now)
+            self._on_data(frame, now, trusted)
         elif frame.type == FrameType.ACK:
             self._on_ack(frame, now)
         else:
@@ -398,24 +628,39 @@ class ArqEndpoint:
         """Run timers: deadlines, retransmission timeouts, delayed ACKs, pacing, reassembly."""
         now = self.clock()
         self.reassembler.expire(now)
+        backed_off: set[int] = set()
         for o in list(self._out.values()):
             if now >= o.deadline:
-                self._finish(o, SendStatus.FAILED, "deadline", now)
+                self._end(o, "deadline", now)
                 continue
             for seq, expiry in list(o.in_flight.items()):
                 if now >= expiry:
-                    del o.in_flight[seq]
-                    self._in_flight -= 1
-                    o.timeouts[seq] += 1
+                    self._leave_flight(o, seq)
                     self.stats.rto_expiries += 1
+                    backed_off.add(o.handle.dst)
                     limit = self.config.max_retransmissions
                     if limit is not None and o.copies[seq] > limit:
-                        self._finish(o, SendStatus.FAILED, "max_retransmissions", now)
+                        self._end(o, "max_retransmissions", now)
                         break
+                    o.timed_out.add(seq)
                     self._requeue(o, seq, front=True)
+        for dst in backed_off:  # one doubling per round of timeouts, not per fragment
+            p = self._peer(dst)
+            if p.backoff < self.config.max_backoff and self._rto(dst) < self.config.max_rto:
+                p.backoff += 1
         for key, st in list(self._acks.items()):
             if st.due is not None and now >= st.due:
                 self._send_ack(key, now)
+        for key, rep in list(self._repeats.items()):
+            if now >= rep[0]:
+                self._tx_control(FrameType.ACK, key[0], key[1], _complete_ack(int(rep[3])))
+                self.stats.acks_tx += 1
+                self.stats.complete_acks_repeated += 1
+                rep[1] -= 1
+                rep[2] *= 2
+                rep[0] = now + rep[2]
+                if rep[1] <= 0:
+                    del self._repeats[key]
         self._pump(now)
 
     def next_deadline(self) -> float | None:
@@ -425,6 +670,7 @@ class ArqEndpoint:
         if rd is not None:
             times.append(rd)
         times.extend(st.due for st in self._acks.values() if st.due is not None)
+        times.extend(rep[0] for rep in self._repeats.values())
         sendable = False
         for o in self._out.values():
             times.append(o.deadline)
@@ -444,17 +690,70 @@ class ArqEndpoint:
     @property
     def idle(self) -> bool:
         """True when nothing is being sent and no ACK is owed."""
-        return not self._out and not any(st.due is not None for st in self._acks.values())
+        return (
+            not self._out
+            and not self._repeats
+            and not any(st.due is not None for st in self._acks.values())
+        )
+
+    def rto(self, dst: int) -> float:
+        """Current retransmission timeout towards ``dst`` (backoff and drain floor included)."""
+        return self._rto(dst)
+
+    # -- framing and authentication --------------------------------------------------------
+    def _fragment(self, payload: bytes, msg_id: int, dst: int) -> list[bytes]:
+        mtu = self.config.mtu
+        key = self._keys.get(dst)
+        mp = max_payload(mtu) - (TAG_SIZE if key is not None else 0)
+        count = max(1, -(-len(payload) // mp))
+        if count > 0xFFFFFFFF:
+            raise ValueError("message needs more than 2**32-1 fragments")
+        view = memoryview(payload)
+        data = FrameType.DATA
+        src = self.node_id
+        if key is None:
+            return [
+                encode_frame(data, src, dst, msg_id, i, count, view[i * mp : (i + 1) * mp], mtu)
+                for i in range(count)
+            ]
+        return [
+            encode_tagged_frame(
+                key, data, src, dst, msg_id, i, count, view[i * mp : (i + 1) * mp], mtu
+            )
+            for i in range(count)
+        ]
+
+    def _verify(self, frame: Frame, raw: bytes, key: bytes) -> Frame | None:
+        """The frame with its tag stripped, or None (counted) when the tag is missing or bad."""
+        n = len(frame.payload)
+        end = FRAME_HEADER_SIZE + n
+        if n < TAG_SIZE or not hmac.compare_digest(
+            frame_tag(key, raw[: end - TAG_SIZE]), raw[end - TAG_SIZE : end]
+        ):
+            self.stats.auth_failures += 1
+            logger.debug("frame from node %d failed authentication", frame.src)
+            return None
+        return replace(frame, payload=frame.payload[: n - TAG_SIZE])
+
+    def _tx_control(self, ftype: FrameType, dst: int, msg_id: int, payload: bytes) -> None:
+        key = self._keys.get(dst)
+        mtu = self.config.mtu
+        if key is None:
+            raw = encode_frame(ftype, self.node_id, dst, msg_id, 0, 1, payload, mtu)
+        else:
+            raw = encode_tagged_frame(key, ftype, self.node_id, dst, msg_id, 0, 1, payload, mtu)
+        self.stats.bytes_tx += len(raw)
+        self.transmit(raw)
 
     # -- receiver side ---------------------------------------------------------------------
-    def _on_data(self, frame: Frame, now: float) -> None:
+    def _on_data(self, frame: Frame, now: float, trusted: bool) -> None:
         key = (frame.src, frame.msg_id)
         ra = self.reassembler
         was_done = ra.is_completed(*key)
         dups = ra.stats.duplicates
         if frame.dst == BROADCAST:
             self._broadcast_keys.add(key)
-        done = ra.push(frame)
+        done = ra.push(frame, trusted)
         if frame.dst == BROADCAST:  # unacknowledged broadcast: deliver, never ACK
             if done is not None or ra.progress(*key) is None:
                 self._broadcast_keys.discard(key)
@@ -464,12 +763,12 @@ class ArqEndpoint:
         if done is not None:
             self._acks.pop(key, None)
             self._deliver(done.src, done.payload)
-            self._send_complete_ack(key, frame.count, now)
+            self._send_complete_ack(key, frame.count, now, repeat=True)
             return
-        if was_done:
+        if was_done:  # a retransmission or a retry of a delivered message: confirm, no delivery
             last = self._reacks.get(key, -1e300)
             if now - last >= self.config.ack_delay:
-                self._send_complete_ack(key, frame.count, now)
+                self._send_complete_ack(key, frame.count, now, repeat=False)
             return
         if ra.progress(*key) is None:
             return  # rejected or dropped; a NACK went out from the drop callback if needed
@@ -499,24 +798,28 @@ class ArqEndpoint:
             st.due = None
             st.last_sent = now
 
-    def _send_complete_ack(self, key: tuple[int, int], count: int, now: float) -> None:
-        self._tx_control(
-            FrameType.ACK, key[0], key[1], encode_ack(AckInfo(True, count, count, b""))
-        )
+    def _send_complete_ack(
+        self, key: tuple[int, int], count: int, now: float, repeat: bool
+    ) -> None:
+        self._tx_control(FrameType.ACK, key[0], key[1], _complete_ack(count))
         self.stats.acks_tx += 1
         self._reacks[key] = now
         self._reacks.move_to_end(key)
         while len(self._reacks) > max(1, self.config.completed_memory):
             self._reacks.popitem(last=False)
+        gap = self.config.complete_ack_interval
+        if repeat and self.config.complete_ack_repeats > 0:
+            self._repeats[key] = [now + gap, self.config.complete_ack_repeats, gap, count]
+            while len(self._repeats) > max(1, self.config.completed_memory):
+                del self._repeats[next(iter(self._repeats))]
 
     def _on_reassembly_drop(self, key: tuple[int, int], reason: str, count: int) -> None:
         self._acks.pop(key, None)
-        code = NACK_TOO_LARGE if reason == "too_large" else NACK_RESET
         if key in self._broadcast_keys:
             self._broadcast_keys.discard(key)
-        else:
-            payload = NACK_PAYLOAD.pack(code, count)
-            self._tx_control(FrameType.NACK, key[0], key[1], payload)
+        elif reason != "busy":  # busy: stay silent, the sender's timers try again later
+            code = NACK_TOO_LARGE if reason == "too_large" else NACK_RESET
+            self._tx_control(FrameType.NACK, key[0], key[1], NACK_PAYLOAD.pack(code, count))
             self.stats.nacks_tx += 1
         logger.info("reassembly of message %d from node %d dropped: %s", key[1], key[0], reason)
 
@@ -547,38 +850,58 @@ class ArqEndpoint:
             self.stats.bad_acks += 1
             return
         self.stats.acks_rx += 1
+        before = o.n_acked
+        newest: int | None = None  # the newest newly acknowledged fragment
         if info.complete:
-            for seq in np.nonzero(o.acked == 0)[0].tolist():
-                self._mark_acked(o, seq, now)
-            self._finish(o, SendStatus.DELIVERED, "", now)
-            return
-        if info.base > o.cum:
-            for seq in (np.nonzero(o.acked[o.cum : info.base] == 0)[0] + o.cum).tolist():
-                self._mark_acked(o, seq, now)
-            o.cum = info.base
-        end = info.covered()
-        if end > info.base:
-            bits = np.unpackbits(np.frombuffer(info.bitmap, dtype=np.uint8))[: end - info.base]
-            got = np.nonzero(bits)[0] + info.base
-            for seq in got[o.acked[got] == 0].tolist():
-                self._mark_acked(o, seq, now)
-        if o.n_acked == n:
+            newly = np.nonzero(o.acked == 0)[0].tolist()
+        else:
+            newly = []
+            if info.base > o.cum:
+                newly = (np.nonzero(o.acked[o.cum : info.base] == 0)[0] + o.cum).tolist()
+                o.cum = info.base
+            end = info.covered()
+            if end > info.base:
+                bits = np.unpackbits(np.frombuffer(info.bitmap, dtype=np.uint8))[: end - info.base]
+                got = np.nonzero(bits)[0] + info.base
+                newly += got[o.acked[got] == 0].tolist()
+        for seq in newly:  # the RTT sample comes from the newest fragment, if it was sent once
+            self._mark_acked(o, seq)
+            if newest is None or o.order[seq] > o.order[newest]:
+                newest = seq
+        p = self._peer(o.handle.dst)
+        if o.n_acked > before:
+            p.backoff = 0  # a fresh ACK: the path works, forget the backoff
+            self._rate_sample(p, sum(len(o.frames[s]) for s in newly), now)
+        if newest is not None and o.copies[newest] == 1:  # Karn: never from a retransmission
+            self._rtt_sample(p, now - o.tx_time[newest])
+        if info.complete or o.n_acked == n:
             self._finish(o, SendStatus.DELIVERED, "", now)
             return
         tol = self.config.reorder_tolerance
+        wnd = 0.25 * p.srtt if p.srtt is not None else 0.0
+        end = info.covered()
         for seq in [s for s in o.in_flight if s < end]:
-            if o.order[seq] + tol < o.max_acked_order:
-                del o.in_flight[seq]
-                self._in_flight -= 1
+            order = o.order[seq]
+            if order + tol < o.max_acked_order or (
+                order < o.max_acked_order and o.tx_time[seq] + wnd < o.max_acked_tx
+            ):
+                self._leave_flight(o, seq)
                 self.stats.fast_retransmissions += 1
                 self._requeue(o, seq, front=True)
 
     def _on_nack(self, frame: Frame, now: float) -> None:
         o = self._out.get((frame.src, frame.msg_id))
-        if o is None or len(frame.payload) != NACK_PAYLOAD.size:
+        if o is None:
             self.stats.stale_acks += 1
             return
-        code, _ = NACK_PAYLOAD.unpack(frame.payload)
+        if len(frame.payload) != NACK_PAYLOAD.size:
+            self.stats.bad_nacks += 1
+            return
+        code, count = NACK_PAYLOAD.unpack(frame.payload)
+        if code not in _NACK_REASONS or count != len(o.frames):
+            self.stats.bad_nacks += 1
+            logger.debug("NACK from %d with code %d / count %d ignored", frame.src, code, count)
+            return
         self.stats.nacks_rx += 1
         if code == NACK_RESET:
             logger.info("node %d reset msg %d: sending it again", frame.src, frame.msg_id)
@@ -588,37 +911,68 @@ class ArqEndpoint:
             for seq in range(len(o.frames)):
                 self._requeue(o, seq, front=False)
             return
-        why = _NACK_REASONS.get(code, f"code {code}")
-        self._finish(o, SendStatus.FAILED, f"rejected by receiver: {why}", now)
+        self._finish(o, SendStatus.FAILED, f"rejected by receiver: {_NACK_REASONS[code]}", now)
 
-    def _mark_acked(self, o: _Outgoing, seq: int, now: float) -> None:
+    def _mark_acked(self, o: _Outgoing, seq: int) -> bool:
+        """Mark a fragment acknowledged; True when it was not acknowledged before."""
         if o.acked[seq]:
-            return
+            return False
         o.acked[seq] = 1
         o.n_acked += 1
         if seq in o.in_flight:
-            del o.in_flight[seq]
-            self._in_flight -= 1
+            self._leave_flight(o, seq)
         if o.order[seq] > o.max_acked_order:
             o.max_acked_order = o.order[seq]
-        if o.copies[seq] == 1:  # Karn: RTT samples only from fragments sent once
-            self._rtt_sample(o.handle.dst, now - o.tx_time[seq])
+            o.max_acked_tx = o.tx_time[seq]
+        return True
 
-    def _rtt_sample(self, dst: int, sample: float) -> None:
-        prev = self._rtt.get(dst)
-        if prev is None:
-            self._rtt[dst] = (sample, sample / 2)
+    def _peer(self, dst: int) -> _Peer:
+        p = self._peers.get(dst)
+        if p is None:
+            p = self._peers[dst] = _Peer()
+        return p
+
+    def _rtt_sample(self, p: _Peer, sample: float) -> None:
+        if p.srtt is None:
+            p.srtt, p.rttvar = sample, sample / 2
         else:
-            srtt, var = prev
-            var = 0.75 * var + 0.25 * abs(srtt - sample)
-            srtt = 0.875 * srtt + 0.125 * sample
-            self._rtt[dst] = (srtt, var)
+            p.rttvar = 0.75 * p.rttvar + 0.25 * abs(p.srtt - sample)
+            p.srtt = 0.875 * p.srtt + 0.125 * sample
+
+    def _rate_sample(self, p: _Peer, nbytes: int, now: float) -> None:
+        """Delivery rate: bytes acknowledged per second while data was in flight."""
+        if p.rate_t0 is None:
+            p.rate_t0, p.rate_acc = now, 0
+            return
+        p.rate_acc += nbytes
+        dt = now - p.rate_t0
+        if dt >= max(0.01, p.srtt or 0.0) and p.rate_acc > 0:
+            # windowed maximum (as BBR's bottleneck bandwidth): losses and timeouts make
+            # samples small, and a small rate must not lengthen the RTO that slowed it
+            p.rate_samples.append((now, p.rate_acc / dt))
+            while p.rate_samples and now - p.rate_samples[0][0] > RATE_WINDOW_S:
+                p.rate_samples.popleft()
+            p.rate = max(r for _, r in p.rate_samples)
+            p.rate_t0, p.rate_acc = now, 0
 
     def _rto(self, dst: int) -> float:
-        prev = self._rtt.get(dst)
         cfg = self.config
-        base = cfg.initial_rto if prev is None else prev[0] + 4 * prev[1] + cfg.ack_delay
-        return min(cfg.max_rto, max(cfg.min_rto, base))
+        p = self._peers.get(dst)
+        if p is None or p.srtt is None:
+            base = cfg.initial_rto
+        else:
+            base = p.srtt + max(4 * p.rttvar, cfg.rto_granularity) + cfg.ack_delay
+        base = max(cfg.min_rto, base)
+        if p is not None:
+            if p.rate and cfg.rate_floor:  # what is queued ahead of a frame must drain first
+                base = max(base, 1.5 * p.inflight_bytes / p.rate)
+            base *= cfg.backoff**p.backoff
+        return min(cfg.max_rto, base)
+
+    def _leave_flight(self, o: _Outgoing, seq: int) -> None:
+        del o.in_flight[seq]
+        self._in_flight -= 1
+        self._peer(o.handle.dst).inflight_bytes -= len(o.frames[seq])
 
     def _requeue(self, o: _Outgoing, seq: int, front: bool) -> None:
         if o.acked[seq] or o.queued[seq]:
@@ -672,6 +1026,9 @@ class ArqEndpoint:
 
     def _transmit_data(self, o: _Outgoing, seq: int, now: float) -> None:
         frame = o.frames[seq]
+        dst = o.handle.dst
+        if o.copies[seq] == 0:
+            o.n_sent += 1
         o.copies[seq] += 1
         if o.copies[seq] > 1:
             self.stats.retransmissions += 1
@@ -679,28 +1036,53 @@ class ArqEndpoint:
         o.order[seq] = self._order
         self._order += 1
         o.tx_time[seq] = now
-        rto = self._rto(o.handle.dst) * self.config.backoff ** o.timeouts[seq]
-        o.in_flight[seq] = now + min(rto, self.config.max_rto)
+        p = self._peer(dst)
+        p.inflight_bytes += len(frame)
+        o.in_flight[seq] = now + self._rto(dst)
         self._in_flight += 1
         o.handle.frames_sent += 1
         self.stats.data_tx += 1
         self.stats.bytes_tx += len(frame)
         self.transmit(frame)
+        if seq in o.timed_out:  # a timeout: repeat the copy, a lone copy is often lost again
+            o.timed_out.discard(seq)
+            for _ in range(self.config.rto_copies - 1):
+                self.stats.bytes_tx += len(frame)
+                self.transmit(frame)
 
-    def _tx_control(self, ftype: FrameType, dst: int, msg_id: int, payload: bytes) -> None:
-        raw = encode_frame(ftype, self.node_id, dst, msg_id, 0, 1, payload, self.config.mtu)
-        self.stats.bytes_tx += len(raw)
-        self.transmit(raw)
+    def _end(self, o: _Outgoing, reason: str, now: float) -> None:
+        """End a send without confirmation: FAILED if part of it never left, else UNCONFIRMED."""
+        maybe = o.handle.retry or o.n_sent == len(o.frames)
+        self._finish(o, SendStatus.UNCONFIRMED if maybe else SendStatus.FAILED, reason, now)
 
     def _finish(self, o: _Outgoing, status: SendStatus, reason: str, now: float) -> None:
         key = (o.handle.dst, o.handle.msg_id)
         if self._out.pop(key, None) is None:
             return
-        self._in_flight -= len(o.in_flight)
-        o.in_flight.clear()
+        for seq in list(o.in_flight):
+            self._leave_flight(o, seq)
+        if not any(d == key[0] for d, _ in self._out):
+            self._peer(key[0]).rate_t0 = None  # idle: the next rate sample starts afresh
         if status is SendStatus.DELIVERED:
             self.stats.sends_delivered += 1
+        elif status is SendStatus.UNCONFIRMED:
+            self.stats.sends_unconfirmed += 1
+            self._unconfirmed[(key[0], o.digest)] = (key[1], now)
+            self._unconfirmed.move_to_end((key[0], o.digest))
+            while len(self._unconfirmed) > max(1, self.config.completed_memory):
+                self._unconfirmed.popitem(last=False)
+            logger.warning(
+                "send of msg %d to node %d unconfirmed (%s): the receiver may hold it; "
+                "sending the same bytes again reuses the message id",
+                key[1],
+                key[0],
+                reason,
+            )
         else:
             self.stats.sends_failed += 1
             logger.warning("send of msg %d to node %d failed: %s", key[1], key[0], reason)
         o.handle._finish(status, reason, now)
+
+
+def _complete_ack(count: int) -> bytes:
+    return encode_ack(AckInfo(True, count, count, b""))

@@ -74,6 +74,7 @@ class ReassemblerStats:
     inconsistent: int = 0  # fragments whose count disagrees with their message
     rejected: int = 0  # messages larger than max_fragments or max_bytes
     evictions: int = 0  # partial messages dropped to respect max_messages / max_bytes
+    busy: int = 0  # new messages refused: no room that this sender may take (quotas)
     timeouts: int = 0  # partial messages dropped after the inactivity timeout
     completed: int = 0  # messages reassembled
 
@@ -93,14 +94,37 @@ class CompletedMessage:
 
 
 class _Partial:
-    """State of a message being reassembled."""
+    """State of a message being reassembled.
 
-    __slots__ = ("count", "dst", "frags", "bitmap", "received", "nbytes", "created", "updated")
+    Fragments are copied into one buffer allocated when the first fragment other than the last
+    arrives (all but the last fragment carry the same number of bytes ``flen``), so the whole
+    reservation ``count * flen`` is charged to the sender's quota up front, completion costs one
+    copy, and the memory goes back to the system in one piece when the message is dropped.
+    """
 
-    def __init__(self, count: int, dst: int, now: float) -> None:
+    __slots__ = (
+        "count",
+        "dst",
+        "src",
+        "trusted",
+        "buf",
+        "flen",
+        "last",
+        "bitmap",
+        "received",
+        "nbytes",
+        "created",
+        "updated",
+    )
+
+    def __init__(self, src: int, count: int, dst: int, trusted: bool, now: float) -> None:
+        self.src = src
         self.count = count
         self.dst = dst
-        self.frags: dict[int, bytes] = {}
+        self.trusted = trusted
+        self.buf: bytearray | None = None
+        self.flen = -1  # bytes of every fragment but the last; -1 until known
+        self.last: bytes | None = None  # the last fragment while the buffer is not allocated
         self.bitmap = bytearray((count + 7) // 8)
         self.received = 0
         self.nbytes = len(self.bitmap)
@@ -109,7 +133,16 @@ class _Partial:
 
 
 class Reassembler:
-    """Collects DATA frames into messages with bounded memory (messages, bytes, timeout)."""
+    """Collects DATA frames into messages with bounded memory (messages, bytes, timeout).
+
+    Bounds hold in total and per sender (``max_messages_per_sender``,
+    ``max_bytes_per_sender``). A partial message is charged its whole size (fragment count x
+    fragment length) as soon as that is known. Frames pushed with ``trusted=True`` (the ARQ does
+    this for senders authenticated with a link key) have priority: an untrusted sender can only
+    evict its own or other untrusted partial messages, never a trusted one, and the memory of
+    completed messages is kept apart for trusted and untrusted senders so that a flood of
+    untrusted messages cannot make a trusted sender's retransmission count as new.
+    """
 
     def __init__(
         self,
@@ -122,11 +155,17 @@ class Reassembler:
         clock: Callable[[], float] = time.monotonic,
         mtu: int = DEFAULT_MTU,
         on_drop: Callable[[Key, str, int], None] | None = None,
+        max_messages_per_sender: int | None = None,
+        max_bytes_per_sender: int | None = None,
     ) -> None:
         if max_messages < 1 or max_bytes < 1 or timeout <= 0 or max_fragments < 1:
             raise ValueError("reassembler limits must be positive")
         self.max_messages = max_messages
         self.max_bytes = max_bytes
+        self.max_messages_per_sender = min(max_messages, max_messages_per_sender or max_messages)
+        self.max_bytes_per_sender = min(max_bytes, max_bytes_per_sender or max_bytes)
+        if self.max_messages_per_sender < 1 or self.max_bytes_per_sender < 1:
+            raise ValueError("per-sender reassembly limits must be positive")
         self.timeout = timeout
         self.max_fragments = max_fragments
         self.completed_memory = completed_memory
@@ -136,8 +175,13 @@ class Reassembler:
         self.on_drop = on_drop
         self.stats = ReassemblerStats()
         self._partials: OrderedDict[Key, _Partial] = OrderedDict()  # oldest first
-        self._done: OrderedDict[Key, float] = OrderedDict()  # recently completed, oldest first
+        # recently completed keys, oldest first: [untrusted, trusted]
+        self._done: tuple[OrderedDict[Key, float], OrderedDict[Key, float]] = (
+            OrderedDict(),
+            OrderedDict(),
+        )
         self._bytes = 0
+        self._by_sender: dict[int, list[int]] = {}  # src -> [messages, bytes]
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -147,8 +191,13 @@ class Reassembler:
 
     @property
     def bytes_in_flight(self) -> int:
-        """Bytes held by partial messages (payloads + bitmaps)."""
+        """Bytes reserved by partial messages (buffers + bitmaps)."""
         return self._bytes
+
+    def sender_usage(self, src: int) -> tuple[int, int]:
+        """(partial messages, bytes reserved) held for sender ``src``."""
+        m, b = self._by_sender.get(src, (0, 0))
+        return m, b
 
     def bitmap(self, src: int, msg_id: int) -> bytes | None:
         """MSB-first bitmap of received fragments of a partial message, or None if not held."""
@@ -162,7 +211,8 @@ class Reassembler:
 
     def is_completed(self, src: int, msg_id: int) -> bool:
         """Whether (src, msg_id) completed recently (its late duplicates are not re-delivered)."""
-        return (src, msg_id) in self._done
+        key = (src, msg_id)
+        return key in self._done[1] or key in self._done[0]
 
     def next_deadline(self) -> float | None:
         """Clock time at which the oldest partial message times out, or None."""
@@ -171,7 +221,7 @@ class Reassembler:
         return min(p.updated for p in self._partials.values()) + self.timeout
 
     # -- input -----------------------------------------------------------------------------
-    def push_raw(self, raw: bytes) -> CompletedMessage | None:
+    def push_raw(self, raw: bytes, trusted: bool = False) -> CompletedMessage | None:
         """Decode raw bytes and push the frame; CRC and format errors are counted, not raised."""
         try:
             frame = decode_frame(raw, self.mtu)
@@ -181,9 +231,9 @@ class Reassembler:
         except FrameError:
             self.stats.bad_frames += 1
             return None
-        return self.push(frame)
+        return self.push(frame, trusted)
 
-    def push(self, frame: Frame) -> CompletedMessage | None:
+    def push(self, frame: Frame, trusted: bool = False) -> CompletedMessage | None:
         """Store one decoded DATA frame; return the message when this frame completes it."""
         now = self.clock()
         self.expire(now)
@@ -191,37 +241,52 @@ class Reassembler:
             self.stats.not_data += 1
             return None
         key = (frame.src, frame.msg_id)
-        if key in self._done:
+        if key in self._done[1] or key in self._done[0]:
             self.stats.duplicates += 1
             return None
         p = self._partials.get(key)
         if p is None:
-            p = self._start(key, frame, now)
+            if frame.count == 1:  # a whole message in one frame: nothing to hold
+                return self._complete(key, frame.dst, bytes(frame.payload), trusted, now)
+            p = self._start(key, frame, trusted, now)
             if p is None:
                 return None
-        elif frame.count != p.count:
+        elif frame.count != p.count or (trusted and not p.trusted):
+            # a trusted sender's frame never joins a message an untrusted one started
             self.stats.inconsistent += 1
             return None
-        if p.bitmap[frame.seq >> 3] & (0x80 >> (frame.seq & 7)):
+        seq = frame.seq
+        if p.bitmap[seq >> 3] & (0x80 >> (seq & 7)):
             self.stats.duplicates += 1
             return None
         size = len(frame.payload)
-        if not self._make_room(size, key):
-            return None
-        p.frags[frame.seq] = frame.payload
-        p.bitmap[frame.seq >> 3] |= 0x80 >> (frame.seq & 7)
+        is_last = seq == p.count - 1
+        if p.buf is None:
+            if is_last:
+                p.last = bytes(frame.payload)
+            else:
+                if p.last is not None and len(p.last) > size:
+                    self.stats.inconsistent += 1
+                    return None
+                if not self._allocate(key, p, size):
+                    return None
+        if p.buf is not None:
+            if (not is_last and size != p.flen) or (is_last and size > p.flen):
+                self.stats.inconsistent += 1
+                return None
+            off = seq * p.flen
+            p.buf[off : off + size] = frame.payload
+            if is_last:
+                del p.buf[off + size :]  # the buffer now has exactly the message's length
+        p.bitmap[seq >> 3] |= 0x80 >> (seq & 7)
         p.received += 1
-        p.nbytes += size
         p.updated = now
-        self._bytes += size
         self.stats.frames_ok += 1
         if p.received < p.count:
             return None
-        payload = b"".join(p.frags[i] for i in range(p.count))
+        payload = bytes(p.buf)  # the one copy; the buffer is released just below
         self._remove(key)
-        self._remember(key, now)
-        self.stats.completed += 1
-        return CompletedMessage(frame.src, p.dst, frame.msg_id, payload)
+        return self._complete(key, p.dst, payload, p.trusted, now)
 
     def expire(self, now: float | None = None) -> list[Key]:
         """Drop partial messages idle longer than the timeout and stale completion memory."""
@@ -230,11 +295,12 @@ class Reassembler:
         for k in dead:
             self._drop(k, "timeout")
             self.stats.timeouts += 1
-        while self._done:
-            k, t = next(iter(self._done.items()))
-            if now - t < self.completed_ttl:
-                break
-            del self._done[k]
+        for done in self._done:
+            while done:
+                k, t = next(iter(done.items()))
+                if now - t < self.completed_ttl:
+                    break
+                del done[k]
         return dead
 
     def discard(self, src: int, msg_id: int) -> bool:
@@ -245,38 +311,89 @@ class Reassembler:
         return False
 
     # -- internals -------------------------------------------------------------------------
-    def _start(self, key: Key, frame: Frame, now: float) -> _Partial | None:
+    def _start(self, key: Key, frame: Frame, trusted: bool, now: float) -> _Partial | None:
         """Create state for a new message, rejecting ones that can never fit."""
-        est = (frame.count - 1) * len(frame.payload) if frame.seq < frame.count - 1 else 0
-        if frame.count > self.max_fragments or est + (frame.count + 7) // 8 > self.max_bytes:
+        count = frame.count
+        est = count * len(frame.payload) if frame.seq < count - 1 else 0
+        if count > self.max_fragments or est + (count + 7) // 8 > self.max_bytes_per_sender:
             self.stats.rejected += 1
             if self.on_drop:
-                self.on_drop(key, "too_large", frame.count)
+                self.on_drop(key, "too_large", count)
             return None
-        while len(self._partials) >= self.max_messages:
-            oldest = next(iter(self._partials))
-            self._drop(oldest, "evicted")
+        src = key[0]
+        while self.sender_usage(src)[0] >= self.max_messages_per_sender:
+            own = next(k for k in self._partials if k[0] == src)
+            self._drop(own, "evicted")
             self.stats.evictions += 1
-        p = _Partial(frame.count, frame.dst, now)
+        if not self._room(key, (count + 7) // 8, trusted, new=True):
+            self.stats.busy += 1
+            return None
+        p = _Partial(src, count, frame.dst, trusted, now)
         self._partials[key] = p
-        self._bytes += p.nbytes
+        self._charge(src, 1, p.nbytes)
         return p
 
-    def _make_room(self, size: int, key: Key) -> bool:
-        """Evict the oldest other messages until ``size`` more bytes fit; False if impossible."""
-        while self._bytes + size > self.max_bytes:
-            victim = next((k for k in self._partials if k != key), None)
+    def _allocate(self, key: Key, p: _Partial, flen: int) -> bool:
+        """Reserve and allocate the message buffer once the fragment length is known."""
+        need = p.count * flen
+        if flen == 0 or need + len(p.bitmap) > self.max_bytes_per_sender:
+            self._drop(key, "too_large")
+            self.stats.rejected += 1
+            return False
+        if not self._room(key, need, p.trusted, new=False):
+            self._drop(key, "busy")
+            self.stats.busy += 1
+            return False
+        p.flen = flen
+        p.buf = bytearray(need)
+        if p.last is not None:
+            off = (p.count - 1) * flen
+            p.buf[off : off + len(p.last)] = p.last
+            del p.buf[off + len(p.last) :]
+            p.last = None
+        p.nbytes += need
+        self._charge(key[0], 0, need)
+        return True
+
+    def _room(self, key: Key, size: int, trusted: bool, new: bool) -> bool:
+        """Evict until ``size`` more bytes (and one more message if ``new``) fit; False if not.
+
+        The sender's own partial messages go first (its quota), then other senders' oldest
+        untrusted ones; a trusted sender may also evict other trusted ones as a last resort.
+        """
+        src = key[0]
+        while self.sender_usage(src)[1] + size > self.max_bytes_per_sender:
+            own = next((k for k in self._partials if k[0] == src and k != key), None)
+            if own is None:
+                return False
+            self._drop(own, "evicted")
+            self.stats.evictions += 1
+        while self._bytes + size > self.max_bytes or (
+            new and len(self._partials) >= self.max_messages
+        ):
+            victim = next(
+                (k for k, q in self._partials.items() if k != key and not q.trusted), None
+            )
+            if victim is None and trusted:
+                victim = next((k for k in self._partials if k != key), None)
             if victim is None:
-                self._drop(key, "too_large")
-                self.stats.rejected += 1
                 return False
             self._drop(victim, "evicted")
             self.stats.evictions += 1
         return True
 
+    def _charge(self, src: int, messages: int, nbytes: int) -> None:
+        use = self._by_sender.setdefault(src, [0, 0])
+        use[0] += messages
+        use[1] += nbytes
+        self._bytes += nbytes
+        if use[0] <= 0:
+            del self._by_sender[src]
+
     def _remove(self, key: Key) -> None:
         p = self._partials.pop(key)
-        self._bytes -= p.nbytes
+        self._charge(key[0], -1, -p.nbytes)
+        p.buf = None  # release the buffer now, even if someone still holds the _Partial
 
     def _drop(self, key: Key, reason: str) -> None:
         logger.debug("dropping partial message %s: %s", key, reason)
@@ -285,10 +402,14 @@ class Reassembler:
         if self.on_drop:
             self.on_drop(key, reason, count)
 
-    def _remember(self, key: Key, now: float) -> None:
-        if self.completed_memory <= 0:
-            return
-        self._done[key] = now
-        self._done.move_to_end(key)
-        while len(self._done) > self.completed_memory:
-            self._done.popitem(last=False)
+    def _complete(
+        self, key: Key, dst: int, payload: bytes, trusted: bool, now: float
+    ) -> CompletedMessage:
+        if self.completed_memory > 0:
+            done = self._done[1 if trusted else 0]
+            done[key] = now
+            done.move_to_end(key)
+            while len(done) > self.completed_memory:
+                done.popitem(last=False)
+        self.stats.completed += 1
+        return CompletedMessage(key[0], dst, key[1], payload)

@@ -492,20 +492,22 @@ def _decode_record(
         (k,) = rd.unpack(">I", "sparse group count")
         if not 1 <= k < G:
             raise BadFieldError(f"tensor {name!r}: sparse record carries {k} of {G} groups")
-        idx = np.frombuffer(rd.take(4 * k, "group indices"), dtype=">u4").astype(np.int64)
-        if idx[-1] >= G or (k > 1 and np.any(np.diff(idx) <= 0)):
+        idx = np.frombuffer(rd.take(4 * k, "group indices"), dtype=">u4")  # a view, no copy
+        if int(idx[-1]) >= G or (k > 1 and bool(np.any(idx[1:] <= idx[:-1]))):
             raise BadFieldError(f"tensor {name!r}: group indices not increasing or >= {G}")
     else:
         k = G
         idx = None
-    if idx is None:
-        starts, sizes = _group_slices(n, G, np.arange(G, dtype=np.int64))
-    else:
-        starts, sizes = _group_slices(n, G, idx)
-    m = int(sizes.sum())
+    # Groups follow numpy's array_split rule: the first ``rem`` have base + 1 elements, the rest
+    # base. Carried groups are sorted, so they form two regular blocks too (``big`` groups of
+    # base + 1, then k - big of base): scales and scatters are reshapes, never per-element index
+    # arrays or per-group Python loops (peak memory stays within 2 x the message, docs/link.md).
+    base, rem = divmod(n, G) if G else (0, 0)
+    big = (rem if idx is None else int(np.searchsorted(idx, rem))) if G else 0
+    m = big * (base + 1) + (k - big) * base if G else 0
     scales = None
     if enc == Encoding.INT8:
-        scales = np.frombuffer(rd.take(4 * k, "int8 scales"), dtype=">f4").astype(np.float32)
+        scales = np.frombuffer(rd.take(4 * k, "int8 scales"), dtype=">f4")  # a view, no copy
         if not np.all(np.isfinite(scales)) or np.any(scales < 0):
             raise BadFieldError(f"tensor {name!r}: INT8 scale not finite and >= 0")
     (dlen,) = rd.unpack(">Q", "data length")
@@ -520,11 +522,17 @@ def _decode_record(
         u = np.frombuffer(raw, dtype=np.uint8)
         if u.size and u.max() > 1:
             raise BadFieldError(f"tensor {name!r}: bool bytes other than 0/1")
+    native = dtype.newbyteorder("=")
     if enc == Encoding.INT8:
         assert scales is not None
-        vals = vals.astype(np.float32) * np.repeat(scales, sizes)
-    with np.errstate(over="ignore"):  # a float32 value beyond float16 range decodes to inf
-        vals = vals.astype(dtype.newbyteorder("="), copy=True)
+        f = vals.astype(np.float32)
+        cut = big * (base + 1)
+        _scale_groups(f[:cut], scales[:big], base + 1)
+        _scale_groups(f[cut:], scales[big:], base)
+        vals = f if native == np.float32 else f.astype(native)
+    else:
+        with np.errstate(over="ignore"):  # a float32 value beyond float16 range decodes to inf
+            vals = vals.astype(native, copy=True)
     if idx is None:
         return name, vals.reshape(shape)
     if reference is None:
@@ -532,18 +540,42 @@ def _decode_record(
     if name not in reference:
         raise ReferenceMismatchError(f"tensor {name!r} missing from the reference")
     ref = np.asarray(reference[name])
-    if ref.shape != tuple(shape) or np.dtype(ref.dtype).newbyteorder("=") != dtype.newbyteorder(
-        "="
-    ):
+    if ref.shape != tuple(shape) or np.dtype(ref.dtype).newbyteorder("=") != native:
         raise ReferenceMismatchError(
             f"tensor {name!r}: reference {ref.dtype}{ref.shape} vs message {dtype}{tuple(shape)}"
         )
-    out = np.array(ref, dtype=dtype.newbyteorder("="), copy=True).reshape(-1)
-    pos = 0
-    for st, s in zip(starts, sizes, strict=True):
-        out[st : st + s] = vals[pos : pos + s]
-        pos += s
+    out = np.array(ref, dtype=native, copy=True).reshape(-1)
+    cut = big * (base + 1)
+    head = rem * (base + 1)
+    _scatter_groups(out[:head], idx[:big], 0, vals[:cut], base + 1)
+    _scatter_groups(out[head:], idx[big:], rem, vals[cut:], base)
     return name, out.reshape(shape)
+
+
+_GROUP_CHUNK = 1 << 16  # groups handled per numpy call: bounds the decoder's temporaries
+
+
+def _scale_groups(f: np.ndarray, scales: np.ndarray, size: int) -> None:
+    """Multiply consecutive groups of ``size`` values of ``f`` by their scales, in place."""
+    for g0 in range(0, len(scales), _GROUP_CHUNK):
+        g1 = min(len(scales), g0 + _GROUP_CHUNK)
+        blk = f[g0 * size : g1 * size].reshape(g1 - g0, size)
+        blk *= scales[g0:g1].astype(np.float32)[:, None]
+
+
+def _scatter_groups(
+    out: np.ndarray, rows: np.ndarray, first: int, vals: np.ndarray, size: int
+) -> None:
+    """Write consecutive groups of ``vals`` into groups ``rows - first`` of ``out``."""
+    if not len(rows) or not size:
+        return
+    grid = out.reshape(-1, size)
+    for g0 in range(0, len(rows), _GROUP_CHUNK):
+        g1 = min(len(rows), g0 + _GROUP_CHUNK)
+        r = rows[g0:g1].astype(np.intp)
+        if first:
+            r -= first
+        grid[r] = vals[g0 * size : g1 * size].reshape(g1 - g0, size)
 
 
 def decode_message(
@@ -594,9 +626,9 @@ def decode_message(
         raise TrailingBytesError(f"{len(payload) - rd.pos} bytes after the last tensor record")
     if delta:
         assert reference is not None
-        merged = {k: np.array(v, copy=True) for k, v in reference.items()}
+        merged = {k: np.array(v, copy=True) for k, v in reference.items() if k not in tensors}
         merged.update(tensors)
-        tensors = merged
+        tensors = {k: merged[k] for k in [*reference, *(t for t in tensors if t not in reference)]}
     msg.tensors = tensors
     return msg
 

@@ -127,7 +127,8 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
       * in  "frames_in": frames received, from frame_parser (header in metadata) or raw frames.
       * out "delivered": each reassembled message once, metadata "src", "dst", "size".
       * out "status": one PDU per send when it finishes: metadata "msg_id", "dst", "size",
-        "status" ("delivered"/"failed"), "reason", "elapsed" plus the echoed send metadata.
+        "status" ("delivered"/"failed"/"unconfirmed"), "reason", "elapsed" plus the echoed
+        send metadata.
 
     A timer thread (scaleflu.link.ArqLink) drives retransmissions, delayed ACKs and pacing; at
     most ``window`` DATA frames are in flight and, with ``rate_bytes_per_s`` > 0, a token bucket
@@ -175,7 +176,7 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
 
     # -- Python API (used by the Link back-ends in scaleflu.radio.links) ----------------------
     def send(self, dst: int, payload: bytes, deadline: float | None = None) -> SendHandle:
-        """Start sending ``payload`` to ``dst``; the handle reports DELIVERED or FAILED."""
+        """Start sending ``payload`` to ``dst``; the handle reports DELIVERED/FAILED/UNCONFIRMED."""
         return self.link.send_async(dst, bytes(payload), deadline)
 
     def feed(self, raw: bytes) -> None:

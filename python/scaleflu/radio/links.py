@@ -195,6 +195,10 @@ class GrLink(Link):
         """Fail a pending send now."""
         self.arq.link.cancel(handle, reason)
 
+    def set_peer_key(self, peer: int, key: bytes | None) -> None:
+        """Authenticate every frame exchanged with ``peer`` (see ArqEndpoint.set_peer_key)."""
+        self.arq.link.set_peer_key(peer, key)
+
     def recv(self, timeout: float | None = None) -> tuple[int, bytes] | None:
         """Next delivered (src, payload) or None after ``timeout``."""
         return self.arq.link.recv(timeout)

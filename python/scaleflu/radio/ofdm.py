@@ -16,6 +16,7 @@ min_noutput_items"); ``min_output_buffer`` sets them on the stock hier blocks.
 
 from __future__ import annotations
 
+import logging
 import math
 
 import pmt
@@ -35,6 +36,8 @@ __all__ = [
     "ofdm_link_tx",
     "samples_per_frame",
 ]
+
+logger = logging.getLogger(__name__)
 
 LEN_TAG_KEY = "packet_len"
 DEFAULT_POST_PADDING = 160  # zero samples after each burst (2 OFDM symbols at FFT 64, CP 16)
@@ -294,7 +297,11 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         for b in (pay_ser, pay_demod, pack, descrambler, self.crc):
             b.set_min_output_buffer(bit_buf)
         self.to_pdu = pdu.tagged_stream_to_pdu(gr.types.byte_t, len_tag_key)
-        self.parser = _gr_scaleflu.frame_parser(node_id)
+        try:
+            self.parser = _gr_scaleflu.frame_parser(node_id, mtu)
+        except TypeError:  # a C++ build older than the parser's MTU check: rebuild it
+            logger.warning("gnuradio.scaleflu is an old build: frame_parser has no mtu check")
+            self.parser = _gr_scaleflu.frame_parser(node_id)
         self.connect((hpd, 1), pay_fft, pay_eq, pay_ser, pay_demod, pack, descrambler)
         self.connect(descrambler, self.crc, self.to_pdu)
         self.msg_connect(self.to_pdu, "pdus", self.parser, "in")
