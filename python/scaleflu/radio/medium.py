@@ -301,6 +301,8 @@ class MediumModel:
         self.active_samples = 0  # samples where at least one transmitter was on
         self.steps = 0
         self.quiet_steps = 0  # consecutive steps with no transmitter on
+        self.first_active: int | None = None  # absolute sample of the first transmitted sample
+        self.last_active: int | None = None  # ... and one past the last
 
     def add(self, node: int) -> None:
         """Attach a node (from the next step on)."""
@@ -356,7 +358,12 @@ class MediumModel:
             if c:
                 count += on[n]
         self.collision_samples += int(np.count_nonzero(count >= 2))
-        self.active_samples += int(np.count_nonzero(count))
+        busy = np.flatnonzero(count)
+        if len(busy):
+            self.active_samples += len(busy)
+            if self.first_active is None:
+                self.first_active = self.t + int(busy[0])
+            self.last_active = self.t + int(busy[-1]) + 1
         bufs = {n: np.concatenate([self._hist[n], blocks[n]]) for n in self.nodes}
         out: dict[int, np.ndarray] = {}
         for j in self.nodes:
@@ -432,6 +439,8 @@ class MediumModel:
             "active_samples": self.active_samples,
             "collision_samples": self.collision_samples,
             "collision_s": self.collision_samples / sr,
+            "first_active": self.first_active,
+            "last_active": self.last_active,
         }
 
 
