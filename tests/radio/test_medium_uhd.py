@@ -121,3 +121,65 @@ def test_usrp_tx_without_a_radio_is_one_clear_error():
         uhd.RadioNotFound, match=r'no USRP found for device args "type=b200" \(TX\)'
     ):
         uhd.usrp_tx("type=b200")
+
+
+GRC_DIR = __import__("pathlib").Path(__file__).resolve().parents[2] / "grc"
+
+
+def test_shared_medium_flowgraphs_compile_and_deliver(tmp_path):
+    """grc/server_shared_medium.grc and robot_shared_medium.grc: one frequency, via the broker."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig
+
+    if shutil.which("grcc") is None:
+        pytest.skip("grcc not installed")
+    env = dict(os.environ, GRC_BLOCKS_PATH=str(GRC_DIR), GR_DONT_LOAD_PREFS="1")
+    for name in ("server_shared_medium", "robot_shared_medium"):
+        r = subprocess.run(
+            ["grcc", "-o", str(tmp_path), str(GRC_DIR / f"{name}.grc")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    cfg = MediumConfig(
+        nodes=(0, 1),
+        address="tcp://127.0.0.1:0",
+        seed=1,
+        default=LinkChannel(snr_db=20.0, fading="rician"),
+    )
+    with MediumBroker(cfg).start() as br:
+        code = (
+            f"import sys, time; sys.path.insert(0, {str(tmp_path)!r})\n"
+            "from server_shared_medium import server_shared_medium as S\n"
+            "from robot_shared_medium import robot_shared_medium as R\n"
+            f"s = S(broker={br.address!r}); r = R(broker={br.address!r})\n"
+            "s.start(); r.start(); end = time.time() + 40\n"
+            "while s.delivered.num_messages() < 1 and time.time() < end: time.sleep(0.05)\n"
+            "n = s.delivered.num_messages(); r.stop(); s.stop(); r.wait(); s.wait()\n"
+            "print('DELIVERED', n, flush=True)\n"
+            "import os; os._exit(0)\n"
+        )
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=90
+        )
+        assert "DELIVERED 1" in r.stdout, r.stdout[-1500:] + r.stderr[-2000:]
+        assert br.stats()["airtime_samples"]["1"] > 0
+    # without a broker: one line and exit status 1
+    code = (
+        f"import sys; sys.path.insert(0, {str(tmp_path)!r})\n"
+        "from robot_shared_medium import robot_shared_medium as R\n"
+        "R(broker='tcp://127.0.0.1:9', broker_timeout=2.0)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=90
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == (
+        "MediumError: no answer from the medium broker at tcp://127.0.0.1:9"
+    )

@@ -70,6 +70,8 @@ __all__ = [
     "broker_stats",
     "frame_burst",
     "main",
+    "medium_node",
+    "unit_amplitude",
 ]
 
 logger = logging.getLogger(__name__)
@@ -722,6 +724,7 @@ def broker_stats(address: str = DEFAULT_MEDIUM_ADDRESS, timeout: float = 5.0) ->
 
 
 # -- the GNU Radio end of a node ---------------------------------------------------------------
+@functools.cache
 def _gr_blocks() -> tuple[type, type]:
     from gnuradio import gr
 
@@ -795,6 +798,18 @@ def _gr_blocks() -> tuple[type, type]:
             self._cur: np.ndarray | None = None
             self._pos = 0
             self.fed = 0
+            self.on_start: Any = None  # called when the flowgraph starts (medium_node)
+            self.on_stop: Any = None
+
+        def start(self):  # noqa: D102
+            if self.on_start is not None:
+                self.on_start()
+            return True
+
+        def stop(self):  # noqa: D102
+            if self.on_stop is not None:
+                self.on_stop()
+            return True
 
         def work(self, input_items, output_items):  # noqa: D102
             out = output_items[0]
@@ -851,8 +866,13 @@ class MediumPort:
         )
 
     def start(self) -> None:
-        """Start the lockstep thread (after the flowgraph started)."""
-        self._thread.start()
+        """Start the lockstep thread (after the flowgraph started; once)."""
+        if not self._thread.is_alive() and not self._stop.is_set():
+            self._thread.start()
+
+    def stop(self) -> None:
+        """Ask the lockstep thread to stop (without waiting; close() waits and leaves)."""
+        self._stop.set()
 
     def _flush_wait(self) -> None:
         if self._frames_built is None:
@@ -894,6 +914,64 @@ class MediumPort:
         if self._thread.is_alive():
             self._thread.join(self.client.timeout + 1)
         self.client.close()
+
+
+def unit_amplitude(phy: Any = None) -> float:
+    """The ofdm_link_tx amplitude that gives unit mean burst power (what the medium assumes)."""
+    from .links import PhyConfig, burst_power
+
+    return 1.0 / math.sqrt(burst_power(phy or PhyConfig()))
+
+
+@functools.cache
+def _medium_node_class() -> type:
+    from gnuradio import gr
+
+    class medium_node(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
+        """GRC block: TX samples in ("packet_len" tags) -> medium -> RX out.
+
+        ``tx_amplitude`` is the amplitude set on the OFDM Link TX in front (1.0 by default); the
+        node scales its input to unit mean burst power, which the medium's SNRs assume. Joins the broker at ``broker`` when built (a missing broker fails here: MediumError, or
+        one line and exit status 1 with ``exit_on_missing``); the lockstep starts and stops
+        with the flowgraph.
+        """
+
+        def __init__(
+            self,
+            node_id: int = 0,
+            broker: str = DEFAULT_MEDIUM_ADDRESS,
+            timeout: float = 30.0,
+            exit_on_missing: bool = False,
+            tx_amplitude: float = 1.0,
+        ) -> None:
+            from gnuradio import blocks
+
+            gr.hier_block2.__init__(
+                self,
+                "medium_node",
+                gr.io_signature(1, 1, gr.sizeof_gr_complex),
+                gr.io_signature(1, 1, gr.sizeof_gr_complex),
+            )
+            try:
+                self.port = MediumPort(node_id, broker, timeout)
+            except MediumError as exc:
+                if exit_on_missing:
+                    raise SystemExit(f"MediumError: {exc}") from None
+                raise
+            self.port.rx_source.on_start = self.port.start
+            self.port.rx_source.on_stop = self.port.stop
+            if not tx_amplitude > 0:
+                raise ValueError("tx_amplitude must be > 0")
+            self.scale = blocks.multiply_const_cc(unit_amplitude() / tx_amplitude)
+            self.connect(self, self.scale, self.port.tx_sink)
+            self.connect(self.port.rx_source, self)
+
+    return medium_node
+
+
+def medium_node(node_id: int = 0, broker: str = DEFAULT_MEDIUM_ADDRESS, **kw: Any):
+    """GRC block "Shared Medium Node" (see _medium_node_class): TX in, the medium's RX out."""
+    return _medium_node_class()(node_id, broker, **kw)
 
 
 def frame_burst(payload: bytes, src: int, phy: Any = None, dst: int = 0xFFFF) -> np.ndarray:
