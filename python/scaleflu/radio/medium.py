@@ -931,9 +931,10 @@ def _medium_node_class() -> type:
         """GRC block: TX samples in ("packet_len" tags) -> medium -> RX out.
 
         ``tx_amplitude`` is the amplitude set on the OFDM Link TX in front (1.0 by default); the
-        node scales its input to unit mean burst power, which the medium's SNRs assume. Joins the broker at ``broker`` when built (a missing broker fails here: MediumError, or
-        one line and exit status 1 with ``exit_on_missing``); the lockstep starts and stops
-        with the flowgraph.
+        node scales its input to unit mean burst power, which the medium's SNRs assume. Joins
+        the broker at ``broker`` when built (a missing broker fails here: MediumError, or one
+        line and exit status 1 with ``exit_on_missing``); the lockstep starts and stops with
+        the flowgraph.
         """
 
         def __init__(
