@@ -1,0 +1,261 @@
+"""The server-scheduled MAC, the broadcast downlink and the frame-level medium (link.mac/macsim)."""
+
+from __future__ import annotations
+
+import random
+import struct
+
+import numpy as np
+import pytest
+
+from scaleflu.link import ArqConfig, ArqEndpoint, encode_tensors
+from scaleflu.link.frame import BROADCAST
+from scaleflu.link.mac import (
+    BcastStatus,
+    MacConfig,
+    MacFrameError,
+    MacServer,
+    MacStation,
+    MacType,
+    _grant_body,
+    _parse_report,
+    _report_body,
+    decode_mac,
+    encode_mac,
+)
+from scaleflu.link.macsim import MacSim, simulate_round
+
+LENET_PARAMS = 61706  # LeNet-5 as in conftest.LENET_SHAPES
+LENET_BYTES = len(encode_tensors({"w": np.zeros(LENET_PARAMS, dtype=np.float32)}))
+
+
+# -- control frames are checked like any input from the air ------------------------------------
+
+
+def test_mac_frame_round_trip_and_hostile_input():
+    body = _grant_body(7, 4096, [(11, 168), (12, 3)])
+    raw = encode_mac(MacType.GRANT, 0, 5, body)
+    f = decode_mac(raw)
+    assert (f.type, f.src, f.dst, f.body) == (MacType.GRANT, 0, 5, body)
+    bad_crc = raw[:-1] + bytes([raw[-1] ^ 1])
+    for junk in (raw[:5], bad_crc, raw + b"x", b"SM" + b"\x02" + raw[3:]):
+        with pytest.raises(MacFrameError):
+            decode_mac(junk)
+    with pytest.raises(MacFrameError):  # unknown type
+        decode_mac(encode_mac(MacType.GRANT, 0, 5, body)[:3] + b"\x09" + raw[4:])
+    items = [BcastStatus(11, 20, False, b"\xff\x0f\x00"), BcastStatus(12, 3, True, b"")]
+    rep = _report_body(7, 123, items)
+    seq, backlog, got = _parse_report(rep)
+    assert (seq, backlog) == (7, 123)
+    assert got[0].missing() == [8, 9, 10, 11] + list(range(16, 20))
+    assert got[1].complete and got[1].missing() == []
+    for bad in (
+        rep[:-1],  # truncated bitmap... of the second item's header
+        rep + b"\x00",  # trailing
+        struct.pack(">IIB", 1, 0, 200),  # too many items
+        struct.pack(">IIB", 1, 0, 1) + struct.pack(">IIBH", 1, 8, 0, 5) + b"\x00" * 5,  # > count
+    ):
+        with pytest.raises(MacFrameError):
+            _parse_report(bad)
+
+
+def test_server_survives_garbage_and_forged_reports():
+    sim = MacSim(MacConfig(contention_slots=0))
+    ep = ArqEndpoint(0, lambda raw: None, clock=sim.clock)
+    srv = MacServer(ep, sim.transmitter(0), sim.config, members=[1, 2])
+    rng = random.Random(1)
+    for _ in range(200):
+        srv.on_frame(b"SM" + rng.randbytes(rng.randrange(0, 40)))
+    # a well-formed REPORT from a robot that is not a member is ignored, not trusted
+    srv.on_frame(encode_mac(MacType.REPORT, 9, 0, _report_body(1, 10**6, [])))
+    assert 9 not in srv.members
+    assert srv.stats.bad_frames > 150
+    with pytest.raises(ValueError, match="not members"):
+        srv.broadcast(b"x" * 100, [1, 3])
+
+
+# -- the medium ----------------------------------------------------------------------------
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.got: list[bytes] = []
+
+    def on_frame(self, raw: bytes) -> None:
+        self.got.append(raw)
+
+    def poll(self) -> None:
+        pass
+
+    def next_deadline(self) -> None:
+        return None
+
+
+def _link_frame(src: int, dst: int, n: int) -> bytes:
+    from scaleflu.link.frame import encode_frame
+
+    return encode_frame(0, src, dst, 1, 0, 1, bytes([src]) * n)
+
+
+@pytest.mark.parametrize(("gain_db", "captured"), [(0.0, False), (10.0, True)])
+def test_two_unscheduled_overlapping_frames_collide_unless_captured(gain_db, captured):
+    sim = MacSim(MacConfig(), capture_db=6.0)
+    sink = _Sink()
+    for n in (0, 1, 2):
+        sim.add(n, sink if n == 0 else _Sink())
+    sim.set_link(1, 0, gain_db=gain_db)  # robot 1 is gain_db stronger at the server
+    sim.transmitter(1)(_link_frame(1, 0, 1000))
+    sim.now = 0.3e-3  # robot 2 starts while robot 1 is still on air
+    sim.transmitter(2)(_link_frame(2, 0, 1000))
+    while sim.step():
+        pass
+    assert sim.stats.collided_frames == 2
+    if captured:
+        assert [f[4:6] for f in sink.got] == [b"\x00\x01"]
+        assert sim.stats.captured == 1 and sim.stats.lost_collision == 1
+    else:
+        assert sink.got == [] and sim.stats.lost_collision == 2
+
+
+def test_frames_that_do_not_overlap_or_use_other_frequencies_do_not_collide():
+    sim = MacSim(MacConfig())
+    sink = _Sink()
+    sim.add(0, sink, rx_freqs={0.0, 1.0})  # an FDMA server listens on both
+    sim.add(1, _Sink(), freq=0.0)
+    sim.add(2, _Sink(), freq=1.0)
+    sim.transmitter(1)(_link_frame(1, 0, 1000))
+    sim.transmitter(2)(_link_frame(2, 0, 1000))  # same time, other frequency
+    sim.now = 0.01
+    sim.transmitter(1)(_link_frame(1, 0, 1000))  # after the first one ended
+    while sim.step():
+        pass
+    assert len(sink.got) == 3 and sim.stats.collided_frames == 0
+
+
+# -- the MAC in FL rounds --------------------------------------------------------------------
+
+
+def test_scheduled_round_three_robots_bit_exact_without_collision():
+    r = simulate_round("scheduled", 3, LENET_BYTES, seed=3)
+    assert r["all_updates"] and r["models_bit_exact"] == 3 and r["updates_bit_exact"] == 3
+    assert r["collided_frames"] == 0 and r["lost_collision"] == 0
+    assert r["broadcast"]["passes"] == 1 and r["broadcast"]["confirmed"] == [1, 2, 3]
+    # the model went on air once for the three robots
+    assert r["airtime_s"]["downlink"] == pytest.approx(r["model_own_airtime_s"])
+    assert r["airtime_s"]["uplink"] <= 1.15 * r["updates_own_airtime_s"]
+
+
+def test_unscheduled_round_on_one_frequency_collides():
+    r = simulate_round("unscheduled", 3, LENET_BYTES, seed=3)
+    assert r["collided_frames"] > 0 and r["lost_collision"] > 0
+    assert r["retransmissions_on_air"] > 0
+    ideal = simulate_round("per-pair", 3, LENET_BYTES, seed=3)
+    assert ideal["collided_frames"] == 0 and ideal["retransmissions_on_air"] == 0
+    assert r["closed_s"] > ideal["closed_s"]
+
+
+def test_broadcast_repair_delivers_to_a_robot_that_missed_frames():
+    sim_kw = {"seed": 5, "deadline_s": 60.0}
+    clean = simulate_round("scheduled", 3, LENET_BYTES, **sim_kw)
+    lossy = simulate_round("scheduled", 3, LENET_BYTES, loss=0.1, **sim_kw)
+    assert lossy["lost_link"] > 0
+    assert lossy["broadcast"]["passes"] >= 2 and lossy["broadcast"]["confirmed"] == [1, 2, 3]
+    assert lossy["models_bit_exact"] == 3 and lossy["updates_bit_exact"] == 3
+    count = lossy["broadcast"]["count"]
+    repairs = lossy["mac"]["bcast_repair_frames"]
+    # one repair broadcast carries the union of the gaps: far fewer than resending per robot
+    assert 0 < repairs < count
+    assert clean["mac"]["bcast_repair_frames"] == 0
+
+
+def test_broadcast_repair_targets_exactly_the_union_of_missing_fragments():
+    cfg = MacConfig(contention_slots=0)
+    sim = MacSim(cfg)
+    arq = ArqConfig(window=64)
+    srv = MacServer(
+        ArqEndpoint(0, lambda raw: None, clock=sim.clock, config=arq),
+        sim.transmitter(0),
+        cfg,
+        members=[1, 2],
+    )
+    sim.add(0, srv)
+    got: dict[int, bytes] = {}
+    for r in (1, 2):
+        ep = ArqEndpoint(
+            r,
+            lambda raw: None,
+            clock=sim.clock,
+            config=arq,
+            on_message=lambda s, p, r=r: got.setdefault(r, p),
+        )
+        sim.add(r, MacStation(ep, sim.transmitter(r), cfg, joined=True))
+    drop = {(1, 3), (1, 7), (2, 7), (2, 20)}  # (robot, fragment) lost on the first pass
+    orig = sim._deliver
+
+    def deliver(tx):
+        if tx.dst == BROADCAST and tx.category == "downlink" and srv._bcasts:
+            seq = struct.unpack_from(">I", tx.raw, 12)[0]
+            b = next(iter(srv._bcasts.values()))
+            if b.h.passes == 1:
+                for r in (1, 2):
+                    if (r, seq) in drop:
+                        sim.set_link(0, r, loss=1.0)
+                orig(tx)
+                for r in (1, 2):
+                    sim.set_link(0, r, loss=0.0)
+                return
+        orig(tx)
+
+    sim._deliver = deliver
+    payload = random.Random(0).randbytes(30 * 1474)
+    h = sim.call(0, lambda: srv.broadcast(payload, [1, 2], deadline=30.0))
+    sim.run_until(h.done, max_time=30.0)
+    assert h.ok and got == {1: payload, 2: payload}
+    assert h.passes == 2 and srv.stats.bcast_repair_frames == 3  # fragments 3, 7, 20
+
+
+def test_robot_that_never_answers_its_grant_does_not_stall_the_round():
+    deadline = 30.0
+    r = simulate_round("scheduled", 3, LENET_BYTES, out_of_range=(2,), deadline_s=deadline)
+    assert not r["all_updates"] and r["updates_in"] == [1, 3]
+    assert r["closed_s"] == pytest.approx(deadline)
+    assert r["updates_bit_exact"] == 2 and max(r["update_s"].values()) < 10.0
+    # grants to the silent robot back off: a few timeouts, not one per scheduling slot
+    assert 1 <= r["mac"]["grant_timeouts"] <= 12
+
+
+def test_robots_transmit_nothing_without_a_grant():
+    cfg = MacConfig(contention_slots=0)
+    sim = MacSim(cfg)
+    sim.add(0, ArqEndpoint(0, sim.transmitter(0), clock=sim.clock))  # a server without MAC
+    ep = ArqEndpoint(1, lambda raw: None, clock=sim.clock)
+    st = MacStation(ep, sim.transmitter(1), cfg, joined=True)
+    sim.add(1, st)
+    sim.call(1, lambda: ep.send(0, b"u" * 20000))
+    sim.run_until(lambda: False, max_time=10.0)
+    assert sim.stats.frames == 0 and st.backlog > 20000
+
+
+def test_registration_is_contention_based_and_everyone_gets_in():
+    r = simulate_round("scheduled", 10, 20000, register=True, seed=2)
+    reg = r["register"]
+    assert reg["ok"] and len(reg["join_attempts"]) == 10
+    assert r["all_updates"] and r["collided_frames"] == 0  # the round itself is scheduled
+
+
+def test_downlink_airtime_does_not_grow_with_robots():
+    a = simulate_round("scheduled", 3, LENET_BYTES)
+    b = simulate_round("scheduled", 10, LENET_BYTES)
+    assert b["collided_frames"] == 0 and b["all_updates"]
+    assert b["airtime_s"]["downlink"] == pytest.approx(a["airtime_s"]["downlink"], rel=0.10)
+    unicast = simulate_round("per-pair", 10, LENET_BYTES)
+    assert unicast["airtime_s"]["downlink"] > 9 * b["airtime_s"]["downlink"]
+
+
+def test_simulate_round_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="mode"):
+        simulate_round("aloha", 3, 1000)
+    with pytest.raises(ValueError, match="robot"):
+        simulate_round("scheduled", 0, 1000)
+    with pytest.raises(ValueError):
+        MacConfig(rate_bytes_per_s=0)
