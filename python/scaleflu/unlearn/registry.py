@@ -344,7 +344,6 @@ def run_unlearning(
         result = unlearner.run(ctx)
     finally:
         torch.set_num_threads(threads_before)
-    result.details.setdefault("torch_threads", threads if threads > 0 else threads_before)
     state = ctx.last_state if ctx.last_state is not None else getattr(unlearner, "state", None)
     if state is None:
         raise RuntimeError(f"method {name} produced no model state")
