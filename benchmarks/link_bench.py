@@ -180,6 +180,56 @@ def stock_loopback_rate(n: int, snr_db: float, mob: int, window: int | None = No
     }
 
 
+# -- 2b. stock chain fed at full speed ----------------------------------------------------
+def stock_full_speed(n: int, snr_db: float, mob: int, seed: int = 2) -> dict:
+    """The stock chain as a new user runs it: a tagged byte stream of n frames of FRAME bytes
+    (vector source, ``packet_len`` tags) -> ``digital.ofdm_tx`` -> channel -> tag gate ->
+    ``digital.ofdm_rx`` -> PDUs, no Python in the loop; back-pressure from GNU Radio's buffers
+    is the only pacing. One extra frame at the end flushes the receiver (not counted)."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, (n + 1) * FRAME, dtype=np.uint8)
+    tags = [
+        gr.tag_utils.python_to_tag(
+            (i * FRAME, pmt.intern("packet_len"), pmt.from_long(FRAME), pmt.PMT_NIL)
+        )
+        for i in range(n + 1)
+    ]
+    tx, rx = _stock_tx_rx(mob)
+    power = burst_power(PhyConfig(post_padding=0))
+    tb = gr.top_block()
+    src = blocks.vector_source_b(data.tolist(), False, 1, tags)
+    chan = channels.channel_model(_nv(snr_db, power), CFO, 1.0, _taps(), seed + 7, False)
+    gate = blocks.tag_gate(gr.sizeof_gr_complex, False)
+    t2p = pdu.tagged_stream_to_pdu(gr.types.byte_t, "packet_len")
+    debug = blocks.message_debug()
+    tb.connect(src, tx, chan, gate, rx, t2p)
+    tb.msg_connect(t2p, "pdus", debug, "store")
+    t0 = time.monotonic()
+    tb.start()
+    last_n, last_t = 0, t0
+    while True:
+        k = debug.num_messages()
+        now = time.monotonic()
+        if k != last_n:
+            last_n, last_t = k, now
+        if k >= n or now - last_t > 2.0 or now - t0 > 300:
+            break
+        time.sleep(0.005)
+    tb.stop()
+    tb.wait()
+    got = min(last_n, n)
+    dt = max(1e-9, last_t - t0)
+    return {
+        "frames": n,
+        "received": got,
+        "loss": (n - got) / n,
+        "seconds": dt,
+        "payload_bytes_per_s": got * FRAME / dt,
+        "min_output_buffer": mob,
+        "fed": "vector_source_b, full speed",
+    }
+
+
 # -- 3. our goodput ------------------------------------------------------------------------
 def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int) -> dict:
     """One tensor message of nbytes (fp32, RAW) server -> robot over the OFDM loopback + ARQ."""
@@ -279,12 +329,12 @@ def tail_memory(n: int, loss: float, seed: int) -> dict:
     )
 
 
-def tail_ofdm(n: int, drop: float, seed: int) -> dict:
+def tail_ofdm(n: int, drop: float, seed: int, **arq: object) -> dict:
     """LeNet state dict over the OFDM loopback (20 dB, CFO, multipath) with ``drop`` of the
     frames dropped after each receiver (both directions), n transfers on one network."""
     ch = ChannelConfig(snr_db=20.0, cfo=CFO, taps=MULTIPATH, drop_rate=drop, seed=seed)
     times, statuses = [], []
-    with OfdmLoopbackNetwork(nodes=(0, 1), channel=ch) as net:
+    with OfdmLoopbackNetwork(nodes=(0, 1), channel=ch, **arq) as net:
         s, r = net.link(0), net.link(1)
         time.sleep(0.2)
         for i in range(n):

@@ -873,7 +873,14 @@ class ArqEndpoint:
             p.backoff = 0  # a fresh ACK: the path works, forget the backoff
             self._rate_sample(p, sum(len(o.frames[s]) for s in newly), now)
         if newest is not None and o.copies[newest] == 1:  # Karn: never from a retransmission
+            first = p.srtt is None
             self._rtt_sample(p, now - o.tx_time[newest])
+            if first:  # frames sent under initial_rto: re-arm them with the measured RTO
+                rto = self._rto(o.handle.dst)
+                for q in self._out.values():
+                    if q.handle.dst == o.handle.dst:
+                        for seq, exp in q.in_flight.items():
+                            q.in_flight[seq] = min(exp, q.tx_time[seq] + rto)
         if info.complete or o.n_acked == n:
             self._finish(o, SendStatus.DELIVERED, "", now)
             return
