@@ -108,6 +108,7 @@ _NACK_REASONS = {NACK_TOO_LARGE: "too_large", NACK_REFUSED: "refused", NACK_RESE
 TAG_SIZE = 16  # bytes of the truncated HMAC-SHA256 tag of frames exchanged with a keyed peer
 MIN_KEY_SIZE = 16
 _CRC = struct.Struct(">I")
+TAIL_FRAGMENTS = 4  # at most this many fragments timing out together get rto_copies copies
 RATE_WINDOW_S = 10.0  # delivery-rate samples are kept this long (windowed maximum)
 
 
@@ -257,7 +258,7 @@ class ArqConfig:
     max_rto: float = 5.0
     backoff: float = 2.0  # RTO multiplier per round of timeouts (reset by a fresh ACK)
     max_backoff: int = 2  # at most this many backoff steps (x4) until a fresh ACK
-    rto_copies: int = 2  # copies of a fragment retransmitted after a timeout (tail losses)
+    rto_copies: int = 2  # copies of a lone fragment retransmitted after a timeout (tail losses)
     rate_floor: bool = True  # RTO >= 1.5 x bytes in flight / measured delivery rate
     rto_granularity: float = 0.001  # lower bound of the 4·RTTVAR term (RFC 6298's G)
     deadline: float = 60.0  # default time a send may take before it ends
@@ -633,17 +634,21 @@ class ArqEndpoint:
             if now >= o.deadline:
                 self._end(o, "deadline", now)
                 continue
-            for seq, expiry in list(o.in_flight.items()):
-                if now >= expiry:
-                    self._leave_flight(o, seq)
-                    self.stats.rto_expiries += 1
-                    backed_off.add(o.handle.dst)
-                    limit = self.config.max_retransmissions
-                    if limit is not None and o.copies[seq] > limit:
-                        self._end(o, "max_retransmissions", now)
-                        break
+            expired = [seq for seq, expiry in o.in_flight.items() if now >= expiry]
+            # a few lone fragments timing out at the end of a message are repeated (tail
+            # losses); a whole window timing out at once is a stall, not a loss: no copies
+            tail = len(expired) <= TAIL_FRAGMENTS and not o.pending
+            for seq in expired:
+                self._leave_flight(o, seq)
+                self.stats.rto_expiries += 1
+                backed_off.add(o.handle.dst)
+                limit = self.config.max_retransmissions
+                if limit is not None and o.copies[seq] > limit:
+                    self._end(o, "max_retransmissions", now)
+                    break
+                if tail:
                     o.timed_out.add(seq)
-                    self._requeue(o, seq, front=True)
+                self._requeue(o, seq, front=True)
         for dst in backed_off:  # one doubling per round of timeouts, not per fragment
             p = self._peer(dst)
             if p.backoff < self.config.max_backoff and self._rto(dst) < self.config.max_rto:
