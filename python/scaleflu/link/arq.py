@@ -259,7 +259,8 @@ class ArqConfig:
     backoff: float = 2.0  # RTO multiplier per round of timeouts (reset by a fresh ACK)
     max_backoff: int = 2  # at most this many backoff steps (x4) until a fresh ACK
     rto_copies: int = 2  # copies of a lone fragment retransmitted after a timeout (tail losses)
-    rate_floor: bool = True  # RTO >= 1.5 x bytes in flight / measured delivery rate
+    rate_floor: bool = False  # RTO >= 1.5 x bytes in flight / measured delivery rate
+    rto_probe: int = 8  # at most this many fragments of a message retransmitted per timeout
     rto_granularity: float = 0.001  # lower bound of the 4·RTTVAR term (RFC 6298's G)
     deadline: float = 60.0  # default time a send may take before it ends
     max_retransmissions: int | None = None  # per fragment; None = until the deadline
@@ -635,8 +636,18 @@ class ArqEndpoint:
                 self._end(o, "deadline", now)
                 continue
             expired = [seq for seq, expiry in o.in_flight.items() if now >= expiry]
-            # a few lone fragments timing out at the end of a message are repeated (tail
-            # losses); a whole window timing out at once is a stall, not a loss: no copies
+            if not expired:
+                continue
+            # Many fragments timing out in the same instant is a stall (a busy CPU, a deep
+            # queue), not that many losses: retransmit the oldest few and restart the others'
+            # timers; if those were lost too, the ACK of the probes exposes them (RACK).
+            expired.sort(key=o.order.__getitem__)
+            if len(expired) > self.config.rto_probe:
+                rto = self._rto(o.handle.dst) * self.config.backoff
+                for seq in expired[self.config.rto_probe :]:
+                    o.in_flight[seq] = now + rto
+                expired = expired[: self.config.rto_probe]
+            # a few lone fragments timing out at the end of a message are repeated (tail losses)
             tail = len(expired) <= TAIL_FRAGMENTS and not o.pending
             for seq in expired:
                 self._leave_flight(o, seq)
@@ -892,6 +903,8 @@ class ArqEndpoint:
         tol = self.config.reorder_tolerance
         wnd = 0.25 * p.srtt if p.srtt is not None else 0.0
         end = info.covered()
+        if len(info.bitmap) < self._ack_max:  # not truncated: it reports every fragment held
+            end = n
         for seq in [s for s in o.in_flight if s < end]:
             order = o.order[seq]
             if order + tol < o.max_acked_order or (
