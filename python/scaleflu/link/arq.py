@@ -412,6 +412,7 @@ class _Peer:
     __slots__ = (
         "srtt",
         "rttvar",
+        "min_rtt",
         "backoff",
         "rate",
         "rate_t0",
@@ -423,6 +424,7 @@ class _Peer:
     def __init__(self) -> None:
         self.srtt: float | None = None
         self.rttvar = 0.0
+        self.min_rtt: float | None = None
         self.backoff = 0  # RTO doublings since the last fresh ACK
         self.rate: float | None = None  # bytes/s acknowledged: max of the recent samples
         self.rate_t0: float | None = None
@@ -880,11 +882,11 @@ class ArqEndpoint:
                 bits = np.unpackbits(np.frombuffer(info.bitmap, dtype=np.uint8))[: end - info.base]
                 got = np.nonzero(bits)[0] + info.base
                 newly += got[o.acked[got] == 0].tolist()
+        p = self._peer(o.handle.dst)
         for seq in newly:  # the RTT sample comes from the newest fragment, if it was sent once
             self._mark_acked(o, seq)
             if newest is None or o.order[seq] > o.order[newest]:
                 newest = seq
-        p = self._peer(o.handle.dst)
         if o.n_acked > before:
             p.backoff = 0  # a fresh ACK: the path works, forget the backoff
             self._rate_sample(p, sum(len(o.frames[s]) for s in newly), now)
@@ -946,6 +948,12 @@ class ArqEndpoint:
         o.n_acked += 1
         if seq in o.in_flight:
             self._leave_flight(o, seq)
+        if o.copies[seq] > 1:
+            # which copy got through is unknown (Karn): if it was an earlier one, this says
+            # nothing about frames sent after the latest copy, and taking it as "newest
+            # delivered" made every frame in flight look lost (a self-sustaining retransmission
+            # storm under CPU load: 7 000 copies for 1 357 fragments)
+            return True
         if o.order[seq] > o.max_acked_order:
             o.max_acked_order = o.order[seq]
             o.max_acked_tx = o.tx_time[seq]
@@ -958,6 +966,7 @@ class ArqEndpoint:
         return p
 
     def _rtt_sample(self, p: _Peer, sample: float) -> None:
+        p.min_rtt = sample if p.min_rtt is None else min(p.min_rtt, sample)
         if p.srtt is None:
             p.srtt, p.rttvar = sample, sample / 2
         else:
