@@ -404,6 +404,9 @@ class _Outgoing:
         self.max_acked_order = -1
         self.max_acked_tx = -1e300  # transmission time of the newest acknowledged copy
         self.timed_out: set[int] = set()  # fragments whose latest copy was lost by timeout
+        # fragments whose earlier copies an ACK proved lost: an ACK of the latest copy is then
+        # unambiguous (only that copy can have got through)
+        self.proven_lost: set[int] = set()
 
 
 class _Peer:
@@ -653,6 +656,7 @@ class ArqEndpoint:
             tail = len(expired) <= TAIL_FRAGMENTS and not o.pending
             for seq in expired:
                 self._leave_flight(o, seq)
+                o.proven_lost.discard(seq)  # timed out: its earlier copies may have arrived
                 self.stats.rto_expiries += 1
                 backed_off.add(o.handle.dst)
                 limit = self.config.max_retransmissions
@@ -914,6 +918,7 @@ class ArqEndpoint:
             ):
                 self._leave_flight(o, seq)
                 self.stats.fast_retransmissions += 1
+                o.proven_lost.add(seq)
                 self._requeue(o, seq, front=True)
 
     def _on_nack(self, frame: Frame, now: float) -> None:
@@ -935,6 +940,7 @@ class ArqEndpoint:
             o.acked[:] = 0
             o.n_acked = 0
             o.cum = 0
+            o.proven_lost.clear()
             for seq in range(len(o.frames)):
                 self._requeue(o, seq, front=False)
             return
@@ -948,11 +954,12 @@ class ArqEndpoint:
         o.n_acked += 1
         if seq in o.in_flight:
             self._leave_flight(o, seq)
-        if o.copies[seq] > 1:
-            # which copy got through is unknown (Karn): if it was an earlier one, this says
-            # nothing about frames sent after the latest copy, and taking it as "newest
-            # delivered" made every frame in flight look lost (a self-sustaining retransmission
-            # storm under CPU load: 7 000 copies for 1 357 fragments)
+        if o.copies[seq] > 1 and seq not in o.proven_lost:
+            # a timeout retransmission: which copy got through is unknown (Karn); if it was an
+            # earlier one, this says nothing about frames sent after the latest copy, and
+            # taking it as "newest delivered" made every frame in flight look lost (a
+            # self-sustaining retransmission storm under CPU load: 7 000 copies for 1 357
+            # fragments). After a loss proven by an ACK, only the latest copy can be the one.
             return True
         if o.order[seq] > o.max_acked_order:
             o.max_acked_order = o.order[seq]
