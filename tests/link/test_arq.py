@@ -173,7 +173,7 @@ def test_fresh_ack_resets_the_backoff_and_rtt_follows_rfc6298() -> None:
     b_out: list[bytes] = []
     a = ArqEndpoint(1, a_out.append, clock=clock, initial_rto=0.1, min_rto=0.01, ack_delay=0.0)
     b = ArqEndpoint(2, b_out.append, clock=clock, ack_every=1, ack_delay=0.0)
-    h = a.send(2, bytes(10 * 1474))  # 10 fragments; the first window is lost
+    h = a.send(2, bytes(6 * 1474))  # 6 fragments (<= rto_probe); the first window is lost
     a_out.clear()
     for _ in range(2):  # two rounds of timeouts, nothing comes back
         clock.t = a.next_deadline()
@@ -424,3 +424,45 @@ def test_no_long_tails_at_40_percent_loss(make_lenet) -> None:  # noqa: ANN001
         times.append(h.elapsed)
     assert max(times) <= 3 * float(np.median(times)), sorted(times)
     assert len(net.inbox[1]) == 40
+
+
+def test_a_stall_retransmits_only_the_oldest_few_fragments() -> None:
+    # the whole window times out in the same instant (a CPU stall, a deep queue): that is
+    # not 32 losses; only rto_probe fragments go again, the others' timers restart
+    clock = FakeClock()
+    out: list[bytes] = []
+    a = ArqEndpoint(1, out.append, clock=clock, initial_rto=0.1, window=32, rto_probe=4)
+    a.send(2, bytes(40 * 1474))
+    assert len(out) == 32
+    out.clear()
+    clock.t = 5.0  # the owner did not poll for 5 s
+    a.poll()
+    seqs = sorted({decode_frame(r).seq for r in out})
+    assert seqs == [0, 1, 2, 3] and a.stats.rto_expiries == 4
+
+
+def test_ack_of_a_retransmitted_fragment_does_not_make_later_frames_look_lost() -> None:
+    # fragment 0 is retransmitted spuriously (its first copy arrived, the ACK was slow); the
+    # ACK that covers it must not make frames 4..7, still on their way, look lost
+    clock = FakeClock()
+    a_out: list[bytes] = []
+    b_out: list[bytes] = []
+    a = ArqEndpoint(1, a_out.append, clock=clock, window=8, rto_probe=1, initial_rto=0.5)
+    b = ArqEndpoint(2, b_out.append, clock=clock, ack_every=100)
+    a.send(2, bytes(10 * 1474))
+    first = list(a_out)
+    a_out.clear()
+    for raw in first[:4]:
+        b.on_frame(raw)
+    b_out.clear()  # its delayed ACK has not been sent yet
+    clock.t = 0.5
+    a.poll()  # the timer: fragment 0 again
+    assert [decode_frame(r).seq for r in a_out] == [0]
+    b.on_frame(a_out[0])  # a duplicate: b ACKs 0..3 at once
+    a_out.clear()
+    assert b_out
+    clock.t = 0.51
+    for raw in b_out:
+        a.on_frame(raw)
+    assert a.stats.fast_retransmissions == 0
+    assert {decode_frame(r).seq for r in a_out} <= {8, 9}  # only new fragments, no copies

@@ -160,6 +160,7 @@ class ArqLink(Link):
         self._wake = threading.Condition(self._lock)
         self._inbox: queue.Queue[tuple[int, bytes]] = queue.Queue()
         self._closed = False
+        self._wait_until = 0.0  # when the timer thread wakes up next on its own
         self.endpoint = ArqEndpoint(
             node_id,
             transmit,
@@ -180,7 +181,11 @@ class ArqLink(Link):
             if self._closed:
                 return
             self.endpoint.on_frame(raw)
-            self._wake.notify()
+            # wake the timer thread only when a timer now falls due before it would wake
+            # anyway: a wake-up per received frame cost a thread switch and the GIL per frame
+            nd = self.endpoint.next_deadline()
+            if nd is not None and nd < self._wait_until:
+                self._wake.notify()
 
     def send_async(
         self, peer: int, message: bytes | Message, timeout: float | None = None
@@ -248,7 +253,9 @@ class ArqLink(Link):
                 now = time.monotonic()
                 wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - now))
                 if wait > 0:
+                    self._wait_until = now + wait
                     self._wake.wait(wait)
+                self._wait_until = 0.0  # awake: feed() need not notify
 
 
 class MemoryChannel:

@@ -108,6 +108,7 @@ _NACK_REASONS = {NACK_TOO_LARGE: "too_large", NACK_REFUSED: "refused", NACK_RESE
 TAG_SIZE = 16  # bytes of the truncated HMAC-SHA256 tag of frames exchanged with a keyed peer
 MIN_KEY_SIZE = 16
 _CRC = struct.Struct(">I")
+TAIL_FRAGMENTS = 4  # at most this many fragments timing out together get rto_copies copies
 RATE_WINDOW_S = 10.0  # delivery-rate samples are kept this long (windowed maximum)
 
 
@@ -257,8 +258,9 @@ class ArqConfig:
     max_rto: float = 5.0
     backoff: float = 2.0  # RTO multiplier per round of timeouts (reset by a fresh ACK)
     max_backoff: int = 2  # at most this many backoff steps (x4) until a fresh ACK
-    rto_copies: int = 2  # copies of a fragment retransmitted after a timeout (tail losses)
-    rate_floor: bool = True  # RTO >= 1.5 x bytes in flight / measured delivery rate
+    rto_copies: int = 2  # copies of a lone fragment retransmitted after a timeout (tail losses)
+    rate_floor: bool = False  # RTO >= 1.5 x bytes in flight / measured delivery rate
+    rto_probe: int = 8  # at most this many fragments of a message retransmitted per timeout
     rto_granularity: float = 0.001  # lower bound of the 4·RTTVAR term (RFC 6298's G)
     deadline: float = 60.0  # default time a send may take before it ends
     max_retransmissions: int | None = None  # per fragment; None = until the deadline
@@ -402,6 +404,9 @@ class _Outgoing:
         self.max_acked_order = -1
         self.max_acked_tx = -1e300  # transmission time of the newest acknowledged copy
         self.timed_out: set[int] = set()  # fragments whose latest copy was lost by timeout
+        # fragments whose earlier copies an ACK proved lost: an ACK of the latest copy is then
+        # unambiguous (only that copy can have got through)
+        self.proven_lost: set[int] = set()
 
 
 class _Peer:
@@ -410,6 +415,7 @@ class _Peer:
     __slots__ = (
         "srtt",
         "rttvar",
+        "min_rtt",
         "backoff",
         "rate",
         "rate_t0",
@@ -421,6 +427,7 @@ class _Peer:
     def __init__(self) -> None:
         self.srtt: float | None = None
         self.rttvar = 0.0
+        self.min_rtt: float | None = None
         self.backoff = 0  # RTO doublings since the last fresh ACK
         self.rate: float | None = None  # bytes/s acknowledged: max of the recent samples
         self.rate_t0: float | None = None
@@ -633,17 +640,32 @@ class ArqEndpoint:
             if now >= o.deadline:
                 self._end(o, "deadline", now)
                 continue
-            for seq, expiry in list(o.in_flight.items()):
-                if now >= expiry:
-                    self._leave_flight(o, seq)
-                    self.stats.rto_expiries += 1
-                    backed_off.add(o.handle.dst)
-                    limit = self.config.max_retransmissions
-                    if limit is not None and o.copies[seq] > limit:
-                        self._end(o, "max_retransmissions", now)
-                        break
+            expired = [seq for seq, expiry in o.in_flight.items() if now >= expiry]
+            if not expired:
+                continue
+            # Many fragments timing out in the same instant is a stall (a busy CPU, a deep
+            # queue), not that many losses: retransmit the oldest few and restart the others'
+            # timers; if those were lost too, the ACK of the probes exposes them (RACK).
+            expired.sort(key=o.order.__getitem__)
+            if len(expired) > self.config.rto_probe:
+                rto = self._rto(o.handle.dst) * self.config.backoff
+                for seq in expired[self.config.rto_probe :]:
+                    o.in_flight[seq] = now + rto
+                expired = expired[: self.config.rto_probe]
+            # a few lone fragments timing out at the end of a message are repeated (tail losses)
+            tail = len(expired) <= TAIL_FRAGMENTS and not o.pending
+            for seq in expired:
+                self._leave_flight(o, seq)
+                o.proven_lost.discard(seq)  # timed out: its earlier copies may have arrived
+                self.stats.rto_expiries += 1
+                backed_off.add(o.handle.dst)
+                limit = self.config.max_retransmissions
+                if limit is not None and o.copies[seq] > limit:
+                    self._end(o, "max_retransmissions", now)
+                    break
+                if tail:
                     o.timed_out.add(seq)
-                    self._requeue(o, seq, front=True)
+                self._requeue(o, seq, front=True)
         for dst in backed_off:  # one doubling per round of timeouts, not per fragment
             p = self._peer(dst)
             if p.backoff < self.config.max_backoff and self._rto(dst) < self.config.max_rto:
@@ -864,22 +886,31 @@ class ArqEndpoint:
                 bits = np.unpackbits(np.frombuffer(info.bitmap, dtype=np.uint8))[: end - info.base]
                 got = np.nonzero(bits)[0] + info.base
                 newly += got[o.acked[got] == 0].tolist()
+        p = self._peer(o.handle.dst)
         for seq in newly:  # the RTT sample comes from the newest fragment, if it was sent once
             self._mark_acked(o, seq)
             if newest is None or o.order[seq] > o.order[newest]:
                 newest = seq
-        p = self._peer(o.handle.dst)
         if o.n_acked > before:
             p.backoff = 0  # a fresh ACK: the path works, forget the backoff
             self._rate_sample(p, sum(len(o.frames[s]) for s in newly), now)
         if newest is not None and o.copies[newest] == 1:  # Karn: never from a retransmission
+            first = p.srtt is None
             self._rtt_sample(p, now - o.tx_time[newest])
+            if first:  # frames sent under initial_rto: re-arm them with the measured RTO
+                rto = self._rto(o.handle.dst)
+                for q in self._out.values():
+                    if q.handle.dst == o.handle.dst:
+                        for seq, exp in q.in_flight.items():
+                            q.in_flight[seq] = min(exp, q.tx_time[seq] + rto)
         if info.complete or o.n_acked == n:
             self._finish(o, SendStatus.DELIVERED, "", now)
             return
         tol = self.config.reorder_tolerance
         wnd = 0.25 * p.srtt if p.srtt is not None else 0.0
         end = info.covered()
+        if len(info.bitmap) < self._ack_max:  # not truncated: it reports every fragment held
+            end = n
         for seq in [s for s in o.in_flight if s < end]:
             order = o.order[seq]
             if order + tol < o.max_acked_order or (
@@ -887,6 +918,7 @@ class ArqEndpoint:
             ):
                 self._leave_flight(o, seq)
                 self.stats.fast_retransmissions += 1
+                o.proven_lost.add(seq)
                 self._requeue(o, seq, front=True)
 
     def _on_nack(self, frame: Frame, now: float) -> None:
@@ -908,6 +940,7 @@ class ArqEndpoint:
             o.acked[:] = 0
             o.n_acked = 0
             o.cum = 0
+            o.proven_lost.clear()
             for seq in range(len(o.frames)):
                 self._requeue(o, seq, front=False)
             return
@@ -921,6 +954,13 @@ class ArqEndpoint:
         o.n_acked += 1
         if seq in o.in_flight:
             self._leave_flight(o, seq)
+        if o.copies[seq] > 1 and seq not in o.proven_lost:
+            # a timeout retransmission: which copy got through is unknown (Karn); if it was an
+            # earlier one, this says nothing about frames sent after the latest copy, and
+            # taking it as "newest delivered" made every frame in flight look lost (a
+            # self-sustaining retransmission storm under CPU load: 7 000 copies for 1 357
+            # fragments). After a loss proven by an ACK, only the latest copy can be the one.
+            return True
         if o.order[seq] > o.max_acked_order:
             o.max_acked_order = o.order[seq]
             o.max_acked_tx = o.tx_time[seq]
@@ -933,6 +973,7 @@ class ArqEndpoint:
         return p
 
     def _rtt_sample(self, p: _Peer, sample: float) -> None:
+        p.min_rtt = sample if p.min_rtt is None else min(p.min_rtt, sample)
         if p.srtt is None:
             p.srtt, p.rttvar = sample, sample / 2
         else:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import mmap
 import time
 from collections import OrderedDict
 from collections.abc import Callable
@@ -35,6 +36,7 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_MAX_FRAGMENTS = 1 << 20
 DEFAULT_COMPLETED_MEMORY = 1024
 DEFAULT_COMPLETED_TTL = 120.0
+MMAP_THRESHOLD = 1 << 20  # partial-message buffers of this size and more are anonymous mmaps
 
 
 def fragment_count(length: int, mtu: int = DEFAULT_MTU) -> int:
@@ -108,6 +110,7 @@ class _Partial:
         "src",
         "trusted",
         "buf",
+        "total",
         "flen",
         "last",
         "bitmap",
@@ -122,7 +125,8 @@ class _Partial:
         self.count = count
         self.dst = dst
         self.trusted = trusted
-        self.buf: bytearray | None = None
+        self.buf: bytearray | mmap.mmap | None = None
+        self.total = -1  # message length once the last fragment is in
         self.flen = -1  # bytes of every fragment but the last; -1 until known
         self.last: bytes | None = None  # the last fragment while the buffer is not allocated
         self.bitmap = bytearray((count + 7) // 8)
@@ -277,14 +281,15 @@ class Reassembler:
             off = seq * p.flen
             p.buf[off : off + size] = frame.payload
             if is_last:
-                del p.buf[off + size :]  # the buffer now has exactly the message's length
+                p.total = off + size
         p.bitmap[seq >> 3] |= 0x80 >> (seq & 7)
         p.received += 1
         p.updated = now
         self.stats.frames_ok += 1
         if p.received < p.count:
             return None
-        payload = bytes(p.buf)  # the one copy; the buffer is released just below
+        with memoryview(p.buf) as view:
+            payload = bytes(view[: p.total])  # the one copy; the buffer is released below
         self._remove(key)
         return self._complete(key, p.dst, payload, p.trusted, now)
 
@@ -345,11 +350,13 @@ class Reassembler:
             self.stats.busy += 1
             return False
         p.flen = flen
-        p.buf = bytearray(need)
+        # Large buffers are anonymous mappings: pages cost memory only once written, and the
+        # whole buffer goes back to the system when the message completes or is dropped.
+        p.buf = mmap.mmap(-1, need) if need >= MMAP_THRESHOLD else bytearray(need)
         if p.last is not None:
             off = (p.count - 1) * flen
             p.buf[off : off + len(p.last)] = p.last
-            del p.buf[off + len(p.last) :]
+            p.total = off + len(p.last)
             p.last = None
         p.nbytes += need
         self._charge(key[0], 0, need)
@@ -393,6 +400,8 @@ class Reassembler:
     def _remove(self, key: Key) -> None:
         p = self._partials.pop(key)
         self._charge(key[0], -1, -p.nbytes)
+        if isinstance(p.buf, mmap.mmap):
+            p.buf.close()
         p.buf = None  # release the buffer now, even if someone still holds the _Partial
 
     def _drop(self, key: Key, reason: str) -> None:

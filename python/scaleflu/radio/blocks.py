@@ -45,17 +45,36 @@ _PORT_NAMES = ("send", "frames_in", "frames_out", "delivered", "status", "in", "
 _PORTS = {k: pmt.intern(k) for k in _PORT_NAMES}
 
 
+# Bytes <-> pmt u8vector through PMT's own serialisation (a C++ memcpy): 4 us for a 1474-byte
+# frame instead of 175 us for init_u8vector(list(...)) and 38 us for u8vector_elements (the
+# Python list of ints was the largest per-frame cost of the link; 2 MB took ~0.3 s). Layout of a
+# serialised u8vector: 0x0a (uniform vector), 0x00 (u8), u32 length (big-endian), u8 npad,
+# npad zero bytes, data.
+_U8_TAG = b"\x0a\x00"
+_U8_PAD = b"\x01\x00"
+
+
 def _u8(data: bytes | bytearray | memoryview) -> pmt.pmt_t:
     """A pmt u8vector holding ``data``."""
-    b = bytes(data)
-    return pmt.init_u8vector(len(b), list(b))  # 7x faster than passing a numpy array
+    n = len(data)
+    return pmt.deserialize_str(b"".join((_U8_TAG, n.to_bytes(4, "big"), _U8_PAD, data)))
+
+
+def _u8_bytes(vec: pmt.pmt_t) -> bytes:
+    """Bytes of a pmt u8vector (checked by the caller)."""
+    ser = pmt.serialize_str(vec)
+    n = int.from_bytes(ser[2:6], "big")
+    start = 7 + ser[6]
+    if ser[:2] != _U8_TAG or len(ser) != start + n:  # not the layout we know: the slow way
+        return bytes(pmt.u8vector_elements(vec))
+    return ser[start:]
 
 
 def _pdu_bytes(msg: pmt.pmt_t) -> bytes | None:
     """Bytes of a u8 PDU, or None when ``msg`` is not one."""
     if not pmt.is_pair(msg) or not pmt.is_u8vector(pmt.cdr(msg)):
         return None
-    return bytes(pmt.u8vector_elements(pmt.cdr(msg)))
+    return _u8_bytes(pmt.cdr(msg))
 
 
 def _meta_int(meta: pmt.pmt_t, key: str) -> int | None:

@@ -105,6 +105,9 @@ def build_link(
             lo_offset=args.lo_offset,
         )
     arq = {k: v for k, v in (cfg["testbed"].get("arq") or {}).items() if v is not None}
+    if node_id != SERVER_ID:  # robots: reassembly bounds that fit a 4 GB board (docs/link.md §6)
+        robot = cfg["testbed"].get("robot_arq") or {}
+        arq = {**{k: v for k, v in robot.items() if v is not None}, **arq}
     if arq:
         opts["arq"] = arq
     log.info("node %d: %s link", node_id, kind)
