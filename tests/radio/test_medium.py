@@ -342,3 +342,25 @@ def test_make_link_ofdm_shared_delivers_bit_exact_on_a_fading_channel():
             b.close()
     with pytest.raises(ValueError, match="broker"):
         make_link("ofdm-shared", 0, broker="tcp://127.0.0.1:1", snr_db=10)
+
+
+def test_broker_drops_oversized_messages_and_silent_nodes():
+    import zmq
+
+    cfg = _cfg(nodes=(0, 1), node_timeout=1.0)
+    with MediumBroker(cfg).start() as br:
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(br.address)
+        s.send_multipart([b"S", b"x" * 9, b"\0" * (8 * B + 4096)])  # over MAXMSGSIZE
+        assert not s.poll(1000)  # no answer: ZeroMQ dropped the connection
+        s.close(0)
+        a = MediumClient(0, br.address, timeout=10)
+        b = MediumClient(1, br.address, timeout=10)
+        # node 1 never sends its block: after node_timeout it is dropped and node 0 goes on
+        y = a.exchange(_tone(B))
+        assert y is not None and len(y) == B
+        assert br.stats()["dropped"] == [1]
+        with pytest.raises(MediumError, match="not joined"):
+            b.exchange(None)
+        a.close()

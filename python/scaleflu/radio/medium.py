@@ -469,6 +469,8 @@ class MediumBroker:
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        # a message part larger than one block of samples is hostile: ZeroMQ drops the peer
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 8 * config.block + 1024)
         if config.address.endswith(":0"):
             port = self._sock.bind_to_random_port(config.address.rsplit(":", 1)[0])
             self.address = f"{config.address.rsplit(':', 1)[0]}:{port}"
