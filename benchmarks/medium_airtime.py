@@ -238,6 +238,10 @@ def run_airtime(
         "virtual_s": virt,
         "wall_s": wall,
         "virtual_over_wall": virt / wall if wall > 0 else None,
+        # speed while receivers process samples (idle steps excluded: they are paced at 1x)
+        "busy_virtual_over_wall": (after["busy_samples"] - before["busy_samples"])
+        / sr
+        / max(1e-9, after["busy_wall_s"] - before["busy_wall_s"]),
         "retransmissions": sum(d["arq"].get("retransmissions", 0) for d in robot_res),
         "server_arq": server_stats.get("arq", {}),
     }
@@ -266,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"acks {r['ack_airtime_s']:.3f} s span {r['span_s']:.3f} s "
                 f"collisions {r['collision_s']:.4f} s retx {r['retransmissions']} "
                 f"delivered {r['delivered_bit_exact']}/{a.robots} "
-                f"virtual/wall {r['virtual_over_wall']:.3f}",
+                f"virtual/wall {r['virtual_over_wall']:.3f} "
+                f"(busy {r['busy_virtual_over_wall']:.3f})",
                 flush=True,
             )
     summary = {}
@@ -279,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max": max(r[k] for r in rs),
             }
             for k in (
+                "busy_virtual_over_wall",
                 "uplink_airtime_s",
                 "span_s",
                 "collision_s",

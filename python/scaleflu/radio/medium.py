@@ -489,6 +489,9 @@ class MediumBroker:
         self._idle_t0: tuple[float, int] | None = None
         self.errors = 0
         self.dropped: list[int] = []
+        self._last_step_wall: float | None = None
+        self.busy_wall_s = 0.0  # wall time of steps in which receivers got samples
+        self.busy_samples = 0  # ... and their virtual samples
         self._zero = np.zeros(config.block, np.complex64)
 
     def start(self) -> MediumBroker:
@@ -589,6 +592,11 @@ class MediumBroker:
         self._pending = {}
         self._waiting_since = None
         idle = idle_before and self.model.quiet_steps >= self.cfg.idle_blocks
+        now = time.monotonic()
+        if self._last_step_wall is not None and not idle:
+            self.busy_wall_s += now - self._last_step_wall
+            self.busy_samples += self.cfg.block
+        self._last_step_wall = now
         header = _STEP.pack(self.model.steps, _FLAG_IDLE if idle else 0)
         if idle:
             self._pace()
@@ -640,6 +648,9 @@ class MediumBroker:
             s = self.model.stats()
         s["errors"] = self.errors
         s["dropped"] = list(self.dropped)
+        # speed of the lockstep while receivers get samples (virtual s per wall s)
+        s["busy_samples"] = self.busy_samples
+        s["busy_wall_s"] = self.busy_wall_s
         return s
 
     def close(self) -> None:
