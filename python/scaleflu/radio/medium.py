@@ -675,6 +675,7 @@ class MediumClient:
         self.node_id = _check_node(node_id)
         self.address = address
         self.timeout = timeout
+        self.stopping = threading.Event()  # set by MediumPort to end a pending wait
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -687,8 +688,12 @@ class MediumClient:
 
     def _call(self, kind: bytes, *parts: bytes) -> tuple[bytes, list[bytes]]:
         self._sock.send_multipart([kind, *parts], copy=False)
-        if not self._sock.poll(int(self.timeout * 1000)):
-            raise MediumError(f"no answer from the medium broker at {self.address}")
+        end = time.monotonic() + self.timeout
+        while not self._sock.poll(200):  # short slices: stop() ends a wait within 0.2 s
+            if self.stopping.is_set():
+                raise MediumError("stopped")
+            if time.monotonic() > end:
+                raise MediumError(f"no answer from the medium broker at {self.address}")
         reply = self._sock.recv_multipart()
         if reply[0] == b"E":
             raise MediumError(reply[1].decode(errors="replace") if len(reply) > 1 else "error")
@@ -886,6 +891,7 @@ class MediumPort:
     def stop(self) -> None:
         """Ask the lockstep thread to stop (without waiting; close() waits and leaves)."""
         self._stop.set()
+        self.client.stopping.set()
 
     def _flush_wait(self) -> None:
         if self._frames_built is None:
@@ -923,9 +929,9 @@ class MediumPort:
 
     def close(self) -> None:
         """Stop the lockstep thread and leave the medium."""
-        self._stop.set()
+        self.stop()
         if self._thread.is_alive():
-            self._thread.join(self.client.timeout + 1)
+            self._thread.join(5)
         self.client.close()
 
 
