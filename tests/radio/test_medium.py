@@ -364,3 +364,50 @@ def test_broker_drops_oversized_messages_and_silent_nodes():
         with pytest.raises(MediumError, match="not joined"):
             b.exchange(None)
         a.close()
+
+
+@pytest.mark.timeout(240)
+def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
+    """The broker CLI and two node processes (linktest): a message arrives bit-exact."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    cfg = tmp_path / "medium.yaml"
+    cfg.write_text("default: {snr_db: 20.0, fading: rician, k_factor_db: 10.0}\nseed: 3\n")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", GR_DONT_LOAD_PREFS="1")
+    py = [sys.executable, "-m"]
+    broker = subprocess.Popen(
+        [*py, "scaleflu.radio.medium", "--nodes", "0,1", "--address", address,
+         "--config", str(cfg)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    common = [*py, "scaleflu.radio.linktest", "--kind", "ofdm-shared", "--broker", address]
+    try:
+        rx = subprocess.Popen(
+            [*common, "--node", "1", "--recv", "1", "--timeout", "90", "--linger", "8"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        tx = subprocess.run(
+            [*common, "--node", "0", "--send", "20000", "--dst", "1", "--timeout", "80"],
+            capture_output=True, text=True, env=env, timeout=110,
+        )  # fmt: skip
+        out, err = rx.communicate(timeout=110)
+        sent = json.loads(tx.stdout.strip().splitlines()[-1])
+        got = json.loads(out.strip().splitlines()[-1])
+        assert tx.returncode == 0 and rx.returncode == 0, tx.stderr[-1500:] + err[-1500:]
+        assert sent["status"] == "delivered"
+        assert got["sha256"] == sent["sha256"] and got["src"] == 0
+    finally:
+        broker.terminate()
+        broker.wait(10)
+    bad = subprocess.run(
+        [*py, "scaleflu.radio.medium", "--config", str(tmp_path / "nope.yaml")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr

@@ -1117,8 +1117,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.config:
         import yaml
 
-        with open(args.config, encoding="utf-8") as f:
-            d = yaml.safe_load(f) or {}
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                d = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise SystemExit(f"medium config: {exc}") from None
         if not isinstance(d, Mapping):
             raise SystemExit(f"{args.config}: a mapping of MediumConfig keys expected")
     d["address"] = args.address
@@ -1131,7 +1134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"medium config: {exc}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    broker = MediumBroker(cfg).start()
+    try:
+        broker = MediumBroker(cfg).start()
+    except Exception as exc:  # noqa: BLE001 - e.g. address in use: one line, not a traceback
+        raise SystemExit(f"medium broker: {exc}") from None
     try:
         while True:
             time.sleep(args.stats_every or 3600)
