@@ -256,13 +256,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--snr-db", type=float, default=20.0)
     ap.add_argument("--fading", default="rician", choices=["none", "rayleigh", "rician"])
     ap.add_argument("--block", type=int, default=8192)
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="ARQ window in frames (default: the OFDM default, 64); 256 sends a LeNet update "
+        "as one train of frames, so the server's ACKs come after it, not under it",
+    )
+    ap.add_argument("--initial-rto", type=float, default=None, help="ARQ initial RTO (wall s)")
+    ap.add_argument("--min-rto", type=float, default=None, help="ARQ minimum RTO (wall s)")
     ap.add_argument("--out", type=Path, default=RESULTS / "medium_airtime.json")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     runs = []
     for seed in range(a.seeds):
         for mode in a.modes.split(","):  # interleaved: every mode in each seed
-            r = run_airtime(a.robots, mode, seed, a.snr_db, a.fading, a.block)
+            extra = {
+                k: v
+                for k, v in (
+                    ("window", a.window),
+                    ("initial_rto", a.initial_rto),
+                    ("min_rto", a.min_rto),
+                )
+                if v is not None
+            }
+            r = run_airtime(a.robots, mode, seed, a.snr_db, a.fading, a.block, **extra)
             runs.append(r)
             print(
                 f"{mode:12s} seed {seed}: uplink {r['uplink_airtime_s']:.3f} s "
