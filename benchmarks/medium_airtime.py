@@ -265,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--initial-rto", type=float, default=None, help="ARQ initial RTO (wall s)")
     ap.add_argument("--min-rto", type=float, default=None, help="ARQ minimum RTO (wall s)")
+    ap.add_argument("--max-rto", type=float, default=None, help="ARQ maximum RTO (wall s)")
     ap.add_argument("--out", type=Path, default=RESULTS / "medium_airtime.json")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -277,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                     ("window", a.window),
                     ("initial_rto", a.initial_rto),
                     ("min_rto", a.min_rto),
+                    ("max_rto", a.max_rto),
                 )
                 if v is not None
             }

@@ -411,3 +411,25 @@ def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_virtual_time_follows_the_lockstep_not_the_wall():
+    from scaleflu.radio.medium import MediumPort
+
+    cfg = _cfg(nodes=(0, 1), samp_rate=1e6)
+    with MediumBroker(cfg).start() as br:
+        port = MediumPort(0, br.address, timeout=10)
+        other = MediumClient(1, br.address, timeout=10)
+        port.start()
+        assert port.virtual_time() == 0.0
+        for _ in range(5):  # node 1 holds the medium: five steps, however long they take
+            other.exchange(None)
+            time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while port.virtual_time() < 5 * B / 1e6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert port.virtual_time() == pytest.approx(5 * B / 1e6)
+        time.sleep(0.2)  # no step without node 1: virtual time stands still
+        assert port.virtual_time() == pytest.approx(5 * B / 1e6)
+        port.close()
+        other.close()

@@ -888,6 +888,14 @@ class MediumPort:
         if not self._thread.is_alive() and not self._stop.is_set():
             self._thread.start()
 
+    def virtual_time(self) -> float:
+        """The medium's virtual time in seconds (steps done x block / samp_rate).
+
+        A clock for timers that must follow the medium rather than the wall (ARQ, MAC):
+        it advances only as fast as the slowest node lets the medium run.
+        """
+        return self.client.step_no * self.block / self.samp_rate
+
     def stop(self) -> None:
         """Ask the lockstep thread to stop (without waiting; close() waits and leaves)."""
         self._stop.set()
@@ -1074,6 +1082,10 @@ def _make_shared_link_class() -> type:
             super().__init__(arq, on_close=self._stop)
             self.tb.start()
             self.port.start()
+
+        def virtual_time(self) -> float:
+            """The medium's virtual time in seconds (see MediumPort.virtual_time)."""
+            return self.port.virtual_time()
 
         def counters(self) -> dict[str, int]:
             """Receiver counters and lockstep steps of this node."""
