@@ -416,7 +416,7 @@ def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
 def test_virtual_time_follows_the_lockstep_not_the_wall():
     from scaleflu.radio.medium import MediumPort
 
-    cfg = _cfg(nodes=(0, 1), samp_rate=1e6)
+    cfg = _cfg(nodes=(0, 1), samp_rate=1e6, idle_stride=1)
     with MediumBroker(cfg).start() as br:
         port = MediumPort(0, br.address, timeout=10)
         other = MediumClient(1, br.address, timeout=10)
@@ -433,3 +433,32 @@ def test_virtual_time_follows_the_lockstep_not_the_wall():
         assert port.virtual_time() == pytest.approx(5 * B / 1e6)
         port.close()
         other.close()
+
+
+def test_idle_medium_strides_and_wakes_up_for_a_burst():
+    cfg = _cfg(nodes=(0, 1), idle_stride=16, idle_speed=0.0, idle_blocks=4)
+    with MediumBroker(cfg).start() as br:
+        a = MediumClient(0, br.address, timeout=10)
+        b = MediumClient(1, br.address, timeout=10)
+        steps = []
+        got = []
+
+        def run_b():
+            for _ in range(8):
+                b.exchange(None)
+
+        t = threading.Thread(target=run_b)
+        t.start()
+        for k in range(8):
+            y = a.exchange(_tone(B) if k == 7 else None)
+            steps.append(a.step_no)
+            got.append(y)
+        t.join(10)
+        # 4 quiet steps with noise, then each silent step jumps 16 blocks with nothing heard
+        assert steps == [1, 2, 3, 4, 20, 36, 52, 53]
+        assert all(y is not None for y in got[:4]) and got[4:7] == [None] * 3
+        assert got[7] is not None  # node 0 transmits: the medium wakes up (node 0 is blanked)
+        s = br.stats()
+        assert s["samples"] == 53 * B and s["airtime_samples"]["0"] == B
+        a.close()
+        b.close()

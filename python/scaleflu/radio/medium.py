@@ -25,7 +25,9 @@ streams. A node's frames enter the medium as whole bursts (never split by idle z
 first block after its modulator finished them. What still runs on wall-clock time is the ARQ
 above (timers) and idle pacing: when nothing has been on air for ``idle_blocks`` steps the
 broker stops sending noise to the receivers and paces virtual time at ``idle_speed`` x real
-time, so an idle medium costs little CPU. Airtime is counted in virtual samples.
+time, and while no node has anything to send a step covers ``idle_stride`` blocks, so an idle
+medium costs little CPU (a burst after a silence starts at the next stride boundary). Airtime
+is counted in virtual samples.
 
 API (small on purpose)::
 
@@ -145,6 +147,7 @@ class MediumConfig:
     node_timeout: float = 60.0  # wall seconds a node may take for one step before it is dropped
     idle_blocks: int = 4  # quiet steps after the last burst before receivers stop getting noise
     idle_speed: float = 1.0  # virtual / wall time while idle (<= 0: as fast as possible)
+    idle_stride: int = 16  # blocks per step while idle and nobody has anything to send
 
     def __post_init__(self) -> None:
         if not 256 <= self.block <= 1 << 20:
@@ -153,6 +156,8 @@ class MediumConfig:
             raise ValueError("samp_rate must be > 0")
         if self.node_timeout <= 0 or self.idle_blocks < 1:
             raise ValueError("node_timeout must be > 0 and idle_blocks >= 1")
+        if not 1 <= self.idle_stride <= 1024:
+            raise ValueError("idle_stride must be within [1, 1024] blocks")
         for n in self.nodes:
             _check_node(n)
         self.default.validate()
@@ -387,6 +392,19 @@ class MediumModel:
         self.quiet_steps = 0 if int(np.count_nonzero(count)) else self.quiet_steps + 1
         return out
 
+    def can_skip(self) -> bool:
+        """Whether the quiet steps cover every link's memory (no burst is still arriving)."""
+        return self.quiet_steps * self.B >= max([0] + [lk.history for lk in self._links.values()])
+
+    def skip(self, blocks: int) -> None:
+        """Advance ``blocks`` silent blocks at once (every transmitter idle, receivers get
+        nothing); only when can_skip()."""
+        if not self.can_skip():
+            raise RuntimeError("skip() only on a quiet medium")
+        self.t += blocks * self.B
+        self.steps += blocks
+        self.quiet_steps += blocks
+
     def _add_link(self, lk: _Link, buf: np.ndarray, y: np.ndarray) -> None:
         B = self.B
         if lk.amp == 0.0:
@@ -480,6 +498,7 @@ class MediumBroker:
         self._ident: dict[int, bytes] = {}  # node -> ZeroMQ identity
         self._by_ident: dict[bytes, int] = {}
         self._pending: dict[int, np.ndarray] = {}
+        self._silent: set[int] = set()  # nodes whose pending block is all zeros (empty payload)
         self._waiting_since: float | None = None
         self._started = not config.nodes
         self._stop = threading.Event()
@@ -542,6 +561,7 @@ class MediumBroker:
             if old is not None and old != ident:
                 self._by_ident.pop(old, None)  # the node restarted: the new socket replaces it
                 self._pending.pop(node, None)
+                self._silent.discard(node)
             with self._lock:
                 self.model.add(node)
             self._ident[node] = ident
@@ -577,6 +597,8 @@ class MediumBroker:
         if node in self._pending:
             return self._error(ident, "step sent twice")
         self._pending[node] = x
+        if len(payload) == 0:
+            self._silent.add(node)
         if self._waiting_since is None:
             self._waiting_since = time.monotonic()
         self._maybe_step()
@@ -587,8 +609,14 @@ class MediumBroker:
         if set(self._pending) != set(self.model.nodes):
             return
         idle_before = self.model.quiet_steps >= self.cfg.idle_blocks
+        all_silent = self._silent >= set(self._pending)
+        self._silent = set()
         with self._lock:
-            out = self.model.step(self._pending)
+            if idle_before and all_silent and self.cfg.idle_stride > 1 and self.model.can_skip():
+                self.model.skip(self.cfg.idle_stride)  # nobody sends: jump, nobody hears
+                out = dict.fromkeys(self._pending, None)
+            else:
+                out = self.model.step(self._pending)
         self._pending = {}
         self._waiting_since = None
         idle = idle_before and self.model.quiet_steps >= self.cfg.idle_blocks
@@ -603,7 +631,7 @@ class MediumBroker:
         else:
             self._idle_t0 = None
         for node, y in out.items():
-            self._reply(self._ident[node], b"R", header, b"" if idle else y.tobytes())
+            self._reply(self._ident[node], b"R", header, b"" if idle or y is None else y.tobytes())
 
     def _pace(self) -> None:
         """While idle, keep virtual time at most ``idle_speed`` x wall time (saves CPU)."""
@@ -623,6 +651,7 @@ class MediumBroker:
         if ident is not None:
             self._by_ident.pop(ident, None)
         self._pending.pop(node, None)
+        self._silent.discard(node)
         with self._lock:
             self.model.remove(node)
         logger.info("medium: node %d left at step %d", node, self.model.steps)
