@@ -137,6 +137,22 @@ def test_config_rejects_bad_input():
         MediumConfig.from_dict({"links": {"1->0": {"snr": 3}}})
     with pytest.raises(ValueError, match="node id"):
         MediumConfig(nodes=(-1,))
+    for bad, match in (
+        ([1, 2], "mapping"),
+        ({"default": [1]}, "mapping"),
+        ({"default": {"snr_db": "loud"}}, "snr_db must be a number"),
+        ({"default": {"cfo": float("nan")}}, "finite"),
+        ({"links": {"1-0": {}}}, "tx->rx"),
+        ({"links": {"1->99999": {}}}, "node id"),
+        ({"positions": {1: [0, "x"]}}, "medium config"),
+        ({"positions": {1: [0, 1, 2]}}, r"\[x, y\]"),
+        ({"block": "big"}, "block must be a number"),
+        ({"block": 10}, "block must be within"),
+        ({"noise": "yes"}, "true or false"),
+        ({"address": 5}, "address"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            MediumConfig.from_dict(bad)
     cfg = MediumConfig.from_dict(
         {
             "positions": {0: [0, 0], 1: [100, 0]},

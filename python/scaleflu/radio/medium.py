@@ -185,33 +185,89 @@ class MediumConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MediumConfig:
-        """From plain data (YAML/JSON): links as {"tx->rx": {...}}, unknown keys rejected."""
+        """From plain data (YAML/JSON): links as {"tx->rx": {...}}, unknown keys rejected.
+
+        Every error is a ValueError with the offending key (the data may come from a file).
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError("medium config must be a mapping")
         d = dict(d)
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown medium keys: {sorted(unknown)}")
-        if "default" in d and isinstance(d["default"], Mapping):
-            d["default"] = _link_channel(d["default"])
-        if "links" in d:
-            links = {}
-            for k, v in dict(d["links"]).items():
-                a, _, b = str(k).partition("->")
-                links[(int(a), int(b))] = _link_channel(v)
-            d["links"] = links
-        if "positions" in d:
-            d["positions"] = {int(k): tuple(float(x) for x in v) for k, v in d["positions"].items()}
-        if "nodes" in d:
-            d["nodes"] = tuple(int(n) for n in d["nodes"])
-        return cls(**d)
+        try:
+            if "default" in d:
+                d["default"] = _link_channel(d["default"])
+            if "links" in d:
+                links = {}
+                for k, v in _mapping(d["links"], "links").items():
+                    a, sep, b = str(k).partition("->")
+                    if not sep:
+                        raise ValueError(f"links: key {k!r} is not 'tx->rx'")
+                    links[(_check_node(int(a)), _check_node(int(b)))] = _link_channel(v)
+                d["links"] = links
+            if "positions" in d:
+                pos = {}
+                for k, v in _mapping(d["positions"], "positions").items():
+                    xy = tuple(float(x) for x in v)
+                    if len(xy) != 2 or not all(math.isfinite(x) for x in xy):
+                        raise ValueError(f"positions: node {k} needs finite [x, y]")
+                    pos[_check_node(int(k))] = xy
+                d["positions"] = pos
+            if "nodes" in d:
+                d["nodes"] = tuple(_check_node(int(n)) for n in d["nodes"])
+            for key, typ in (
+                ("samp_rate", float),
+                ("block", int),
+                ("seed", int),
+                ("ref_snr_db", float),
+                ("ref_distance_m", float),
+                ("path_loss_exp", float),
+                ("node_timeout", float),
+                ("idle_blocks", int),
+                ("idle_speed", float),
+                ("idle_stride", int),
+            ):
+                if key in d:
+                    if isinstance(d[key], bool) or not isinstance(d[key], (int, float)):
+                        raise ValueError(f"{key} must be a number, got {d[key]!r}")
+                    d[key] = typ(d[key])
+            for key in ("noise", "half_duplex"):
+                if key in d and not isinstance(d[key], bool):
+                    raise ValueError(f"{key} must be true or false")
+            if "address" in d and not isinstance(d["address"], str):
+                raise ValueError("address must be a string like tcp://127.0.0.1:53100")
+            return cls(**d)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"medium config: {exc}") from None
 
 
-def _link_channel(d: Mapping[str, Any]) -> LinkChannel:
+def _mapping(v: Any, what: str) -> Mapping[Any, Any]:
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{what} must be a mapping")
+    return v
+
+
+def _link_channel(d: Any) -> LinkChannel:
+    d = _mapping(d, "a link channel")
     known = {f.name for f in fields(LinkChannel)}
     unknown = set(d) - known
     if unknown:
         raise ValueError(f"unknown link channel keys: {sorted(unknown)}")
     d = dict(d)
+    for key in ("snr_db", "distance_m", "cfo", "delay", "sro_ppm", "k_factor_db", "doppler_hz"):
+        v = d.get(key)
+        if v is None and key in ("snr_db", "distance_m"):
+            continue
+        if key in d and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"{key} must be a number, got {v!r}")
+        if key in d:
+            d[key] = float(v)
+            if not math.isfinite(d[key]):
+                raise ValueError(f"{key} must be finite")
+    if "in_range" in d and not isinstance(d["in_range"], bool):
+        raise ValueError("in_range must be true or false")
     if "pdp" in d:
         d["pdp"] = tuple(float(x) for x in d["pdp"])
     ch = LinkChannel(**d)
