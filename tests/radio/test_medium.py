@@ -459,9 +459,11 @@ def test_idle_medium_strides_and_wakes_up_for_a_burst():
         steps = []
         got = []
 
+        heard_b = []
+
         def run_b():
             for _ in range(8):
-                b.exchange(None)
+                heard_b.append(b.exchange(None))
 
         t = threading.Thread(target=run_b)
         t.start()
@@ -473,7 +475,10 @@ def test_idle_medium_strides_and_wakes_up_for_a_burst():
         # 4 quiet steps with noise, then each silent step jumps 16 blocks with nothing heard
         assert steps == [1, 2, 3, 4, 20, 36, 52, 53]
         assert all(y is not None for y in got[:4]) and got[4:7] == [None] * 3
-        assert got[7] is not None  # node 0 transmits: the medium wakes up (node 0 is blanked)
+        # node 0 transmits: the medium wakes up; node 1 hears it at once, node 0's own
+        # receiver is blanked (half duplex) and, having heard no one, gets nothing
+        assert heard_b[7] is not None and got[7] is None
+        assert np.mean(np.abs(heard_b[7]) ** 2) > 50  # 20 dB over unit noise
         s = br.stats()
         assert s["samples"] == 53 * B and s["airtime_samples"]["0"] == B
         a.close()

@@ -364,6 +364,7 @@ class MediumModel:
         self.active_samples = 0  # samples where at least one transmitter was on
         self.steps = 0
         self.quiet_steps = 0  # consecutive steps with no transmitter on
+        self.deaf_steps: dict[int, int] = {}  # per receiver: consecutive steps it heard no one
         self.first_active: int | None = None  # absolute sample of the first transmitted sample
         self.last_active: int | None = None  # ... and one past the last
 
@@ -393,6 +394,7 @@ class MediumModel:
         self.nodes.remove(node)
         del self._hist[node]
         del self._noise[node]
+        self.deaf_steps.pop(node, None)
         for key in [k for k in self._links if node in k]:
             del self._links[key]
 
@@ -441,6 +443,17 @@ class MediumModel:
             if self.cfg.half_duplex and j in on and on[j].any():
                 y[on[j]] = 0
             out[j] = y
+        for j in self.nodes:
+            # heard: another in-range transmitter was on while j's own receiver was not blanked
+            heard = False
+            for i in self.nodes:
+                if i == j or self._links[(i, j)].amp == 0.0 or not on[i].any():
+                    continue
+                if self.cfg.half_duplex and on[j].any():
+                    heard = heard or bool(np.any(on[i] & ~on[j]))
+                else:
+                    heard = True
+            self.deaf_steps[j] = 0 if heard else self.deaf_steps.get(j, 0) + 1
         for n in self.nodes:
             self._hist[n] = bufs[n][-len(self._hist[n]) :]
         self.t += B
@@ -460,6 +473,8 @@ class MediumModel:
         self.t += blocks * self.B
         self.steps += blocks
         self.quiet_steps += blocks
+        for j in self.nodes:
+            self.deaf_steps[j] = self.deaf_steps.get(j, 0) + blocks
 
     def _add_link(self, lk: _Link, buf: np.ndarray, y: np.ndarray) -> None:
         B = self.B
@@ -665,6 +680,9 @@ class MediumBroker:
         if set(self._pending) != set(self.model.nodes):
             return
         idle_before = self.model.quiet_steps >= self.cfg.idle_blocks
+        deaf_before = {
+            n: self.model.deaf_steps.get(n, 0) >= self.cfg.idle_blocks for n in self._pending
+        }
         all_silent = self._silent >= set(self._pending)
         self._silent = set()
         with self._lock:
@@ -681,13 +699,16 @@ class MediumBroker:
             self.busy_wall_s += now - self._last_step_wall
             self.busy_samples += self.cfg.block
         self._last_step_wall = now
-        header = _STEP.pack(self.model.steps, _FLAG_IDLE if idle else 0)
         if idle:
             self._pace()
         else:
             self._idle_t0 = None
         for node, y in out.items():
-            self._reply(self._ident[node], b"R", header, b"" if idle or y is None else y.tobytes())
+            # a receiver that has heard no one for idle_blocks steps gets nothing (saves its CPU)
+            deaf = deaf_before[node] and self.model.deaf_steps.get(node, 0) >= self.cfg.idle_blocks
+            quiet = idle or deaf or y is None
+            header = _STEP.pack(self.model.steps, _FLAG_IDLE if quiet else 0)
+            self._reply(self._ident[node], b"R", header, b"" if quiet else y.tobytes())
 
     def _pace(self) -> None:
         """While idle, keep virtual time at most ``idle_speed`` x wall time (saves CPU)."""
