@@ -155,7 +155,9 @@ def run_airtime(
         "block": block,
         "samp_rate": samp_rate,
         "default": {"snr_db": snr_db, "fading": fading, "k_factor_db": 6.0, "doppler_hz": 2.0},
-        "idle_speed": 0.0,
+        # idle virtual time runs at 1x wall (the default): the ARQ waits in wall time, and an
+        # unpaced idle medium would spin through thousands of virtual seconds meanwhile
+        "idle_speed": 1.0,
     }
     ready, stop = ctx.Event(), ctx.Event()
     broker = ctx.Process(target=_broker_main, args=(cfg, ready, stop), daemon=True)
