@@ -37,6 +37,7 @@ import platform
 import socket
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -154,7 +155,9 @@ def run_airtime(
         "block": block,
         "samp_rate": samp_rate,
         "default": {"snr_db": snr_db, "fading": fading, "k_factor_db": 6.0, "doppler_hz": 2.0},
-        "idle_speed": 0.0,
+        # idle virtual time runs at 1x wall (the default): the ARQ waits in wall time, and an
+        # unpaced idle medium would spin through thousands of virtual seconds meanwhile
+        "idle_speed": 1.0,
     }
     ready, stop = ctx.Event(), ctx.Event()
     broker = ctx.Process(target=_broker_main, args=(cfg, ready, stop), daemon=True)
@@ -238,8 +241,188 @@ def run_airtime(
         "virtual_s": virt,
         "wall_s": wall,
         "virtual_over_wall": virt / wall if wall > 0 else None,
+        # speed while receivers process samples (idle steps excluded: they are paced at 1x)
+        "busy_virtual_over_wall": (after["busy_samples"] - before["busy_samples"])
+        / sr
+        / max(1e-9, after["busy_wall_s"] - before["busy_wall_s"]),
         "retransmissions": sum(d["arq"].get("retransmissions", 0) for d in robot_res),
         "server_arq": server_stats.get("arq", {}),
+    }
+
+
+def _frame_trains(n_robots: int, phy: Any) -> dict[int, list[np.ndarray]]:
+    """Each robot's LeNet message as the list of its frames' samples (unit burst power)."""
+    import pmt
+    from gnuradio import blocks, gr
+
+    from scaleflu.link.frame import FrameType, encode_frame, max_payload
+    from scaleflu.radio.blocks import frame_to_pdu
+    from scaleflu.radio.medium import unit_amplitude
+
+    amp = unit_amplitude(phy)
+    trains: dict[int, list[np.ndarray]] = {}
+    for r in range(1, n_robots + 1):
+        msg = lenet_message(r)
+        step = max_payload(phy.mtu)
+        chunks = [msg[i : i + step] for i in range(0, len(msg), step)]
+        tb = gr.top_block()
+        tx = phy.tx(r, amplitude=amp)
+        sink = blocks.vector_sink_c()
+        tb.connect(tx, sink)
+        tb.start()
+        for seq, c in enumerate(chunks):
+            raw = encode_frame(FrameType.DATA, r, 0, 7, seq, len(chunks), c, phy.mtu)
+            tx.framer.to_basic_block()._post(pmt.intern("in"), frame_to_pdu(raw))
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            if len([t for t in sink.tags() if pmt.symbol_to_string(t.key) == "packet_len"]) >= len(
+                chunks
+            ):
+                break
+            time.sleep(0.05)
+        time.sleep(0.2)
+        tb.stop()
+        tb.wait()
+        x = np.asarray(sink.data(), np.complex64)
+        starts = sorted(
+            (t.offset, pmt.to_long(t.value))
+            for t in sink.tags()
+            if pmt.symbol_to_string(t.key) == "packet_len"
+        )
+        trains[r] = [x[o : o + n] for o, n in starts[: len(chunks)]]
+        if len(trains[r]) != len(chunks) or sum(map(len, trains[r])) > len(x):
+            raise RuntimeError("the transmitter did not put out every frame")
+    return trains
+
+
+def scheduled_airtime(
+    n_robots: int = 3,
+    seed: int = 0,
+    snr_db: float = 20.0,
+    fading: str = "rician",
+    block: int = 8192,
+    samp_rate: float = 5e6,
+    guard_blocks: int = 1,
+    max_rounds: int = 5,
+) -> dict[str, Any]:
+    """Perfectly scheduled uploads at sample level, without the ARQ's wall-clock timers.
+
+    Robot 1's whole frame train, then robot 2's, ... (one block of silence between robots)
+    go through the medium to the server's real OFDM receiver; the frames it did not decode are
+    sent again in a repair round (all robots' missing frames, in turn), until none is missing.
+    The server's grants/ACKs are not on air here: ``ack_airtime_s`` adds one 64-byte control
+    frame per robot and round (analytic). A frame-level model of the same schedule should give
+    the same airtime up to its model of frame loss.
+    """
+    import pmt
+    from gnuradio import blocks, gr
+
+    from scaleflu.radio.links import PhyConfig
+    from scaleflu.radio.medium import (
+        LinkChannel,
+        MediumBroker,
+        MediumClient,
+        MediumConfig,
+        MediumPort,
+    )
+    from scaleflu.radio.ofdm import samples_per_frame
+
+    phy = PhyConfig()
+    trains = _frame_trains(n_robots, phy)
+    cfg = MediumConfig(
+        nodes=tuple(range(n_robots + 1)),
+        address="tcp://127.0.0.1:0",
+        seed=seed,
+        block=block,
+        samp_rate=samp_rate,
+        default=LinkChannel(snr_db=snr_db, fading=fading, k_factor_db=6.0, doppler_hz=2.0),
+        idle_speed=0.0,
+    )
+    missing = {r: set(range(len(t))) for r, t in trains.items()}
+    rounds = []
+    t_wall = time.monotonic()
+    with MediumBroker(cfg).start() as br:
+        port = MediumPort(0, br.address, timeout=60)
+        tb = gr.top_block()
+        tx, rx = phy.tx(0), phy.rx(0)
+        dbg = blocks.message_debug()
+        tb.connect(tx, port.tx_sink)
+        tb.connect(port.rx_source, rx)
+        tb.msg_connect(rx, "out", dbg, "store")
+        tb.start()
+        port.start()
+        clients = {r: MediumClient(r, br.address, timeout=60) for r in trains}
+        seen = 0
+        for _ in range(max_rounds):
+            if not any(missing.values()):
+                break
+            # the round's timeline: robots in turn, each a contiguous train of its missing frames
+            streams: dict[int, np.ndarray] = {}
+            at = 2 * block
+            for r in sorted(trains):
+                if not missing[r]:
+                    continue
+                x = np.concatenate([trains[r][i] for i in sorted(missing[r])])
+                streams[r] = (at, x)
+                at += len(x) + guard_blocks * block
+            n_steps = math.ceil(at / block) + 4
+
+            def run(r: int, streams=streams, n_steps=n_steps) -> None:
+                c = clients[r]
+                start, x = streams.get(r, (0, np.zeros(0, np.complex64)))
+                for k in range(n_steps):
+                    lo, hi = k * block, (k + 1) * block
+                    blk = np.zeros(block, np.complex64)
+                    a, b = max(lo, start), min(hi, start + len(x))
+                    if a < b:
+                        blk[a - lo : b - lo] = x[a - start : b - start]
+                    c.exchange(blk if blk.any() else None)
+
+            threads = [threading.Thread(target=run, args=(r,)) for r in clients]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(600)
+            end = time.monotonic() + 10
+            while port.rx_source.q.qsize() and time.monotonic() < end:
+                time.sleep(0.05)
+            time.sleep(1.5)
+            lost_before = sum(len(m) for m in missing.values())
+            for i in range(seen, dbg.num_messages()):
+                meta = pmt.car(dbg.get_message(i))
+                src = pmt.to_long(pmt.dict_ref(meta, pmt.intern("src"), pmt.from_long(-1)))
+                seq = pmt.to_long(pmt.dict_ref(meta, pmt.intern("seq"), pmt.from_long(-1)))
+                if src in missing:
+                    missing[src].discard(seq)
+            seen = dbg.num_messages()
+            rounds.append(
+                {"frames_sent": lost_before, "frames_missing": sum(map(len, missing.values()))}
+            )
+        stats = br.stats()
+        for c in clients.values():
+            c.close()
+        port.close()
+        tb.stop()
+        tb.wait()
+    sr = samp_rate
+    up = sum(stats["airtime_samples"].get(str(r), 0) for r in trains)
+    own = sum(sum(map(len, t)) for t in trains.values())
+    ack = len(rounds) * n_robots * samples_per_frame(64)
+    return {
+        "n_robots": n_robots,
+        "seed": seed,
+        "snr_db": snr_db,
+        "fading": fading,
+        "block": block,
+        "samp_rate": sr,
+        "rounds": rounds,
+        "complete": not any(missing.values()),
+        "uplink_airtime_s": up / sr,
+        "own_airtime_s": own / sr,
+        "uplink_over_own": up / own,
+        "ack_airtime_s": ack / sr,
+        "collision_s": stats["collision_samples"] / sr,
+        "wall_s": time.monotonic() - t_wall,
     }
 
 
@@ -252,13 +435,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--snr-db", type=float, default=20.0)
     ap.add_argument("--fading", default="rician", choices=["none", "rayleigh", "rician"])
     ap.add_argument("--block", type=int, default=8192)
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=None,
+        help="ARQ window in frames (default: the OFDM default, 64); 256 sends a LeNet update "
+        "as one train of frames, so the server's ACKs come after it, not under it",
+    )
+    ap.add_argument("--initial-rto", type=float, default=None, help="ARQ initial RTO (wall s)")
+    ap.add_argument("--min-rto", type=float, default=None, help="ARQ minimum RTO (wall s)")
+    ap.add_argument("--max-rto", type=float, default=None, help="ARQ maximum RTO (wall s)")
+    ap.add_argument(
+        "--scheduled",
+        action="store_true",
+        help="also run scheduled_airtime (perfect schedule, repair rounds, no ARQ timers)",
+    )
     ap.add_argument("--out", type=Path, default=RESULTS / "medium_airtime.json")
     a = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     runs = []
     for seed in range(a.seeds):
-        for mode in a.modes.split(","):  # interleaved: every mode in each seed
-            r = run_airtime(a.robots, mode, seed, a.snr_db, a.fading, a.block)
+        for mode in [m for m in a.modes.split(",") if m]:  # interleaved: every mode per seed
+            extra = {
+                k: v
+                for k, v in (
+                    ("window", a.window),
+                    ("initial_rto", a.initial_rto),
+                    ("min_rto", a.min_rto),
+                    ("max_rto", a.max_rto),
+                )
+                if v is not None
+            }
+            r = run_airtime(a.robots, mode, seed, a.snr_db, a.fading, a.block, **extra)
             runs.append(r)
             print(
                 f"{mode:12s} seed {seed}: uplink {r['uplink_airtime_s']:.3f} s "
@@ -266,11 +474,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"acks {r['ack_airtime_s']:.3f} s span {r['span_s']:.3f} s "
                 f"collisions {r['collision_s']:.4f} s retx {r['retransmissions']} "
                 f"delivered {r['delivered_bit_exact']}/{a.robots} "
-                f"virtual/wall {r['virtual_over_wall']:.3f}",
+                f"virtual/wall {r['virtual_over_wall']:.3f} "
+                f"(busy {r['busy_virtual_over_wall']:.3f})",
+                flush=True,
+            )
+    sched = []
+    if a.scheduled:
+        for seed in range(a.seeds):
+            r = scheduled_airtime(a.robots, seed, a.snr_db, a.fading, a.block)
+            sched.append(r)
+            print(
+                f"scheduled    seed {seed}: uplink {r['uplink_airtime_s']:.3f} s "
+                f"(x{r['uplink_over_own']:.3f} own frames) acks {r['ack_airtime_s']:.4f} s "
+                f"rounds {r['rounds']} collisions {r['collision_s']:.4f} s",
                 flush=True,
             )
     summary = {}
-    for mode in a.modes.split(","):
+    for mode in [m for m in a.modes.split(",") if m]:
         rs = [r for r in runs if r["mode"] == mode]
         summary[mode] = {
             k: {
@@ -279,6 +499,7 @@ def main(argv: list[str] | None = None) -> int:
                 "max": max(r[k] for r in rs),
             }
             for k in (
+                "busy_virtual_over_wall",
                 "uplink_airtime_s",
                 "span_s",
                 "collision_s",
@@ -298,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         "args": {k: str(v) for k, v in vars(a).items()},
         "summary": summary,
         "runs": runs,
+        "scheduled": sched,
     }
     a.out.write_text(json.dumps(out, indent=2))
     print(f"wrote {a.out}")

@@ -137,6 +137,22 @@ def test_config_rejects_bad_input():
         MediumConfig.from_dict({"links": {"1->0": {"snr": 3}}})
     with pytest.raises(ValueError, match="node id"):
         MediumConfig(nodes=(-1,))
+    for bad, match in (
+        ([1, 2], "mapping"),
+        ({"default": [1]}, "mapping"),
+        ({"default": {"snr_db": "loud"}}, "snr_db must be a number"),
+        ({"default": {"cfo": float("nan")}}, "finite"),
+        ({"links": {"1-0": {}}}, "tx->rx"),
+        ({"links": {"1->99999": {}}}, "node id"),
+        ({"positions": {1: [0, "x"]}}, "medium config"),
+        ({"positions": {1: [0, 1, 2]}}, r"\[x, y\]"),
+        ({"block": "big"}, "block must be a number"),
+        ({"block": 10}, "block must be within"),
+        ({"noise": "yes"}, "true or false"),
+        ({"address": 5}, "address"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            MediumConfig.from_dict(bad)
     cfg = MediumConfig.from_dict(
         {
             "positions": {0: [0, 0], 1: [100, 0]},
@@ -342,3 +358,128 @@ def test_make_link_ofdm_shared_delivers_bit_exact_on_a_fading_channel():
             b.close()
     with pytest.raises(ValueError, match="broker"):
         make_link("ofdm-shared", 0, broker="tcp://127.0.0.1:1", snr_db=10)
+
+
+def test_broker_drops_oversized_messages_and_silent_nodes():
+    import zmq
+
+    cfg = _cfg(nodes=(0, 1), node_timeout=1.0)
+    with MediumBroker(cfg).start() as br:
+        s = zmq.Context.instance().socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(br.address)
+        s.send_multipart([b"S", b"x" * 9, b"\0" * (8 * B + 4096)])  # over MAXMSGSIZE
+        assert not s.poll(1000)  # no answer: ZeroMQ dropped the connection
+        s.close(0)
+        a = MediumClient(0, br.address, timeout=10)
+        b = MediumClient(1, br.address, timeout=10)
+        # node 1 never sends its block: after node_timeout it is dropped and node 0 goes on
+        y = a.exchange(_tone(B))
+        assert y is not None and len(y) == B
+        assert br.stats()["dropped"] == [1]
+        with pytest.raises(MediumError, match="not joined"):
+            b.exchange(None)
+        a.close()
+
+
+@pytest.mark.timeout(240)
+def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
+    """The broker CLI and two node processes (linktest): a message arrives bit-exact."""
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        address = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    cfg = tmp_path / "medium.yaml"
+    cfg.write_text("default: {snr_db: 20.0, fading: rician, k_factor_db: 10.0}\nseed: 3\n")
+    env = dict(os.environ, PYTHONUNBUFFERED="1", GR_DONT_LOAD_PREFS="1")
+    py = [sys.executable, "-m"]
+    broker = subprocess.Popen(
+        [*py, "scaleflu.radio.medium", "--nodes", "0,1", "--address", address,
+         "--config", str(cfg)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    common = [*py, "scaleflu.radio.linktest", "--kind", "ofdm-shared", "--broker", address]
+    try:
+        rx = subprocess.Popen(
+            [*common, "--node", "1", "--recv", "1", "--timeout", "90", "--linger", "8"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        tx = subprocess.run(
+            [*common, "--node", "0", "--send", "20000", "--dst", "1", "--timeout", "80"],
+            capture_output=True, text=True, env=env, timeout=110,
+        )  # fmt: skip
+        out, err = rx.communicate(timeout=110)
+        sent = json.loads(tx.stdout.strip().splitlines()[-1])
+        got = json.loads(out.strip().splitlines()[-1])
+        assert tx.returncode == 0 and rx.returncode == 0, tx.stderr[-1500:] + err[-1500:]
+        assert sent["status"] == "delivered"
+        assert got["sha256"] == sent["sha256"] and got["src"] == 0
+    finally:
+        broker.terminate()
+        broker.wait(10)
+    bad = subprocess.run(
+        [*py, "scaleflu.radio.medium", "--config", str(tmp_path / "nope.yaml")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr
+
+
+def test_virtual_time_follows_the_lockstep_not_the_wall():
+    from scaleflu.radio.medium import MediumPort
+
+    cfg = _cfg(nodes=(0, 1), samp_rate=1e6, idle_stride=1)
+    with MediumBroker(cfg).start() as br:
+        port = MediumPort(0, br.address, timeout=10)
+        other = MediumClient(1, br.address, timeout=10)
+        port.start()
+        assert port.virtual_time() == 0.0
+        for _ in range(5):  # node 1 holds the medium: five steps, however long they take
+            other.exchange(None)
+            time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while port.virtual_time() < 5 * B / 1e6 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert port.virtual_time() == pytest.approx(5 * B / 1e6)
+        time.sleep(0.2)  # no step without node 1: virtual time stands still
+        assert port.virtual_time() == pytest.approx(5 * B / 1e6)
+        port.close()
+        other.close()
+
+
+def test_idle_medium_strides_and_wakes_up_for_a_burst():
+    cfg = _cfg(nodes=(0, 1), idle_stride=16, idle_speed=0.0, idle_blocks=4)
+    with MediumBroker(cfg).start() as br:
+        a = MediumClient(0, br.address, timeout=10)
+        b = MediumClient(1, br.address, timeout=10)
+        steps = []
+        got = []
+
+        heard_b = []
+
+        def run_b():
+            for _ in range(8):
+                heard_b.append(b.exchange(None))
+
+        t = threading.Thread(target=run_b)
+        t.start()
+        for k in range(8):
+            y = a.exchange(_tone(B) if k == 7 else None)
+            steps.append(a.step_no)
+            got.append(y)
+        t.join(10)
+        # 4 quiet steps with noise, then each silent step jumps 16 blocks with nothing heard
+        assert steps == [1, 2, 3, 4, 20, 36, 52, 53]
+        assert all(y is not None for y in got[:4]) and got[4:7] == [None] * 3
+        # node 0 transmits: the medium wakes up; node 1 hears it at once, node 0's own
+        # receiver is blanked (half duplex) and, having heard no one, gets nothing
+        assert heard_b[7] is not None and got[7] is None
+        assert np.mean(np.abs(heard_b[7]) ** 2) > 50  # 20 dB over unit noise
+        s = br.stats()
+        assert s["samples"] == 53 * B and s["airtime_samples"]["0"] == B
+        a.close()
+        b.close()

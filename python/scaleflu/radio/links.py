@@ -450,6 +450,15 @@ class ZmqOfdmLink(GrLink):
         self.peers.pop(node_id, None)
         if not self.peers:
             raise ValueError("ZmqOfdmLink needs at least one peer")
+        remote = sorted(h for h in self.peers.values() if h not in ("127.0.0.1", "localhost"))
+        if bind in ("127.0.0.1", "localhost") and remote:
+            logger.warning(
+                "node %d binds %s only: peers on %s cannot reach it; give bind='*' or an "
+                "interface address",
+                node_id,
+                bind,
+                ", ".join(remote),
+            )
         self.tb = gr.top_block(f"zmq_ofdm_node_{node_id}")
         power = burst_power(self.phy)
         arq = _arq_block(node_id, self.phy, arq_opts)

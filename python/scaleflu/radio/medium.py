@@ -25,7 +25,9 @@ streams. A node's frames enter the medium as whole bursts (never split by idle z
 first block after its modulator finished them. What still runs on wall-clock time is the ARQ
 above (timers) and idle pacing: when nothing has been on air for ``idle_blocks`` steps the
 broker stops sending noise to the receivers and paces virtual time at ``idle_speed`` x real
-time, so an idle medium costs little CPU. Airtime is counted in virtual samples.
+time, and while no node has anything to send a step covers ``idle_stride`` blocks, so an idle
+medium costs little CPU (a burst after a silence starts at the next stride boundary). Airtime
+is counted in virtual samples.
 
 API (small on purpose)::
 
@@ -145,6 +147,7 @@ class MediumConfig:
     node_timeout: float = 60.0  # wall seconds a node may take for one step before it is dropped
     idle_blocks: int = 4  # quiet steps after the last burst before receivers stop getting noise
     idle_speed: float = 1.0  # virtual / wall time while idle (<= 0: as fast as possible)
+    idle_stride: int = 16  # blocks per step while idle and nobody has anything to send
 
     def __post_init__(self) -> None:
         if not 256 <= self.block <= 1 << 20:
@@ -153,6 +156,8 @@ class MediumConfig:
             raise ValueError("samp_rate must be > 0")
         if self.node_timeout <= 0 or self.idle_blocks < 1:
             raise ValueError("node_timeout must be > 0 and idle_blocks >= 1")
+        if not 1 <= self.idle_stride <= 1024:
+            raise ValueError("idle_stride must be within [1, 1024] blocks")
         for n in self.nodes:
             _check_node(n)
         self.default.validate()
@@ -180,33 +185,89 @@ class MediumConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MediumConfig:
-        """From plain data (YAML/JSON): links as {"tx->rx": {...}}, unknown keys rejected."""
+        """From plain data (YAML/JSON): links as {"tx->rx": {...}}, unknown keys rejected.
+
+        Every error is a ValueError with the offending key (the data may come from a file).
+        """
+        if not isinstance(d, Mapping):
+            raise ValueError("medium config must be a mapping")
         d = dict(d)
         known = {f.name for f in fields(cls)}
         unknown = set(d) - known
         if unknown:
             raise ValueError(f"unknown medium keys: {sorted(unknown)}")
-        if "default" in d and isinstance(d["default"], Mapping):
-            d["default"] = _link_channel(d["default"])
-        if "links" in d:
-            links = {}
-            for k, v in dict(d["links"]).items():
-                a, _, b = str(k).partition("->")
-                links[(int(a), int(b))] = _link_channel(v)
-            d["links"] = links
-        if "positions" in d:
-            d["positions"] = {int(k): tuple(float(x) for x in v) for k, v in d["positions"].items()}
-        if "nodes" in d:
-            d["nodes"] = tuple(int(n) for n in d["nodes"])
-        return cls(**d)
+        try:
+            if "default" in d:
+                d["default"] = _link_channel(d["default"])
+            if "links" in d:
+                links = {}
+                for k, v in _mapping(d["links"], "links").items():
+                    a, sep, b = str(k).partition("->")
+                    if not sep:
+                        raise ValueError(f"links: key {k!r} is not 'tx->rx'")
+                    links[(_check_node(int(a)), _check_node(int(b)))] = _link_channel(v)
+                d["links"] = links
+            if "positions" in d:
+                pos = {}
+                for k, v in _mapping(d["positions"], "positions").items():
+                    xy = tuple(float(x) for x in v)
+                    if len(xy) != 2 or not all(math.isfinite(x) for x in xy):
+                        raise ValueError(f"positions: node {k} needs finite [x, y]")
+                    pos[_check_node(int(k))] = xy
+                d["positions"] = pos
+            if "nodes" in d:
+                d["nodes"] = tuple(_check_node(int(n)) for n in d["nodes"])
+            for key, typ in (
+                ("samp_rate", float),
+                ("block", int),
+                ("seed", int),
+                ("ref_snr_db", float),
+                ("ref_distance_m", float),
+                ("path_loss_exp", float),
+                ("node_timeout", float),
+                ("idle_blocks", int),
+                ("idle_speed", float),
+                ("idle_stride", int),
+            ):
+                if key in d:
+                    if isinstance(d[key], bool) or not isinstance(d[key], (int, float)):
+                        raise ValueError(f"{key} must be a number, got {d[key]!r}")
+                    d[key] = typ(d[key])
+            for key in ("noise", "half_duplex"):
+                if key in d and not isinstance(d[key], bool):
+                    raise ValueError(f"{key} must be true or false")
+            if "address" in d and not isinstance(d["address"], str):
+                raise ValueError("address must be a string like tcp://127.0.0.1:53100")
+            return cls(**d)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"medium config: {exc}") from None
 
 
-def _link_channel(d: Mapping[str, Any]) -> LinkChannel:
+def _mapping(v: Any, what: str) -> Mapping[Any, Any]:
+    if not isinstance(v, Mapping):
+        raise ValueError(f"{what} must be a mapping")
+    return v
+
+
+def _link_channel(d: Any) -> LinkChannel:
+    d = _mapping(d, "a link channel")
     known = {f.name for f in fields(LinkChannel)}
     unknown = set(d) - known
     if unknown:
         raise ValueError(f"unknown link channel keys: {sorted(unknown)}")
     d = dict(d)
+    for key in ("snr_db", "distance_m", "cfo", "delay", "sro_ppm", "k_factor_db", "doppler_hz"):
+        v = d.get(key)
+        if v is None and key in ("snr_db", "distance_m"):
+            continue
+        if key in d and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise ValueError(f"{key} must be a number, got {v!r}")
+        if key in d:
+            d[key] = float(v)
+            if not math.isfinite(d[key]):
+                raise ValueError(f"{key} must be finite")
+    if "in_range" in d and not isinstance(d["in_range"], bool):
+        raise ValueError("in_range must be true or false")
     if "pdp" in d:
         d["pdp"] = tuple(float(x) for x in d["pdp"])
     ch = LinkChannel(**d)
@@ -303,6 +364,7 @@ class MediumModel:
         self.active_samples = 0  # samples where at least one transmitter was on
         self.steps = 0
         self.quiet_steps = 0  # consecutive steps with no transmitter on
+        self.deaf_steps: dict[int, int] = {}  # per receiver: consecutive steps it heard no one
         self.first_active: int | None = None  # absolute sample of the first transmitted sample
         self.last_active: int | None = None  # ... and one past the last
 
@@ -332,6 +394,7 @@ class MediumModel:
         self.nodes.remove(node)
         del self._hist[node]
         del self._noise[node]
+        self.deaf_steps.pop(node, None)
         for key in [k for k in self._links if node in k]:
             del self._links[key]
 
@@ -380,12 +443,38 @@ class MediumModel:
             if self.cfg.half_duplex and j in on and on[j].any():
                 y[on[j]] = 0
             out[j] = y
+        for j in self.nodes:
+            # heard: another in-range transmitter was on while j's own receiver was not blanked
+            heard = False
+            for i in self.nodes:
+                if i == j or self._links[(i, j)].amp == 0.0 or not on[i].any():
+                    continue
+                if self.cfg.half_duplex and on[j].any():
+                    heard = heard or bool(np.any(on[i] & ~on[j]))
+                else:
+                    heard = True
+            self.deaf_steps[j] = 0 if heard else self.deaf_steps.get(j, 0) + 1
         for n in self.nodes:
             self._hist[n] = bufs[n][-len(self._hist[n]) :]
         self.t += B
         self.steps += 1
         self.quiet_steps = 0 if int(np.count_nonzero(count)) else self.quiet_steps + 1
         return out
+
+    def can_skip(self) -> bool:
+        """Whether the quiet steps cover every link's memory (no burst is still arriving)."""
+        return self.quiet_steps * self.B >= max([0] + [lk.history for lk in self._links.values()])
+
+    def skip(self, blocks: int) -> None:
+        """Advance ``blocks`` silent blocks at once (every transmitter idle, receivers get
+        nothing); only when can_skip()."""
+        if not self.can_skip():
+            raise RuntimeError("skip() only on a quiet medium")
+        self.t += blocks * self.B
+        self.steps += blocks
+        self.quiet_steps += blocks
+        for j in self.nodes:
+            self.deaf_steps[j] = self.deaf_steps.get(j, 0) + blocks
 
     def _add_link(self, lk: _Link, buf: np.ndarray, y: np.ndarray) -> None:
         B = self.B
@@ -469,6 +558,8 @@ class MediumBroker:
         self._ctx = context or zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        # a message part larger than one block of samples is hostile: ZeroMQ drops the peer
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 8 * config.block + 1024)
         if config.address.endswith(":0"):
             port = self._sock.bind_to_random_port(config.address.rsplit(":", 1)[0])
             self.address = f"{config.address.rsplit(':', 1)[0]}:{port}"
@@ -478,6 +569,7 @@ class MediumBroker:
         self._ident: dict[int, bytes] = {}  # node -> ZeroMQ identity
         self._by_ident: dict[bytes, int] = {}
         self._pending: dict[int, np.ndarray] = {}
+        self._silent: set[int] = set()  # nodes whose pending block is all zeros (empty payload)
         self._waiting_since: float | None = None
         self._started = not config.nodes
         self._stop = threading.Event()
@@ -487,6 +579,9 @@ class MediumBroker:
         self._idle_t0: tuple[float, int] | None = None
         self.errors = 0
         self.dropped: list[int] = []
+        self._last_step_wall: float | None = None
+        self.busy_wall_s = 0.0  # wall time of steps in which receivers got samples
+        self.busy_samples = 0  # ... and their virtual samples
         self._zero = np.zeros(config.block, np.complex64)
 
     def start(self) -> MediumBroker:
@@ -537,6 +632,7 @@ class MediumBroker:
             if old is not None and old != ident:
                 self._by_ident.pop(old, None)  # the node restarted: the new socket replaces it
                 self._pending.pop(node, None)
+                self._silent.discard(node)
             with self._lock:
                 self.model.add(node)
             self._ident[node] = ident
@@ -572,6 +668,8 @@ class MediumBroker:
         if node in self._pending:
             return self._error(ident, "step sent twice")
         self._pending[node] = x
+        if len(payload) == 0:
+            self._silent.add(node)
         if self._waiting_since is None:
             self._waiting_since = time.monotonic()
         self._maybe_step()
@@ -582,18 +680,35 @@ class MediumBroker:
         if set(self._pending) != set(self.model.nodes):
             return
         idle_before = self.model.quiet_steps >= self.cfg.idle_blocks
+        deaf_before = {
+            n: self.model.deaf_steps.get(n, 0) >= self.cfg.idle_blocks for n in self._pending
+        }
+        all_silent = self._silent >= set(self._pending)
+        self._silent = set()
         with self._lock:
-            out = self.model.step(self._pending)
+            if idle_before and all_silent and self.cfg.idle_stride > 1 and self.model.can_skip():
+                self.model.skip(self.cfg.idle_stride)  # nobody sends: jump, nobody hears
+                out = dict.fromkeys(self._pending, None)
+            else:
+                out = self.model.step(self._pending)
         self._pending = {}
         self._waiting_since = None
         idle = idle_before and self.model.quiet_steps >= self.cfg.idle_blocks
-        header = _STEP.pack(self.model.steps, _FLAG_IDLE if idle else 0)
+        now = time.monotonic()
+        if self._last_step_wall is not None and not idle:
+            self.busy_wall_s += now - self._last_step_wall
+            self.busy_samples += self.cfg.block
+        self._last_step_wall = now
         if idle:
             self._pace()
         else:
             self._idle_t0 = None
         for node, y in out.items():
-            self._reply(self._ident[node], b"R", header, b"" if idle else y.tobytes())
+            # a receiver that has heard no one for idle_blocks steps gets nothing (saves its CPU)
+            deaf = deaf_before[node] and self.model.deaf_steps.get(node, 0) >= self.cfg.idle_blocks
+            quiet = idle or deaf or y is None
+            header = _STEP.pack(self.model.steps, _FLAG_IDLE if quiet else 0)
+            self._reply(self._ident[node], b"R", header, b"" if quiet else y.tobytes())
 
     def _pace(self) -> None:
         """While idle, keep virtual time at most ``idle_speed`` x wall time (saves CPU)."""
@@ -613,6 +728,7 @@ class MediumBroker:
         if ident is not None:
             self._by_ident.pop(ident, None)
         self._pending.pop(node, None)
+        self._silent.discard(node)
         with self._lock:
             self.model.remove(node)
         logger.info("medium: node %d left at step %d", node, self.model.steps)
@@ -638,6 +754,9 @@ class MediumBroker:
             s = self.model.stats()
         s["errors"] = self.errors
         s["dropped"] = list(self.dropped)
+        # speed of the lockstep while receivers get samples (virtual s per wall s)
+        s["busy_samples"] = self.busy_samples
+        s["busy_wall_s"] = self.busy_wall_s
         return s
 
     def close(self) -> None:
@@ -662,6 +781,7 @@ class MediumClient:
         self.node_id = _check_node(node_id)
         self.address = address
         self.timeout = timeout
+        self.stopping = threading.Event()  # set by MediumPort to end a pending wait
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -674,8 +794,12 @@ class MediumClient:
 
     def _call(self, kind: bytes, *parts: bytes) -> tuple[bytes, list[bytes]]:
         self._sock.send_multipart([kind, *parts], copy=False)
-        if not self._sock.poll(int(self.timeout * 1000)):
-            raise MediumError(f"no answer from the medium broker at {self.address}")
+        end = time.monotonic() + self.timeout
+        while not self._sock.poll(200):  # short slices: stop() ends a wait within 0.2 s
+            if self.stopping.is_set():
+                raise MediumError("stopped")
+            if time.monotonic() > end:
+                raise MediumError(f"no answer from the medium broker at {self.address}")
         reply = self._sock.recv_multipart()
         if reply[0] == b"E":
             raise MediumError(reply[1].decode(errors="replace") if len(reply) > 1 else "error")
@@ -870,9 +994,18 @@ class MediumPort:
         if not self._thread.is_alive() and not self._stop.is_set():
             self._thread.start()
 
+    def virtual_time(self) -> float:
+        """The medium's virtual time in seconds (steps done x block / samp_rate).
+
+        A clock for timers that must follow the medium rather than the wall (ARQ, MAC):
+        it advances only as fast as the slowest node lets the medium run.
+        """
+        return self.client.step_no * self.block / self.samp_rate
+
     def stop(self) -> None:
         """Ask the lockstep thread to stop (without waiting; close() waits and leaves)."""
         self._stop.set()
+        self.client.stopping.set()
 
     def _flush_wait(self) -> None:
         if self._frames_built is None:
@@ -910,9 +1043,9 @@ class MediumPort:
 
     def close(self) -> None:
         """Stop the lockstep thread and leave the medium."""
-        self._stop.set()
+        self.stop()
         if self._thread.is_alive():
-            self._thread.join(self.client.timeout + 1)
+            self._thread.join(5)
         self.client.close()
 
 
@@ -1056,6 +1189,10 @@ def _make_shared_link_class() -> type:
             self.tb.start()
             self.port.start()
 
+        def virtual_time(self) -> float:
+            """The medium's virtual time in seconds (see MediumPort.virtual_time)."""
+            return self.port.virtual_time()
+
         def counters(self) -> dict[str, int]:
             """Receiver counters and lockstep steps of this node."""
             return {
@@ -1098,8 +1235,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.config:
         import yaml
 
-        with open(args.config, encoding="utf-8") as f:
-            d = yaml.safe_load(f) or {}
+        try:
+            with open(args.config, encoding="utf-8") as f:
+                d = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            raise SystemExit(f"medium config: {exc}") from None
         if not isinstance(d, Mapping):
             raise SystemExit(f"{args.config}: a mapping of MediumConfig keys expected")
     d["address"] = args.address
@@ -1112,7 +1252,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         raise SystemExit(f"medium config: {exc}") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    broker = MediumBroker(cfg).start()
+    try:
+        broker = MediumBroker(cfg).start()
+    except Exception as exc:  # noqa: BLE001 - e.g. address in use: one line, not a traceback
+        raise SystemExit(f"medium broker: {exc}") from None
     try:
         while True:
             time.sleep(args.stats_every or 3600)
