@@ -9,10 +9,14 @@ one frequency with collisions and runs the server-scheduled MAC.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import time
+from collections import OrderedDict
 from typing import Any
 
 from scaleflu.link import Link
+from scaleflu.link.arq import SendStatus
 from scaleflu.link.hub import (  # noqa: F401 (moved to scaleflu.link.hub; names kept here)
     FRAMES_ARQ_DEFAULTS,
     MAC_ARQ_DEFAULTS,
@@ -75,3 +79,88 @@ def link_stats(link: Link) -> dict[str, Any]:
         except Exception:  # a back-end without counters
             return {}
     return {}
+
+
+# -- broadcast downlink of model bodies ------------------------------------------------------
+# A model for several robots goes on air once: the server broadcasts the body (prefixed with its
+# SHA-256) through the MAC, and sends every robot a small sealed MODEL envelope with an empty body
+# and meta["body_sha256"]. The robot uses a broadcast body only when an envelope authenticated
+# with its own key names that hash, so the unauthenticated broadcast can not inject a model.
+BCAST_PREFIX = b"SFBC\x01"
+_BCAST_HEAD = len(BCAST_PREFIX) + 32
+
+
+def pack_broadcast_body(body: bytes) -> tuple[str, bytes]:
+    """(sha256 hex, bytes to broadcast) of a model body."""
+    digest = hashlib.sha256(body).digest()
+    return digest.hex(), BCAST_PREFIX + digest + body
+
+
+def unpack_broadcast_body(data: bytes) -> tuple[str, bytes] | None:
+    """(sha256 hex, body) of a broadcast body whose hash checks, else None (not one, or bad)."""
+    if len(data) < _BCAST_HEAD or not data.startswith(BCAST_PREFIX):
+        return None
+    digest = data[len(BCAST_PREFIX) : _BCAST_HEAD]
+    body = data[_BCAST_HEAD:]
+    if hashlib.sha256(body).digest() != digest:
+        log.warning("broadcast body with a wrong hash dropped")
+        return None
+    return digest.hex(), body
+
+
+class BodyCache:
+    """The last few broadcast bodies by hash (bounded: a flood only evicts, never grows)."""
+
+    def __init__(self, max_items: int = 3) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+
+    def put(self, sha: str, body: bytes) -> None:
+        self._items[sha] = body
+        self._items.move_to_end(sha)
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)
+
+    def get(self, sha: str) -> bytes | None:
+        return self._items.get(sha)
+
+
+class JointHandle:
+    """A model send made of a sealed envelope (unicast) and a broadcast body: both must arrive."""
+
+    def __init__(self, envelope: Any, broadcast: Any, robot: int) -> None:
+        self.envelope = envelope
+        self.broadcast = broadcast
+        self.robot = robot
+
+    def done(self) -> bool:
+        """Finished: the envelope failed, or both parts are settled for this robot."""
+        if not self.envelope.done():
+            return False
+        if self.envelope.status is not SendStatus.DELIVERED:
+            return True
+        return self.robot in self.broadcast.confirmed or self.broadcast.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done (polling; the two parts finish on the link's thread)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+        return True
+
+    @property
+    def status(self) -> SendStatus:
+        if not self.done():
+            return SendStatus.PENDING
+        ok = self.envelope.status is SendStatus.DELIVERED and self.robot in self.broadcast.confirmed
+        return SendStatus.DELIVERED if ok else SendStatus.FAILED
+
+    @property
+    def reason(self) -> str:
+        if self.envelope.status is not SendStatus.DELIVERED:
+            return self.envelope.reason
+        return (
+            "" if self.robot in self.broadcast.confirmed else f"broadcast: {self.broadcast.reason}"
+        )
