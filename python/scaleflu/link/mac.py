@@ -262,9 +262,11 @@ class MacStats:
     link_frames_tx: int = 0
     link_bytes_tx: int = 0
     control_bytes_tx: int = 0
+    control_bytes_rx: int = 0  # MAC frames received (server: REPORTs and JOINs)
     queued_duplicates: int = 0  # ARQ retransmissions replacing a copy still in the MAC queue
     bcast_passes: int = 0
     bcast_frames_tx: int = 0
+    bcast_bytes_tx: int = 0
     bcast_repair_frames: int = 0
     bad_frames: int = 0
     not_for_us: int = 0
@@ -437,6 +439,7 @@ class MacServer:
         raw = bytes(raw)
         now = self.clock()
         if is_mac_frame(raw):
+            self.stats.control_bytes_rx += len(raw)
             try:
                 f = decode_mac(raw)
                 if f.dst not in (self.node_id, BROADCAST) or f.src == self.node_id:
@@ -643,6 +646,7 @@ class MacServer:
             used += len(raw)
             b.h.frames_sent += 1
             self.stats.bcast_frames_tx += 1
+            self.stats.bcast_bytes_tx += len(raw)
             if b.unsent == 0:
                 b.awaiting = set(b.h.targets - b.h.confirmed)
                 for r in b.awaiting:

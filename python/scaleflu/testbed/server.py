@@ -53,7 +53,13 @@ from scaleflu.testbed.protocol import (
     state_sha256,
     validate_update,
 )
-from scaleflu.testbed.transport import JointHandle, link_stats, pack_broadcast_body
+from scaleflu.testbed.transport import (
+    JointHandle,
+    link_counters,
+    link_stats,
+    pack_broadcast_body,
+    round_link_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -667,6 +673,7 @@ class EdgeServer:
         tb = self.tb
         w0 = time.perf_counter()
         bytes0 = self._air_bytes()
+        link0 = link_counters(self.link)
         rs = RoundState(t, self.global_np, time.monotonic() + float(tb["round_deadline_s"]))
         self.round = rs
         src = state_sha256(self.global_np)
@@ -723,6 +730,7 @@ class EdgeServer:
             "wall_s": wall,
             "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
         }
+        row["link"] = round_link_row(link0, link_counters(self.link), row["air_bytes"])
         self.rounds_log.append(row)
         with (self.run_dir / "rounds.jsonl").open("a") as fh:
             fh.write(json.dumps(row) + "\n")

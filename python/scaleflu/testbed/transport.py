@@ -164,3 +164,45 @@ class JointHandle:
         return (
             "" if self.robot in self.broadcast.confirmed else f"broadcast: {self.broadcast.reason}"
         )
+
+
+def link_counters(link: Link) -> dict[str, float]:
+    """Counters of a link for the per-round report: ARQ retransmissions and MAC scheduling."""
+    st = link_stats(link)
+    arq, mac = st.get("arq", {}), st.get("mac", {})
+    out = {
+        "retransmissions": float(arq.get("retransmissions", 0)),
+        "link_bytes": float(arq.get("bytes_tx", 0)),
+    }
+    if mac:
+        out.update(
+            sched_bytes=float(mac.get("control_bytes_tx", 0) + mac.get("control_bytes_rx", 0)),
+            grants=float(mac.get("grants_tx", 0)),
+            grant_timeouts=float(mac.get("grant_timeouts", 0)),
+            bcast_frames=float(mac.get("bcast_frames_tx", 0)),
+            bcast_bytes=float(mac.get("bcast_bytes_tx", 0)),
+            bcast_repair_frames=float(mac.get("bcast_repair_frames", 0)),
+        )
+    cfg = getattr(getattr(link, "mac", None), "config", None)
+    if cfg is not None:
+        out["rate_bytes_per_s"] = float(cfg.rate_bytes_per_s)
+    return out
+
+
+def round_link_row(before: dict[str, float], after: dict[str, float], air_bytes: int) -> dict:
+    """The link columns of one round: airtime, retransmissions, scheduling overhead."""
+    row: dict[str, Any] = {
+        "retransmissions": int(after["retransmissions"] - before.get("retransmissions", 0))
+    }
+    rate = after.get("rate_bytes_per_s")
+    if "sched_bytes" in after:
+        sched = after["sched_bytes"] - before.get("sched_bytes", 0)
+        row["sched_bytes"] = int(sched)
+        bcast = after.get("bcast_bytes", 0) - before.get("bcast_bytes", 0)
+        row["sched_overhead"] = sched / max(1.0, air_bytes + bcast + sched)
+        for k in ("grants", "grant_timeouts", "bcast_frames", "bcast_repair_frames"):
+            row[k] = int(after[k] - before.get(k, 0))
+    if rate:  # ARQ bytes of every node + broadcast bytes + MAC frames, at the PHY rate
+        bcast = after.get("bcast_bytes", 0) - before.get("bcast_bytes", 0)
+        row["airtime_s"] = (air_bytes + bcast + row.get("sched_bytes", 0)) / rate
+    return row
