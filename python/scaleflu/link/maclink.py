@@ -114,3 +114,77 @@ class MacLink(ArqLink):
                 wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - now))
                 if wait > 0:
                     self._wake.wait(wait)
+
+
+def attach_mac(
+    link: ArqLink,
+    mac: MacConfig | None = None,
+    server_id: int = 0,
+    members: Iterable[int] = (),
+    seed: int | None = None,
+    tick: float = 0.02,
+) -> MacServer | MacStation:
+    """Put the MAC under an existing ArqLink (a radio back-end such as ``ofdm-shared``).
+
+    The link's endpoint transmits into the MAC's queue from now on, frames fed to the link go
+    through the MAC, and a second thread runs the MAC's timers under the link's lock (waking at
+    least every ``tick`` seconds, since the link's own thread does not know them). The link
+    gains ``mac``, ``is_server``, ``broadcast`` (server) and MAC counters in ``stats()``.
+    """
+    import threading  # noqa: PLC0415
+
+    with link._wake:
+        transmit = link.endpoint.transmit
+        if link.node_id == server_id:
+            m: MacServer | MacStation = MacServer(
+                link.endpoint, transmit, mac, members=members, seed=seed
+            )
+        else:
+            m = MacStation(
+                link.endpoint,
+                transmit,
+                mac,
+                server_id=server_id,
+                joined=link.node_id in set(members),
+                seed=seed,
+            )
+        link.mac = m  # type: ignore[attr-defined]
+        link.is_server = isinstance(m, MacServer)  # type: ignore[attr-defined]
+
+    def feed(raw: bytes) -> None:
+        with link._wake:
+            if link._closed:
+                return
+            m.on_frame(raw)
+            link._wake.notify_all()
+
+    def broadcast(message, targets, timeout=None):  # noqa: ANN001, ANN202
+        return MacLink.broadcast(link, message, targets, timeout)  # type: ignore[arg-type]
+
+    base_stats = link.stats
+
+    def stats() -> dict[str, Any]:
+        out = base_stats()
+        with link._lock:
+            out["mac"] = m.stats.as_dict()
+        return out
+
+    def run() -> None:
+        with link._wake:
+            while not link._closed:
+                try:
+                    m.poll()
+                    deadline = m.next_deadline()
+                except Exception:
+                    logger.exception("MAC poll failed")
+                    deadline = None
+                now = time.monotonic()
+                wait = tick if deadline is None else min(tick, max(0.0, deadline - now))
+                if wait > 0:
+                    link._wake.wait(wait)
+
+    link.feed = feed  # type: ignore[method-assign]
+    link.broadcast = broadcast  # type: ignore[attr-defined]
+    link.stats = stats  # type: ignore[method-assign]
+    threading.Thread(target=run, name=f"mac-{link.node_id}", daemon=True).start()
+    return m
