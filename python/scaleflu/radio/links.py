@@ -15,6 +15,11 @@ All three implement ``scaleflu.link.Link`` with the same stack per node::
   SUB socket to ``tcp://{host}:{base_port + peer}`` and runs that peer's samples through a
   channel model and its own receiver. Start order does not matter (ZeroMQ reconnects; frames
   published before a subscriber joined are lost and the ARQ resends them).
+* ``SharedMediumLink`` (kind ``"ofdm-shared"``, scaleflu.radio.medium): one node per process
+  on ONE simulated frequency; a broker adds every transmitter into one sample stream in virtual
+  sample time and gives each receiver the sum through its own per-link channel (path loss, CFO,
+  timing/sample-rate offset, fading, noise), so bursts that overlap collide. The per-pair
+  ``zmq`` and ``ofdm_loopback`` kinds above are *ideal FDMA*: no collisions ever.
 * ``UhdLink``: a real radio. TX and RX device args are separate because the testbed's edge
   server receives with a USRP 2955 (X310 + TwinRX, receive only) and transmits with a 2900
   (B200). One receiver hears every node on the frequency.
@@ -411,6 +416,10 @@ def _parse_peers(peers: Mapping[int, str] | Iterable[int | str] | None) -> dict[
 class ZmqOfdmLink(GrLink):
     """One node per process; complex samples travel between processes over ZeroMQ PUB/SUB.
 
+    Ideal FDMA: every directed pair has its own private channel, so bursts never collide (the
+    shared frequency is ``"ofdm-shared"``, scaleflu.radio.medium). ``bind`` is 127.0.0.1 by
+    default; give ``bind="*"`` (or an interface address) for peers on other hosts.
+
     Binds PUB ``tcp://{bind}:{base_port + node_id}`` for its own transmitter; for each peer,
     connects SUB ``tcp://{host}:{base_port + peer}`` -> channel model -> receiver. Every
     process applies the channel to what it receives, so each direction can be impaired
@@ -422,7 +431,7 @@ class ZmqOfdmLink(GrLink):
         node_id: int,
         peers: Mapping[int, str] | Iterable[int | str],
         base_port: int = DEFAULT_ZMQ_BASE_PORT,
-        bind: str = "*",
+        bind: str = "127.0.0.1",
         phy: PhyConfig | None = None,
         channel: ChannelConfig | None = None,
         hwm: int = -1,
@@ -576,8 +585,12 @@ def make_link(kind: str, node_id: int, **opts: Any) -> Link:
       ``drop_rate``, ``seed``; PHY ``fft_len``, ``cp_len``, ``bps_header``, ``bps_payload``,
       ``scramble_bits``, ``mtu``, ``post_padding``, ``min_output_buffer``.
     * ``"zmq"``: one process per node; ``peers`` ({id: host}, [ids] or ["id@host"]),
-      ``base_port`` (52000), ``bind`` ("*"), ``hwm``; channel and PHY options as above
+      ``base_port`` (52000), ``bind`` ("127.0.0.1"), ``hwm``; channel and PHY options as above
       (channel off unless given).
+    * ``"ofdm-shared"`` (alias ``"shared"``): a node on the shared medium of a running
+      scaleflu.radio.medium.MediumBroker; ``broker`` (its address, default
+      ``tcp://127.0.0.1:53100``), ``timeout`` (wall seconds to wait for the broker); PHY
+      options. The channel is set at the broker (MediumConfig), not here.
     * ``"uhd"``: ``tx_args``, ``rx_args``, ``freq``, ``tx_freq``, ``rx_freq``, ``samp_rate``,
       ``tx_gain``, ``rx_gain``, ``tx_antenna``, ``rx_antenna``, ``tx_subdev``, ``rx_subdev``,
       ``clock_source``, ``time_source``, ``lo_offset``, ``tx_rms``, ``pacing``; PHY options. Raises
@@ -614,16 +627,26 @@ def make_link(kind: str, node_id: int, **opts: Any) -> Link:
     if kind == "zmq":
         peers = opts.pop("peers", None)
         base_port = opts.pop("base_port", DEFAULT_ZMQ_BASE_PORT)
-        bind = opts.pop("bind", "*")
+        bind = opts.pop("bind", "127.0.0.1")
         hwm = opts.pop("hwm", -1)
         phy, channel, arq_opts = _split(opts)
         return ZmqOfdmLink(node_id, peers or {}, base_port, bind, phy, channel, hwm, **arq_opts)
+    if kind in ("ofdm-shared", "shared"):
+        from .medium import DEFAULT_MEDIUM_ADDRESS, SharedMediumLink
+
+        broker = opts.pop("broker", DEFAULT_MEDIUM_ADDRESS)
+        phy, channel, rest = _split(opts)
+        if channel is not None:
+            raise ValueError(
+                "channel options (snr_db, cfo, ...) of the shared medium are set at its broker"
+            )
+        return SharedMediumLink(node_id, broker, phy=phy, **rest)
     if kind == "uhd":
         phy, channel, rest = _split(opts)
         if channel is not None:
             raise ValueError("channel options (snr_db, cfo, ...) do not apply to a real radio")
         return UhdLink(node_id, phy=phy, **rest)
-    raise ValueError(f"unknown link kind {kind!r} (memory, ofdm_loopback, zmq, uhd)")
+    raise ValueError(f"unknown link kind {kind!r} (memory, ofdm_loopback, zmq, ofdm-shared, uhd)")
 
 
 _MEMORY_KEYS = {

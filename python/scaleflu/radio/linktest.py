@@ -5,6 +5,12 @@ Check a link end to end before running FL over it, e.g. two processes over ZeroM
     python -m scaleflu.radio.linktest --kind zmq --node 1 --peers 0 --recv 1
     python -m scaleflu.radio.linktest --kind zmq --node 0 --peers 1 --send 250000
 
+or three processes on one simulated frequency (scaleflu.radio.medium)::
+
+    python -m scaleflu.radio.medium --nodes 0,1
+    python -m scaleflu.radio.linktest --kind ofdm-shared --node 1 --recv 1
+    python -m scaleflu.radio.linktest --kind ofdm-shared --node 0 --send 250000 --dst 1
+
 or two radios (one command per machine)::
 
     python -m scaleflu.radio.linktest --kind uhd --node 1 \\
@@ -28,6 +34,7 @@ import time
 import numpy as np
 
 from .links import close_networks, make_link
+from .medium import MediumError
 from .uhd import RadioNotFound
 
 
@@ -42,7 +49,9 @@ def _parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--kind", default="zmq", choices=["zmq", "uhd", "ofdm_loopback", "memory"])
+    p.add_argument(
+        "--kind", default="zmq", choices=["zmq", "ofdm-shared", "uhd", "ofdm_loopback", "memory"]
+    )
     p.add_argument("--node", type=int, required=True, help="this node's id")
     p.add_argument("--peers", default="", help="zmq peers: ids or id@host, comma-separated")
     p.add_argument("--dst", type=int, default=None, help="destination (default: first peer)")
@@ -53,6 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--linger", type=float, default=2.0, help="seconds to keep ACKing after recv")
     p.add_argument("--base-port", type=int, default=52000)
+    p.add_argument(
+        "--broker",
+        default="tcp://127.0.0.1:53100",
+        help="ofdm-shared: medium broker (python -m scaleflu.radio.medium --nodes 0,1)",
+    )
     p.add_argument("--snr-db", type=float, default=None, help="zmq: receive-side AWGN")
     p.add_argument("--cfo", type=float, default=0.0)
     p.add_argument("--drop-rate", type=float, default=0.0)
@@ -75,6 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         opts = {"peers": peers, "base_port": a.base_port, "drop_rate": a.drop_rate, "cfo": a.cfo}
         if a.snr_db is not None:
             opts["snr_db"] = a.snr_db
+    elif a.kind == "ofdm-shared":
+        opts = {"broker": a.broker, "timeout": a.timeout}
     elif a.kind == "uhd":
         opts = {
             "tx_args": a.tx_args,
@@ -88,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
         link = make_link(a.kind, a.node, **opts)
     except RadioNotFound as exc:
         print(exc.line(), file=sys.stderr)
+        return 1
+    except MediumError as exc:
+        print(f"MediumError: {exc}", file=sys.stderr)
         return 1
     try:
         if a.send is not None:

@@ -1,6 +1,9 @@
 """UHD front ends of the OFDM link with a clear error when no radio answers.
 
-``usrp_tx`` (complex in -> USRP sink, burst mode on the "packet_len" tags of ofdm_link_tx) and
+``usrp_tx`` (complex in -> ``burst_tagger`` -> USRP sink: each "packet_len" packet of
+ofdm_link_tx, i.e. one OFDM burst and its trailing zeros, becomes one clean UHD burst with a
+``tx_sob`` tag on its first sample and ``tx_eob`` on its last, so the radio transmits nothing
+between frames and a half-duplex front end goes back to receive) and
 ``usrp_rx`` (USRP source -> complex out) wrap gr-uhd so that a missing device gives one line,
 ``RadioNotFound: no USRP found for device args "type=b200" (TX)``, instead of UHD's lookup
 traceback. With ``exit_on_missing=True`` (what the GRC blocks use) the error ends the program
@@ -20,11 +23,15 @@ import os
 # UHD prints an INFO banner on first use; keep the console to warnings unless the user chose.
 os.environ.setdefault("UHD_LOG_CONSOLE_LEVEL", "warning")
 
+import numpy as np  # noqa: E402
+import pmt  # noqa: E402
 from gnuradio import gr  # noqa: E402
 from gnuradio import uhd as _uhd  # noqa: E402
 
 __all__ = [
     "B200_ARGS",
+    "DEFAULT_FREQ",
+    "burst_tagger",
     "RadioNotFound",
     "X310_ARGS",
     "open_usrp_sink",
@@ -37,6 +44,7 @@ logger = logging.getLogger(__name__)
 
 B200_ARGS = "type=b200,master_clock_rate=20e6"  # USRP 2900
 X310_ARGS = "type=x300,master_clock_rate=200e6"  # USRP 2955 (receive only: TwinRX)
+DEFAULT_FREQ = 2.45e9  # server and robots share one frequency unless told otherwise
 
 
 class RadioNotFound(RuntimeError):  # noqa: N818 - the name users see in the one-line error
@@ -84,6 +92,47 @@ def open_usrp_source(args: str, channel: int = 0, exit_on_missing: bool = False)
         _fail(args, "RX", exc, exit_on_missing)
 
 
+class burst_tagger(gr.sync_block):  # noqa: N801 - GNU Radio block naming
+    """Complex in -> complex out: ``len_tag_key`` packets become tx_sob ... tx_eob bursts.
+
+    The samples pass unchanged (one copy per call, no per-sample Python); the length tags are
+    replaced by a ``tx_sob`` tag (True) on each packet's first sample and a ``tx_eob`` tag
+    (True) on its last, which is what gr-uhd's usrp_sink expects for burst transmission when it
+    is opened without a length tag. ``bursts`` counts the bursts tagged.
+    """
+
+    def __init__(self, len_tag_key: str = "packet_len") -> None:
+        gr.sync_block.__init__(self, "burst_tagger", [np.complex64], [np.complex64])
+        self._key = pmt.intern(len_tag_key)
+        self._sob = pmt.intern("tx_sob")
+        self._eob = pmt.intern("tx_eob")
+        self._src = pmt.intern(self.name())
+        self._eob_due: list[int] = []  # absolute offsets of pending end-of-burst tags
+        self.bursts = 0
+        self.set_tag_propagation_policy(gr.TPP_DONT)
+
+    def work(self, input_items, output_items):  # noqa: D102
+        x, y = input_items[0], output_items[0]
+        n = len(y)
+        y[:] = x[:n]
+        start = self.nitems_read(0)
+        for tag in self.get_tags_in_window(0, 0, n, self._key):
+            length = int(pmt.to_long(tag.value))
+            if length <= 0:
+                continue
+            self.add_item_tag(0, tag.offset, self._sob, pmt.PMT_T, self._src)
+            self._eob_due.append(tag.offset + length - 1)
+            self.bursts += 1
+        keep = []
+        for off in self._eob_due:
+            if off < start + n:
+                self.add_item_tag(0, off, self._eob, pmt.PMT_T, self._src)
+            else:
+                keep.append(off)
+        self._eob_due = keep
+        return n
+
+
 def _configure(dev, samp_rate, freq, gain, antenna, subdev, clock_source, time_source, lo_offset):
     if subdev:
         dev.set_subdev_spec(subdev, 0)
@@ -102,13 +151,16 @@ def _configure(dev, samp_rate, freq, gain, antenna, subdev, clock_source, time_s
 
 
 class usrp_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
-    """Complex bursts in -> USRP sink (bursts delimited by the ``len_tag_key`` tags)."""
+    """Complex bursts in -> burst_tagger -> USRP sink (one UHD burst per ``len_tag_key`` packet).
+
+    ``burst_tags=False`` gives the sink the length tags instead (gr-uhd's tagged-stream mode).
+    """
 
     def __init__(
         self,
         args: str = B200_ARGS,
         samp_rate: float = 5e6,
-        freq: float = 2.45e9,
+        freq: float = DEFAULT_FREQ,
         gain: float = 60.0,
         antenna: str = "TX/RX",
         subdev: str = "",
@@ -117,15 +169,22 @@ class usrp_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         lo_offset: float = 0.0,
         len_tag_key: str = "packet_len",
         exit_on_missing: bool = False,
+        burst_tags: bool = True,
     ) -> None:
         gr.hier_block2.__init__(
             self, "usrp_tx", gr.io_signature(1, 1, gr.sizeof_gr_complex), gr.io_signature(0, 0, 0)
         )
-        self.sink = open_usrp_sink(args, len_tag_key, exit_on_missing=exit_on_missing)
+        sink_key = "" if burst_tags else len_tag_key
+        self.sink = open_usrp_sink(args, sink_key, exit_on_missing=exit_on_missing)
         _configure(
             self.sink, samp_rate, freq, gain, antenna, subdev, clock_source, time_source, lo_offset
         )
-        self.connect(self, self.sink)
+        if burst_tags:
+            self.tagger = burst_tagger(len_tag_key)
+            self.connect(self, self.tagger, self.sink)
+        else:
+            self.tagger = None
+            self.connect(self, self.sink)
 
 
 class usrp_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
@@ -135,7 +194,7 @@ class usrp_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         self,
         args: str = B200_ARGS,
         samp_rate: float = 5e6,
-        freq: float = 2.45e9,
+        freq: float = DEFAULT_FREQ,
         gain: float = 30.0,
         antenna: str = "RX2",
         subdev: str = "",
