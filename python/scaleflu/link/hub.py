@@ -29,6 +29,7 @@ from typing import Any
 
 from .api import ArqLink
 from .arq import ArqConfig
+from .kinds import MAC_ARQ_DEFAULTS as _MAC_ARQ_DEFAULTS
 from .mac import MacConfig
 from .maclink import MacLink
 from .sim import ChannelModel
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 FRAMES_ARQ_DEFAULTS: dict[str, Any] = {"window": 32, "initial_rto": 3.0, "min_rto": 0.6}
 # Under the MAC a frame may wait for its robot's grant: longer first timers, a wider window
 # (one grant carries up to MacConfig.grant_bytes).
-MAC_ARQ_DEFAULTS: dict[str, Any] = {"window": 64, "initial_rto": 5.0, "min_rto": 1.0}
+MAC_ARQ_DEFAULTS = _MAC_ARQ_DEFAULTS
 # Real time between processes: a robot answers its grant after its Python thread wakes up
 # (milliseconds, more while it trains), so the windows carry a wide guard.
 REALTIME_MAC: dict[str, Any] = {"turnaround_s": 0.01, "guard_s": 0.1, "contention_slots": 4}

@@ -30,6 +30,8 @@ from typing import Any
 
 from .api import MemoryChannel
 
+MAC_ARQ_DEFAULTS: dict[str, Any] = {"window": 64, "initial_rto": 5.0, "min_rto": 1.0}
+
 log = logging.getLogger(__name__)
 
 LINK_KINDS: dict[str, str] = {
@@ -85,26 +87,54 @@ def open_link(kind: str, node_id: int, **opts: Any) -> Any:
     """A :class:`~scaleflu.link.Link` of kind ``kind`` for ``node_id``.
 
     ``memory``, ``frames`` and ``frames-shared`` are pure Python (``frames*`` need ``hub=``;
-    ``frames-shared`` takes ``mac`` (a MacConfig or dict) and ``server`` (node id, 0));
-    the others go to ``scaleflu.radio.links.make_link`` (GNU Radio, imported now) with ``opts``.
+    ``frames-shared`` takes ``mac`` (a MacConfig or dict), ``members`` (the server's robots) and
+    ``server`` (node id, 0)); the others go to ``scaleflu.radio.links.make_link`` (GNU Radio,
+    imported now) with ``opts``. ``ofdm-shared`` (and ``uhd`` when given ``mac``) get the MAC
+    under their ArqLink (``scaleflu.link.maclink.attach_mac``), with the same three options.
     ARQ options may be given as ``arq={...}`` or directly.
     """
     k = canonical_kind(kind)
     opts = dict(opts)
     arq = dict(opts.pop("arq", None) or {})
+    mac_opts = {key: opts.pop(key) for key in ("mac", "members", "server") if key in opts}
     if k == "memory":
         return _memory_link(node_id, opts, arq)
     if k in ("frames", "frames-shared"):
         from .hub import open_hub_link  # noqa: PLC0415 (pyzmq, lazily)
 
-        return open_hub_link(node_id, shared=k == "frames-shared", arq=arq, **opts)
+        return open_hub_link(node_id, shared=k == "frames-shared", arq=arq, **opts, **mac_opts)
     try:
         from scaleflu.radio import links as radio_links  # noqa: PLC0415 (GNU Radio, lazily)
     except ImportError as exc:
         raise RuntimeError(
             f"link {k!r} needs scaleflu.radio (GNU Radio): {exc}; use 'frames' or 'frames-shared'"
         ) from exc
-    return radio_links.make_link(_RADIO_NAME[k], node_id, **opts, **arq)
+    seed = opts.get("seed")
+    if k == "ofdm-shared":  # one frequency: the MAC schedules every transmission
+        arq = {**MAC_ARQ_DEFAULTS, **arq}
+        seed = opts.pop("seed", None)  # the channel's seed lives at the broker
+    link = radio_links.make_link(_RADIO_NAME[k], node_id, **opts, **arq)
+    if k == "ofdm-shared" or (k == "uhd" and "mac" in mac_opts):
+        _put_mac_under(link, node_id, mac_opts, seed)
+    return link
+
+
+def _put_mac_under(link: Any, node_id: int, mac_opts: dict[str, Any], seed: Any) -> None:
+    """Run the MAC under a radio back-end's ArqLink and expose it on the Link the app holds."""
+    from .hub import mac_config  # noqa: PLC0415
+    from .maclink import attach_mac  # noqa: PLC0415
+
+    arq_link = link.arq.link if hasattr(link, "arq") else link
+    m = attach_mac(
+        arq_link,
+        mac_config(mac_opts.get("mac")),
+        server_id=int(mac_opts.get("server", 0)),
+        members=tuple(mac_opts.get("members", ())),
+        seed=None if seed is None else int(seed),
+    )
+    link.mac = m
+    link.is_server = arq_link.is_server
+    link.broadcast = arq_link.broadcast
 
 
 _MEMORY: dict[str, MemoryChannel] = {}
