@@ -126,3 +126,28 @@ def test_unscheduled_links_on_the_shared_hub_collide():
         for link in [srv, *links.values()]:
             link.close()
         hub.close()
+
+
+def test_attach_mac_under_an_existing_arq_link():
+    """The way ofdm-shared gets the MAC: under a back-end's ArqLink (here MemoryLinks)."""
+    from scaleflu.link import MemoryChannel
+    from scaleflu.link.mac import MacConfig
+    from scaleflu.link.maclink import attach_mac
+
+    cfg = MacConfig(rate_bytes_per_s=RATE, guard_s=0.1, turnaround_s=0.01, contention_slots=0)
+    with MemoryChannel(seed=2, loss=0.05) as ch:
+        links = {n: ch.attach(n, window=64, initial_rto=3.0) for n in (0, 1, 2)}
+        attach_mac(links[0], cfg, members=(1, 2), seed=0)
+        for r in (1, 2):
+            attach_mac(links[r], cfg, seed=r)
+        rng = random.Random(3)
+        model = rng.randbytes(60_000)
+        h = links[0].broadcast(model, [1, 2], timeout=30)
+        assert links[1].recv(30) == (0, model) and links[2].recv(30) == (0, model)
+        assert h.wait(30) and h.ok
+        up = rng.randbytes(40_000)
+        assert links[2].send(0, up, timeout=30).ok
+        assert links[0].recv(10) == (2, up)
+        st = links[0].stats()["mac"]
+        assert st["grants_tx"] >= 2 and st["bcast_frames_tx"] >= 41
+        assert links[2].stats()["mac"]["reports_tx"] >= 1
