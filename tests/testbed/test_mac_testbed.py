@@ -115,3 +115,29 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
     mac_stats = report["server_link"]["mac"]
     # every model went out as broadcasts: 2 rounds + "before" + "unlearned" deployments
     assert mac_stats["bcast_passes"] >= 4 and mac_stats["grants_tx"] > 10
+
+
+def test_round_link_row_and_summary_columns():
+    import io
+
+    from scaleflu.testbed.report import print_summary
+    from scaleflu.testbed.transport import round_link_row
+
+    before = {"retransmissions": 3, "sched_bytes": 1000, "grants": 10, "grant_timeouts": 1}
+    before.update(bcast_frames=0, bcast_repair_frames=0, bcast_bytes=0)
+    after = {"retransmissions": 5, "sched_bytes": 3000, "grants": 30, "grant_timeouts": 2}
+    after.update(bcast_frames=170, bcast_repair_frames=2, bcast_bytes=250_000)
+    after["rate_bytes_per_s"] = 750_000.0
+    row = round_link_row(before, after, air_bytes=748_000)
+    assert row["retransmissions"] == 2 and row["grants"] == 20 and row["grant_timeouts"] == 1
+    assert row["sched_bytes"] == 2000
+    assert row["sched_overhead"] == pytest.approx(2000 / 1_000_000)
+    assert row["airtime_s"] == pytest.approx(1_000_000 / 750_000)
+    # a link without MAC: retransmissions only
+    assert round_link_row({"retransmissions": 0}, {"retransmissions": 4}, 10) == {
+        "retransmissions": 4
+    }
+    fh = io.StringIO()
+    print_summary({"rounds": [{"round": 1, "participants": [1, 2], "link": row}]}, fh)
+    text = fh.getvalue()
+    assert "sched %" in text and " 1.33 " in text and "   0.2 " in text

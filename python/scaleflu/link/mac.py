@@ -256,8 +256,11 @@ def _parse_report(body: bytes) -> tuple[int, int, list[BcastStatus]]:
 class MacConfig:
     """Timing of the MAC; times in seconds of the owner's clock, sizes in bytes."""
 
-    rate_bytes_per_s: float = 712500.0  # PHY bytes per second on air (stock OFDM at 5 MS/s)
-    preamble_s: float = 100e-6  # per frame on air beyond its bytes (preamble, header symbols)
+    # The OFDM PHY at 5 MS/s (FFT 64, CP 16, BPSK header, QPSK payload, 160 zeros of padding):
+    # scaleflu.radio.links.samples_per_frame(n) = 452 + 6.685 n samples, i.e. 90 us + n / 748 kB/s
+    # (720 samples for a 40-byte ACK, 10 480 for a 1500-byte frame).
+    rate_bytes_per_s: float = 748000.0  # PHY bytes per second on air
+    preamble_s: float = 90e-6  # per frame on air beyond its bytes (preamble, header symbols)
     turnaround_s: float = 1e-3  # a robot's RX -> TX time after it decodes its grant
     guard_s: float = 2e-3  # margin added to every grant window and contention slot
     grant_bytes: int = 96 * 1024  # uplink budget of one grant (link frames)
