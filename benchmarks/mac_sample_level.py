@@ -44,6 +44,7 @@ def main() -> int:
     cfg = MediumConfig(
         nodes=(0, 1, 2, 3),
         seed=args.seed,
+        address="tcp://127.0.0.1:0",  # a free port (others may run a broker on the default)
         default=LinkChannel(snr_db=args.snr_db, fading=args.fading),
     )
     mac = {"guard_s": args.guard_s, "contention_slots": 0}
