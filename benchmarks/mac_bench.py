@@ -7,8 +7,9 @@ Run by hand (about a minute on 2 cores)::
     .venv/bin/python benchmarks/mac_bench.py --quick   # one seed, N = 3 and 10
 
 Frame-level virtual time (``scaleflu.link.macsim``): no PHY, each frame occupies the medium for
-its bytes at the PHY rate plus a preamble (``MacConfig``: 712,500 B/s, the stock OFDM PHY at
-5 MS/s, and 100 us). Overlapping frames on the frequency collide unless 6 dB stronger. Three
+its bytes at the PHY rate plus a preamble (``MacConfig``: 748,000 B/s and 90 us, a fit of the
+OFDM PHY's samples per frame at 5 MS/s: 720 samples for a 40-byte ACK, 10,480 for 1500 bytes).
+Overlapping frames on the frequency collide unless 6 dB stronger. Three
 ways to run the round, each with the same payloads and seeds:
 
 * ``scheduled``: ``MacServer``/``MacStation`` (grants, reports) and one broadcast of the model;

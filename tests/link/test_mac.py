@@ -22,6 +22,7 @@ from scaleflu.link.mac import (
     _report_body,
     decode_mac,
     encode_mac,
+    mac_on_air,
 )
 from scaleflu.link.macsim import MacSim, simulate_round
 
@@ -65,11 +66,17 @@ def test_server_survives_garbage_and_forged_reports():
     srv = MacServer(ep, sim.transmitter(0), sim.config, members=[1, 2])
     rng = random.Random(1)
     for _ in range(200):
-        srv.on_frame(b"SM" + rng.randbytes(rng.randrange(0, 40)))
+        junk = b"SM" + rng.randbytes(rng.randrange(0, 40))
+        srv.on_frame(mac_on_air(junk, 1, 0))  # a good carrier frame, garbage inside
+        srv.on_frame(junk)  # not even a link frame: the ARQ counts it
+        srv.on_frame(mac_on_air(junk, 1, 0)[:-1])  # carrier CRC broken
     # a well-formed REPORT from a robot that is not a member is ignored, not trusted
-    srv.on_frame(encode_mac(MacType.REPORT, 9, 0, _report_body(1, 10**6, [])))
-    assert 9 not in srv.members
-    assert srv.stats.bad_frames > 150
+    srv.on_frame(mac_on_air(encode_mac(MacType.REPORT, 9, 0, _report_body(1, 10**6, [])), 9, 0))
+    # a REPORT whose MAC addresses differ from its carrier's is refused
+    srv.on_frame(mac_on_air(encode_mac(MacType.REPORT, 1, 0, _report_body(1, 5, [])), 2, 0))
+    assert 9 not in srv.members and srv.stats.reports_rx == 0
+    assert srv.stats.bad_frames >= 400
+    assert ep.stats.bad_frames + ep.stats.crc_errors >= 190
     with pytest.raises(ValueError, match="not members"):
         srv.broadcast(b"x" * 100, [1, 3])
 

@@ -28,7 +28,9 @@ Rules (docs/link.md, "MAC"):
   since the last pass, the server broadcasts the union of the missing fragments once more
   (NORM, RFC 5740, without FEC), until every target confirmed or the deadline passed.
 
-MAC control frame (big-endian; link frames start with 0x5346 and pass through untouched)::
+MAC control frame (big-endian). On air it is the payload of a one-fragment link DATA frame with
+msg_id 0xFFFFFFFF (``mac_on_air``), so every PHY chain that carries link frames carries it too
+(the C++ frame_parser included); other link frames pass through to the ARQ untouched::
 
     off size field
     0   2    magic 0x534D ("SM")
@@ -61,11 +63,20 @@ from dataclasses import asdict, dataclass, field
 
 from .arq import ArqEndpoint
 from .fragment import fragment
-from .frame import BROADCAST, FRAME_MAGIC, FrameType
+from .frame import (
+    BROADCAST,
+    FRAME_MAGIC,
+    FRAME_OVERHEAD,
+    FrameError,
+    FrameType,
+    decode_frame,
+    encode_frame,
+)
 
 logger = logging.getLogger(__name__)
 
 MAC_MAGIC = 0x534D
+MAC_MSG_ID = 0xFFFFFFFF  # link DATA frames with this msg_id carry MAC control frames
 MAC_VERSION = 1
 MAC_HEADER = struct.Struct(">HBBHHH")
 MAC_OVERHEAD = MAC_HEADER.size + 4  # 14
@@ -110,9 +121,34 @@ def encode_mac(mtype: MacType, src: int, dst: int, body: bytes = b"") -> bytes:
     return head + struct.pack(">I", zlib.crc32(head) & 0xFFFFFFFF)
 
 
+def mac_on_air(mac_raw: bytes, src: int, dst: int) -> bytes:
+    """A MAC control frame as it goes on air: the payload of a one-fragment link DATA frame with
+    msg_id MAC_MSG_ID, so it passes every PHY chain that carries link frames (frame_parser)."""
+    return encode_frame(FrameType.DATA, src, dst, MAC_MSG_ID, 0, 1, mac_raw)
+
+
 def is_mac_frame(raw: bytes) -> bool:
-    """Whether ``raw`` starts with the MAC magic (else it is a link frame or garbage)."""
-    return len(raw) >= 2 and _U16.unpack_from(raw)[0] == MAC_MAGIC
+    """Whether ``raw`` is a link DATA frame carrying a MAC control frame (not yet CRC-checked)."""
+    return (
+        len(raw) >= 22
+        and _U16.unpack_from(raw)[0] == FRAME_MAGIC
+        and raw[3] == FrameType.DATA
+        and struct.unpack_from(">I", raw, 8)[0] == MAC_MSG_ID
+    )
+
+
+def mac_from_air(raw: bytes) -> MacFrame:
+    """Check the link frame around a MAC control frame, then the MAC frame itself."""
+    try:
+        frame = decode_frame(raw)
+    except FrameError as exc:
+        raise MacFrameError(f"MAC carrier frame: {exc}") from exc
+    if frame.msg_id != MAC_MSG_ID or frame.count != 1:
+        raise MacFrameError("not a MAC carrier frame")
+    f = decode_mac(frame.payload)
+    if (f.src, f.dst) != (frame.src, frame.dst):
+        raise MacFrameError("MAC and carrier addresses differ")
+    return f
 
 
 def decode_mac(raw: bytes) -> MacFrame:
@@ -220,8 +256,11 @@ def _parse_report(body: bytes) -> tuple[int, int, list[BcastStatus]]:
 class MacConfig:
     """Timing of the MAC; times in seconds of the owner's clock, sizes in bytes."""
 
-    rate_bytes_per_s: float = 712500.0  # PHY bytes per second on air (stock OFDM at 5 MS/s)
-    preamble_s: float = 100e-6  # per frame on air beyond its bytes (preamble, header symbols)
+    # The OFDM PHY at 5 MS/s (FFT 64, CP 16, BPSK header, QPSK payload, 160 zeros of padding):
+    # scaleflu.radio.links.samples_per_frame(n) = 452 + 6.685 n samples, i.e. 90 us + n / 748 kB/s
+    # (720 samples for a 40-byte ACK, 10 480 for a 1500-byte frame).
+    rate_bytes_per_s: float = 748000.0  # PHY bytes per second on air
+    preamble_s: float = 90e-6  # per frame on air beyond its bytes (preamble, header symbols)
     turnaround_s: float = 1e-3  # a robot's RX -> TX time after it decodes its grant
     guard_s: float = 2e-3  # margin added to every grant window and contention slot
     grant_bytes: int = 96 * 1024  # uplink budget of one grant (link frames)
@@ -262,9 +301,11 @@ class MacStats:
     link_frames_tx: int = 0
     link_bytes_tx: int = 0
     control_bytes_tx: int = 0
+    control_bytes_rx: int = 0  # MAC frames received (server: REPORTs and JOINs)
     queued_duplicates: int = 0  # ARQ retransmissions replacing a copy still in the MAC queue
     bcast_passes: int = 0
     bcast_frames_tx: int = 0
+    bcast_bytes_tx: int = 0
     bcast_repair_frames: int = 0
     bad_frames: int = 0
     not_for_us: int = 0
@@ -437,8 +478,9 @@ class MacServer:
         raw = bytes(raw)
         now = self.clock()
         if is_mac_frame(raw):
+            self.stats.control_bytes_rx += len(raw)
             try:
-                f = decode_mac(raw)
+                f = mac_from_air(raw)
                 if f.dst not in (self.node_id, BROADCAST) or f.src == self.node_id:
                     self.stats.not_for_us += 1
                 elif f.type is MacType.REPORT:
@@ -643,6 +685,7 @@ class MacServer:
             used += len(raw)
             b.h.frames_sent += 1
             self.stats.bcast_frames_tx += 1
+            self.stats.bcast_bytes_tx += len(raw)
             if b.unsent == 0:
                 b.awaiting = set(b.h.targets - b.h.confirmed)
                 for r in b.awaiting:
@@ -662,13 +705,17 @@ class MacServer:
 
     def _send_beacon(self, now: float) -> None:
         cfg = self.config
-        slot = cfg.airtime(MAC_OVERHEAD + _JOIN.size) + cfg.guard_s
+        slot = cfg.airtime(FRAME_OVERHEAD + MAC_OVERHEAD + _JOIN.size) + cfg.guard_s
         admitted, self._admitted = self._admitted[:600], self._admitted[600:]
-        raw = encode_mac(
-            MacType.BEACON,
+        raw = mac_on_air(
+            encode_mac(
+                MacType.BEACON,
+                self.node_id,
+                BROADCAST,
+                _beacon_body(cfg.contention_slots, slot, admitted),
+            ),
             self.node_id,
             BROADCAST,
-            _beacon_body(cfg.contention_slots, slot, admitted),
         )
         self._tx(raw, control=True)
         self.stats.beacons_tx += 1
@@ -711,7 +758,7 @@ class MacServer:
         body = _grant_body(
             self._grant_seq, cfg.grant_bytes, [(b.h.msg_id, b.h.count) for b in refs]
         )
-        raw = encode_mac(MacType.GRANT, self.node_id, r, body)
+        raw = mac_on_air(encode_mac(MacType.GRANT, self.node_id, r, body), self.node_id, r)
         self._tx(raw, control=True)
         self.stats.grants_tx += 1
         mtu = self.ep.config.mtu
@@ -768,7 +815,7 @@ class MacStation:
             self.ep.on_frame(raw)
             return
         try:
-            f = decode_mac(raw)
+            f = mac_from_air(raw)
         except MacFrameError as exc:
             self.stats.bad_frames += 1
             logger.debug("bad MAC frame: %s", exc)
@@ -792,7 +839,11 @@ class MacStation:
         self.ep.poll()
         if self._join_at is not None and self.clock() >= self._join_at:
             self._join_at = None
-            raw = encode_mac(MacType.JOIN, self.node_id, self.server_id, _JOIN.pack(self._nonce))
+            raw = mac_on_air(
+                encode_mac(MacType.JOIN, self.node_id, self.server_id, _JOIN.pack(self._nonce)),
+                self.node_id,
+                self.server_id,
+            )
             self._tx(raw, control=True)
             self.stats.joins_tx += 1
             self._join_pending = True
@@ -858,8 +909,12 @@ class MacStation:
             bm = ra.bitmap(self.server_id, msg_id) or b""
             bm = bm[: min((count + 7) // 8, self.config.report_bitmap_bytes)]
             items.append(BcastStatus(msg_id, count, False, bm))
-        raw = encode_mac(
-            MacType.REPORT, self.node_id, self.server_id, _report_body(seq, self.backlog, items)
+        raw = mac_on_air(
+            encode_mac(
+                MacType.REPORT, self.node_id, self.server_id, _report_body(seq, self.backlog, items)
+            ),
+            self.node_id,
+            self.server_id,
         )
         self._tx(raw, control=True)
         self.stats.reports_tx += 1

@@ -34,7 +34,7 @@ from typing import Any, Protocol
 from .arq import ArqConfig, ArqEndpoint
 from .fragment import fragment
 from .frame import BROADCAST, FRAME_MAGIC, FrameType
-from .mac import MAC_MAGIC, MacConfig, MacServer, MacStation
+from .mac import MAC_MAGIC, MAC_MSG_ID, MacConfig, MacServer, MacStation
 
 _U16 = struct.Struct(">H")
 
@@ -87,6 +87,8 @@ def classify(raw: bytes, server: int) -> tuple[str, int]:
         magic = _U16.unpack_from(raw)[0]
         src, dst = struct.unpack_from(">HH", raw, 4)
         if magic == FRAME_MAGIC:
+            if len(raw) >= 12 and struct.unpack_from(">I", raw, 8)[0] == MAC_MSG_ID:
+                return "mac", dst
             if raw[3] == FrameType.DATA:
                 return ("downlink" if src == server else "uplink"), dst
             return "ack", dst

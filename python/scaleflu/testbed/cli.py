@@ -19,13 +19,14 @@ from typing import Any
 from scaleflu.cli import add_config_args
 from scaleflu.config import load_config
 from scaleflu.link import Link
+from scaleflu.link.kinds import PROCESS_KINDS, canonical_kind
 from scaleflu.log import setup_logging
 from scaleflu.testbed.protocol import SERVER_ID, load_keys
-from scaleflu.testbed.transport import LINK_KINDS, make_testbed_link
+from scaleflu.testbed.transport import make_testbed_link
 
 log = logging.getLogger(__name__)
 
-APP_LINKS = tuple(k for k in LINK_KINDS if k != "ofdm-loopback")  # one process per node
+APP_LINKS = (*PROCESS_KINDS, "ofdm-zmq")  # one process per node (ofdm-zmq: old name)
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -78,11 +79,18 @@ def build_link(
     rx_args: str | None,
 ) -> Link:
     """The node's Link from the command line and the ``testbed`` config section."""
-    kind = args.link or str(cfg["testbed"]["link"])
+    kind = canonical_kind(args.link or str(cfg["testbed"]["link"]))
     opts: dict[str, Any] = {}
-    if kind == "frames":
+    if kind in ("frames", "frames-shared"):
         opts["hub"] = args.hub
-    elif kind == "ofdm-zmq":
+    if kind == "frames-shared":
+        opts.update(
+            mac=dict(cfg["testbed"].get("mac") or {}),
+            members=tuple(peers) if node_id == SERVER_ID else (),
+            rate_bytes_per_s=(cfg["testbed"].get("channel") or {}).get("rate_bytes_per_s"),
+            seed=int(cfg["seed"]) + node_id,
+        )
+    elif kind == "ofdm-pairs":
         opts.update(
             peers={p: args.host for p in peers},
             base_port=args.base_port,

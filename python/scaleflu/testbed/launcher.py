@@ -2,8 +2,9 @@
 
 ``apps/testbed.py`` (``make demo``) generates random pre-shared keys, writes the resolved config
 (the demo settings below over the defaults, then the user's file and ``--set`` overrides),
-starts the channel (the frame hub of the ``frames`` link, or nothing for ``ofdm-zmq`` where the
-processes exchange OFDM samples over ZeroMQ), the edge server and the robots, shows progress,
+starts the channel (the frame hub of the ``frames-shared`` (default: one frequency, MAC) and
+``frames`` links, or nothing for ``ofdm-pairs`` where the processes exchange OFDM samples over
+ZeroMQ), the edge server and the robots, shows progress,
 and prints the server's summary. The last robot's data carries the backdoor trigger (GUIDE
 3.6) and it asks to be forgotten after ``--unlearn-after-round``. Ctrl-C stops every child.
 Everything lands in ``runs/testbed-<time>/``: config, keys, logs, history, report, plots.
@@ -29,6 +30,7 @@ from typing import IO, Any
 
 from scaleflu.config import _read_file, default_config, merge, parse_override, save_config
 from scaleflu.link import ChannelModel
+from scaleflu.link.kinds import canonical_kind
 from scaleflu.log import setup_logging
 from scaleflu.testbed.protocol import generate_keys, save_keys
 
@@ -213,11 +215,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
         "--link",
-        choices=("frames", "ofdm-zmq"),
-        default="ofdm-zmq",
-        help="ofdm-zmq (default): OFDM/QPSK samples over ZeroMQ through a simulated channel "
-        "(GNU Radio PHY in every process); frames: ARQ frames through a cheaper simulated "
-        "medium without a PHY (loss, errors, duplicates, reordering, 5.7 Mbit/s)",
+        choices=("frames-shared", "frames", "ofdm-pairs", "ofdm-zmq"),
+        default="frames-shared",
+        help="frames-shared (default): every node on one frequency (overlapping frames collide) "
+        "with the server-scheduled MAC and the broadcast downlink, no PHY; frames: ideal frame "
+        "hub (no collisions); ofdm-pairs (old name ofdm-zmq): OFDM/QPSK samples over ZeroMQ, "
+        "a private channel per pair (GNU Radio PHY in every process)",
     )
     p.add_argument(
         "--method",
@@ -268,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this long, s")
     p.add_argument("--quiet", action="store_true", help="do not echo progress lines")
     args = p.parse_args(argv)
+    args.link = canonical_kind(args.link)
     setup_logging(os.environ.get("SCALEFLU_LOG", "WARNING"))
     t_start = time.monotonic()
     run_dir = Path(args.out or ROOT / "runs" / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -292,15 +296,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     hub = None
     link_args: list[str] = ["--link", args.link]
-    if args.link == "frames":
-        from scaleflu.testbed.transport import FrameHub
+    if args.link in ("frames", "frames-shared"):
+        from scaleflu.link.hub import FrameHub
 
         ch = dict(tb["channel"])
         if args.loss is not None:
             ch["loss"] = args.loss
-        hub = FrameHub("tcp://127.0.0.1:0", ChannelModel(**ch), seed=int(cfg["seed"]))
+        shared = args.link == "frames-shared"
+        hub = FrameHub(
+            "tcp://127.0.0.1:0", ChannelModel(**ch), seed=int(cfg["seed"]), shared=shared
+        )
         link_args += ["--hub", hub.address]
-        out.write(f"channel: frame hub {hub.address} {ch}\n")
+        out.write(
+            f"channel: frame hub {hub.address} {ch}"
+            + (" on one frequency, server-scheduled MAC\n" if shared else "\n")
+        )
     else:
         base = free_port_block(args.robots + 1)
         link_args += [
@@ -357,8 +367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         for ch in robots.values():
             ch.start()
         deadline = time.monotonic() + args.timeout
+        collisions: dict[int, int] = {}  # hub's collided frames when each round was recorded
         while time.monotonic() < deadline:
             time.sleep(0.5)
+            if hub is not None:
+                done = _rounds_done(run_dir)
+                if done and done not in collisions:
+                    collisions[done] = hub.collided_frames
             if not server.alive():
                 rc = server.proc.returncode if server.proc else 1
                 if rc == 0 or restarted or args.restart_server_after_round is None:
@@ -419,11 +434,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "frames_in": hub.frames_in,
                 "frames_out": hub.frames_out,
                 "bytes_in": hub.bytes_in,
+                "shared": hub.shared,
+                "collided_frames": hub.collided_frames,
+                "collided_frames_at_round_end": collisions,
             },
             "robot_starts": {r: ch.starts for r, ch in robots.items()},
             "server_starts": server.starts,
         }
         report.write_text(json.dumps(data, indent=1, default=str))
+        if hub is not None and hub.shared:
+            out.write(
+                f"collided frames on the shared medium: {hub.collided_frames} in all; "
+                f"cumulative at the end of each round {collisions}\n"
+            )
         out.write(f"testbed done in {total:.0f}s; report {report} and plots in {run_dir}\n")
         return 0 if rc in (0, None) else rc
     out.write(f"testbed failed (server exit {rc}); logs in {run_dir / 'logs'}\n")

@@ -177,6 +177,20 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
         f"bytes on air (all nodes): {report.get('air_bytes_total', 0) / 1e6:.2f} MB; "
         f"FL phase {report.get('fl_s', 0):.1f}s; total {report.get('total_s', 0):.1f}s\n"
     )
+    links = [(r["round"], r["link"]) for r in report.get("rounds") or [] if r.get("link")]
+    if links:
+        w(
+            f"\n{'round':>5} {'airtime s':>9} {'retx':>6} {'sched %':>7} {'grants':>6} "
+            f"{'timeouts':>8} {'bcast':>6} {'repair':>6}   (link: server's view)\n"
+        )
+        for t, lk in links:
+            sched = lk.get("sched_overhead")
+            w(
+                f"{t:>5} {_f(lk.get('airtime_s'), '{:.2f}'):>9} {lk.get('retransmissions', 0):>6} "
+                f"{_f(None if sched is None else 100 * sched, '{:.1f}'):>7} "
+                f"{lk.get('grants', '-'):>6} {lk.get('grant_timeouts', '-'):>8} "
+                f"{lk.get('bcast_frames', '-'):>6} {lk.get('bcast_repair_frames', '-'):>6}\n"
+            )
     for k, v in (report.get("timings") or {}).items():
         w(f"  {k}: {v:.1f}s\n")
 

@@ -39,7 +39,7 @@ from scaleflu.testbed.protocol import (
     peek,
     state_sha256,
 )
-from scaleflu.testbed.transport import link_stats
+from scaleflu.testbed.transport import BodyCache, link_stats, unpack_broadcast_body
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +164,8 @@ class RobotClient:
         self.fault_round = fault_round
         self.forge_as = forge_as
         self.ep = Endpoint(link, robot_id)
+        self._bodies = BodyCache()  # model bodies from the broadcast downlink, by SHA-256
+        self._waiting_body: dict[str, tuple[int, Mapping[str, Any], bytes]] = {}
         self.guard = ReplayGuard()
         self.session: int | None = None
         self.keys = {robot_id: key}
@@ -222,6 +224,15 @@ class RobotClient:
         if got is None:
             return
         src, data = got
+        bc = unpack_broadcast_body(data) if src == SERVER_ID else None
+        if (
+            bc is not None
+        ):  # a model body on the broadcast downlink (used once an envelope names it)
+            self._bodies.put(*bc)
+            waiting = self._waiting_body.pop(bc[0], None)
+            if waiting is not None:
+                self._on_model(*waiting)
+            return
         try:
             # A SERVER_HELLO announces a new session: authenticated, any session accepted.
             hello = peek(data).type is MsgType.SERVER_HELLO
@@ -290,6 +301,13 @@ class RobotClient:
             self.done = True
 
     def _on_model(self, t: int, meta: Mapping[str, Any], body: bytes) -> None:
+        want = meta.get("body_sha256")
+        if not body and isinstance(want, str):  # the body comes (came) by broadcast
+            got = self._bodies.get(want)
+            if got is None:
+                self._waiting_body = {want: (t, meta, b"")}  # only the latest model waits
+                return
+            body = got
         base = meta.get("base_sha256")
         ref = None
         if base is not None:

@@ -53,7 +53,13 @@ from scaleflu.testbed.protocol import (
     state_sha256,
     validate_update,
 )
-from scaleflu.testbed.transport import link_stats
+from scaleflu.testbed.transport import (
+    JointHandle,
+    link_counters,
+    link_stats,
+    pack_broadcast_body,
+    round_link_row,
+)
 
 log = logging.getLogger(__name__)
 
@@ -561,6 +567,83 @@ class EdgeServer:
         )
         return out
 
+    def _send_model_many(
+        self,
+        robots: list[RobotInfo],
+        state: dict[str, np.ndarray],
+        purpose: str,
+        t: int,
+        extra: dict[str, Any] | None = None,
+        src_sha: str | None = None,
+    ) -> list[Outgoing]:
+        """Send ``state`` to several robots: one broadcast per distinct body over a MAC link.
+
+        ``testbed.downlink``: ``unicast`` sends one model per robot (``_send_model``);
+        ``broadcast`` (or ``auto`` on a link that can broadcast: frames-shared) puts each
+        distinct body (full, or a delta against a base several robots hold) on air once and
+        sends every robot a small sealed MODEL envelope naming the body's SHA-256.
+        """
+        tb = self.tb
+        mode = str(tb.get("downlink", "auto"))
+        bcast = getattr(self.link, "broadcast", None)
+        if mode == "unicast" or not callable(bcast) or not getattr(self.link, "is_server", False):
+            if mode == "broadcast":
+                log.warning("testbed.downlink=broadcast but the link cannot broadcast: unicast")
+            return [self._send_model(rb, state, purpose, t, extra, src_sha) for rb in robots]
+        src_sha = src_sha or state_sha256(state)
+        enc = str(tb["broadcast_encoding"])
+        G = int(self.cfg["scale"]["groups_per_layer"])
+        groups: dict[str | None, list[RobotInfo]] = {}
+        for rb in robots:
+            delta = tb["broadcast"] == "delta" and rb.held is not None
+            groups.setdefault(rb.held_sha if delta else None, []).append(rb)
+        changed = {
+            g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
+        }
+        timeout = float(tb["send_timeout_s"])
+        outs: list[Outgoing] = []
+        for base, members in groups.items():
+            ref = members[0].held if base is not None else None
+            body = encode_state(state, enc, ref, G)
+            held = cast_like(decode_state(body, reference=ref), state)
+            sha = state_sha256(held)
+            body_sha, packed = pack_broadcast_body(body)
+            bh = bcast(packed, [rb.robot_id for rb in members], timeout=timeout)
+            log.info(
+                "%s model r%d -> robots %s: %d B once (%s, broadcast)",
+                purpose,
+                t,
+                [rb.robot_id for rb in members],
+                len(body),
+                "delta" if ref is not None else "full",
+            )
+            for rb in members:
+                meta = {
+                    "purpose": purpose,
+                    "sha256": sha,
+                    "base_sha256": base,
+                    "deadline_s": max(
+                        0.0, (self.round.deadline - time.monotonic()) if self.round else 0
+                    ),
+                    "body_sha256": body_sha,
+                    **(extra or {}),
+                }
+                h = self.ep.send(
+                    MsgType.MODEL,
+                    rb.robot_id,
+                    self.keys[rb.robot_id],
+                    self.session,
+                    t,
+                    meta,
+                    b"",
+                    timeout=timeout,
+                )
+                joint = JointHandle(h, bh, rb.robot_id)
+                out = Outgoing(rb.robot_id, joint, held, sha, src_sha, purpose, t, changed)  # type: ignore[arg-type]
+                self.outgoing.append(out)
+                outs.append(out)
+        return outs
+
     def _group_changed(
         self, g: tuple[str, int], new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]
     ) -> bool:
@@ -633,12 +716,12 @@ class EdgeServer:
         tb = self.tb
         w0 = time.perf_counter()
         bytes0 = self._air_bytes()
+        link0 = link_counters(self.link)
         rs = RoundState(t, self.global_np, time.monotonic() + float(tb["round_deadline_s"]))
         self.round = rs
         src = state_sha256(self.global_np)
-        for robot in self._active():
-            rs.scheduled.add(robot.robot_id)
-            self._send_model(robot, self.global_np, "train", t, src_sha=src)
+        rs.scheduled.update(robot.robot_id for robot in self._active())
+        self._send_model_many(self._active(), self.global_np, "train", t, src_sha=src)
         self._prev_broadcast = self.global_np
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while time.monotonic() < rs.deadline:
@@ -690,6 +773,7 @@ class EdgeServer:
             "wall_s": wall,
             "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
         }
+        row["link"] = round_link_row(link0, link_counters(self.link), row["air_bytes"])
         self.rounds_log.append(row)
         with (self.run_dir / "rounds.jsonl").open("a") as fh:
             fh.write(json.dumps(row) + "\n")
@@ -716,7 +800,7 @@ class EdgeServer:
         targets = list(self.robots.values())
         t = self.history.last_completed_round()
         src = state_sha256(state)
-        sends = [self._send_model(rb, state, purpose, t, extra, src) for rb in targets]
+        sends = self._send_model_many(targets, state, purpose, t, extra, src)
         self._prev_broadcast = state
         end = time.monotonic() + timeout
         want = {o.robot for o in sends}

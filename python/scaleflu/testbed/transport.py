@@ -1,223 +1,73 @@
-"""Links for the testbed apps: the radio back-ends of scaleflu.radio, or a frame hub over ZeroMQ.
+"""Links for the testbed apps, by the kind names of :mod:`scaleflu.link.kinds`.
 
-``make_testbed_link`` picks the back-end by name:
-
-* ``ofdm-zmq`` / ``uhd`` / ``ofdm-loopback``: ``scaleflu.radio.links.make_link`` (GNU Radio OFDM
-  PHY; imported lazily so this module works without GNU Radio).
-* ``frames``: :class:`FrameHubLink`, an :class:`~scaleflu.link.ArqLink` whose frames travel
-  through a :class:`FrameHub` (a ZeroMQ broker that behaves like a shared medium with the
-  seeded impairments of :class:`~scaleflu.link.ChannelModel`: loss, bit errors, duplicates,
-  reordering, delay, serialisation rate). No PHY, so it is cheap on small machines; the ARQ,
-  fragmentation and every byte above the PHY are the same as over the radio.
+``make_testbed_link`` builds any kind through ``scaleflu.link.kinds.open_link``: the radio
+back-ends of scaleflu.radio (GNU Radio, imported lazily) or a FrameHub link
+(:mod:`scaleflu.link.hub`, no PHY: cheap on small machines; the ARQ, the MAC, fragmentation and
+every byte above the PHY are the same as over the radio). ``frames-shared`` puts every node on
+one frequency with collisions and runs the server-scheduled MAC.
 """
 
 from __future__ import annotations
 
-import heapq
+import hashlib
 import logging
-import random
-import struct
-import threading
 import time
+from collections import OrderedDict
 from typing import Any
 
-from scaleflu.link import ArqConfig, ArqLink, ChannelModel, Link
+from scaleflu.link import Link
+from scaleflu.link.arq import SendStatus
+from scaleflu.link.hub import (  # noqa: F401 (moved to scaleflu.link.hub; names kept here)
+    FRAMES_ARQ_DEFAULTS,
+    MAC_ARQ_DEFAULTS,
+    FrameHub,
+    FrameHubLink,
+    SharedHubLink,
+)
+from scaleflu.link.kinds import LINK_KINDS as _KINDS
+from scaleflu.link.kinds import PROCESS_KINDS, canonical_kind, open_link
 
 log = logging.getLogger(__name__)
 
-LINK_KINDS = ("frames", "ofdm-zmq", "ofdm-loopback", "uhd")
-# The hub serialises every node's frames at one rate, like the radio: with several uploads at
-# once, round trips reach a second and the ARQ's default 0.5 s initial RTO fires for most of
-# the first window (demo: 13.6 MB on air for 5.9 MB of messages; 6.2 MB with these). Long initial
-# timers cost little, losses are repaired by the ACK bitmaps' fast retransmit (as for the OFDM
-# back-ends, scaleflu.radio.links.OFDM_ARQ_DEFAULTS).
-FRAMES_ARQ_DEFAULTS: dict[str, Any] = {"window": 32, "initial_rto": 3.0, "min_rto": 0.6}
-_NODE = struct.Struct(">H")
-
-
-class FrameHub:
-    """A shared simulated medium between processes: every frame reaches every other node."""
-
-    def __init__(
-        self,
-        address: str = "tcp://127.0.0.1:0",
-        model: ChannelModel | None = None,
-        seed: int = 0,
-    ) -> None:
-        import zmq
-
-        self.model = model or ChannelModel()
-        self.rng = random.Random(seed)
-        self._ctx = zmq.Context.instance()
-        self._router = self._ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-        self._router.setsockopt(zmq.LINGER, 0)
-        self._router.bind(address)
-        self.address = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
-        self.frames_in = 0
-        self.frames_out = 0
-        self.bytes_in = 0
-        self._nodes: dict[int, float] = {}  # node -> last seen
-        self._events: list[tuple[float, int, int, bytes]] = []
-        self._n = 0
-        self._busy_until = 0.0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="frame-hub", daemon=True)
-        self._thread.start()
-        log.info("frame hub on %s (%s)", self.address, self.model)
-
-    def close(self) -> None:
-        """Stop the hub thread and close its socket."""
-        self._stop.set()
-        self._thread.join(timeout=5.0)
-        self._router.close(0)
-
-    def _ingest(self, node: int, raw: bytes) -> None:
-        self.frames_in += 1
-        self.bytes_in += len(raw)
-        now = time.monotonic()
-        start = now
-        if self.model.rate_bytes_per_s:
-            start = max(now, self._busy_until) + len(raw) / self.model.rate_bytes_per_s
-            self._busy_until = start
-        for dst in self._nodes:
-            if dst == node:
-                continue
-            for delay, data, _held in self.model.impair(raw, self.rng):
-                self._n += 1
-                heapq.heappush(self._events, (start + delay, self._n, dst, data))
-
-    def _run(self) -> None:
-        import zmq
-
-        poller = zmq.Poller()
-        poller.register(self._router, zmq.POLLIN)
-        while not self._stop.is_set():
-            now = time.monotonic()
-            while self._events and self._events[0][0] <= now:
-                _, _, dst, data = heapq.heappop(self._events)
-                try:
-                    self._router.send_multipart([b"R" + _NODE.pack(dst), data], zmq.NOBLOCK)
-                    self.frames_out += 1
-                except zmq.ZMQError:
-                    pass
-            wait = 100.0 if not self._events else max(0.0, self._events[0][0] - now) * 1000
-            if not poller.poll(timeout=min(100.0, wait)):
-                continue
-            while True:
-                try:
-                    ident, payload = self._router.recv_multipart(zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    break
-                except ValueError:  # wrong part count: ignore
-                    continue
-                if len(ident) != 3 or ident[:1] not in (b"R", b"T"):
-                    continue
-                node = _NODE.unpack(ident[1:])[0]
-                if ident[:1] == b"R":  # the node's receive socket: a keep-alive
-                    self._nodes[node] = time.monotonic()
-                elif payload:
-                    self._ingest(node, payload)
-
-
-class FrameHubLink(ArqLink):
-    """An ArqLink whose frames go through a :class:`FrameHub` over ZeroMQ."""
-
-    def __init__(
-        self, node_id: int, hub: str, config: ArqConfig | None = None, **overrides: Any
-    ) -> None:
-        import zmq
-
-        self._zctx = zmq.Context.instance()
-        # Two sockets, one per thread (ZeroMQ sockets are not thread-safe): frames go out on
-        # "T<node>" from whatever thread the ARQ transmits on; "R<node>" receives in _rx_loop.
-        self._tx = self._zctx.socket(zmq.DEALER)
-        self._tx.setsockopt(zmq.IDENTITY, b"T" + _NODE.pack(node_id))
-        self._tx.setsockopt(zmq.LINGER, 0)
-        self._tx.setsockopt(zmq.SNDHWM, 100000)
-        self._tx.connect(hub)
-        self._sock = self._zctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.IDENTITY, b"R" + _NODE.pack(node_id))
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.connect(hub)
-        self._sock.send(b"")  # tell the hub we are here
-        self._tx_lock = threading.Lock()
-        self._stop = threading.Event()
-        super().__init__(node_id, self._transmit, config=config, **overrides)
-        self._rx = threading.Thread(target=self._rx_loop, name=f"hub-rx-{node_id}", daemon=True)
-        self._rx.start()
-
-    def _transmit(self, raw: bytes) -> None:
-        import zmq
-
-        with self._tx_lock:
-            try:
-                self._tx.send(raw, zmq.NOBLOCK)
-            except zmq.ZMQError:
-                log.debug("hub link %d: frame dropped at the socket", self.node_id)
-
-    def _rx_loop(self) -> None:
-        import zmq
-
-        last_ping = time.monotonic()
-        while not self._stop.is_set():
-            if self._sock.poll(50):
-                while True:
-                    try:
-                        frame = self._sock.recv(zmq.NOBLOCK)
-                    except zmq.ZMQError:
-                        break
-                    if frame:
-                        self.feed(frame)
-            if time.monotonic() - last_ping > 1.0:
-                self._sock.send(b"", zmq.NOBLOCK)
-                last_ping = time.monotonic()
-
-    def close(self) -> None:
-        """Close the link and its socket."""
-        super().close()
-        self._stop.set()
-        self._rx.join(timeout=2.0)
-        self._sock.close(0)
-        with self._tx_lock:
-            self._tx.close(0)
+LINK_KINDS = tuple(_KINDS)
 
 
 def make_testbed_link(kind: str, node_id: int, **opts: Any) -> Link:
-    """A Link for node ``node_id``: ``frames`` (needs ``hub=``) or a scaleflu.radio back-end.
+    """A Link for node ``node_id`` of kind ``kind`` (scaleflu.link.kinds; old names warn).
 
-    ``frames`` uses ``hub`` only. The radio kinds hand every option that is not None to
-    ``scaleflu.radio.links.make_link``: ``ofdm-zmq`` (``peers``, ``base_port``, ``snr_db``,
-    ``drop_rate``, ``cfo``, ``seed``), ``uhd`` (``tx_args``, ``rx_args``, ``freq``, ``samp_rate``,
-    ``tx_gain``, ``rx_gain``, ``tx_subdev``, ``rx_subdev``, ``clock_source``, ``time_source``,
-    ``lo_offset``), ``ofdm-loopback`` (one process only). ARQ options go in ``arq`` (a dict).
+    ``frames``/``frames-shared`` use ``hub`` (and ``mac``, ``members``, ``rate_bytes_per_s``
+    for the shared one). The radio kinds hand every option that is not None to
+    ``scaleflu.radio.links.make_link``: ``ofdm-pairs`` (``peers``, ``base_port``, ``snr_db``,
+    ``drop_rate``, ``cfo``, ``seed``), ``uhd`` (``tx_args``, ``rx_args``, ``freq``,
+    ``samp_rate``, ``tx_gain``, ``rx_gain``, ``tx_subdev``, ``rx_subdev``, ``clock_source``,
+    ``time_source``, ``lo_offset``), ``ofdm-shared``, ``ofdm-loopback`` (one process only). ARQ
+    options go in ``arq`` (a dict).
     """
+    k = canonical_kind(kind)
     arq = dict(opts.pop("arq", None) or {})
-    clean = {k: v for k, v in opts.items() if v is not None}
-    if kind == "frames":
-        hub = clean.get("hub")
-        if not hub:
+    clean = {key: v for key, v in opts.items() if v is not None}
+    if k in ("frames", "frames-shared"):
+        if not clean.get("hub"):
             raise ValueError("the frames link needs hub='tcp://host:port'")
-        return FrameHubLink(node_id, hub, config=ArqConfig(**{**FRAMES_ARQ_DEFAULTS, **arq}))
-    if kind in ("ofdm-zmq", "ofdm-loopback", "uhd"):
-        try:
-            from scaleflu.radio import links as radio_links  # noqa: PLC0415 (GNU Radio, lazily)
-        except ImportError as exc:
-            raise RuntimeError(
-                f"link {kind!r} needs scaleflu.radio.links (GNU Radio): {exc}; use --link frames"
-            ) from exc
-        radio_kind = {"ofdm-zmq": "zmq", "ofdm-loopback": "ofdm_loopback", "uhd": "uhd"}[kind]
-        clean.pop("hub", None)
-        if kind == "uhd" and "time_source" in clean:
-            import inspect
+        if k == "frames":
+            clean = {"hub": clean["hub"]}
+        return open_link(k, node_id, arq=arq, **clean)
+    if k not in PROCESS_KINDS and k != "ofdm-loopback":
+        raise ValueError(f"link {k!r} is not for the testbed apps")
+    clean.pop("hub", None)
+    for key in ("mac", "members", "rate_bytes_per_s"):
+        clean.pop(key, None)
+    if k == "uhd" and "time_source" in clean:
+        import inspect
 
-            if "time_source" not in inspect.signature(radio_links.UhdLink).parameters:
-                log.warning(
-                    "time source %r ignored: scaleflu.radio.UhdLink has no time_source option",
-                    clean.pop("time_source"),
-                )
-        return radio_links.make_link(radio_kind, node_id, **clean, **arq)
-    raise ValueError(f"unknown link {kind!r}; choose one of {', '.join(LINK_KINDS)}")
+        from scaleflu.radio import links as radio_links  # noqa: PLC0415 (GNU Radio, lazily)
+
+        if "time_source" not in inspect.signature(radio_links.UhdLink).parameters:
+            log.warning(
+                "time source %r ignored: scaleflu.radio.UhdLink has no time_source option",
+                clean.pop("time_source"),
+            )
+    return open_link(k, node_id, arq=arq, **clean)
 
 
 def link_stats(link: Link) -> dict[str, Any]:
@@ -229,3 +79,130 @@ def link_stats(link: Link) -> dict[str, Any]:
         except Exception:  # a back-end without counters
             return {}
     return {}
+
+
+# -- broadcast downlink of model bodies ------------------------------------------------------
+# A model for several robots goes on air once: the server broadcasts the body (prefixed with its
+# SHA-256) through the MAC, and sends every robot a small sealed MODEL envelope with an empty body
+# and meta["body_sha256"]. The robot uses a broadcast body only when an envelope authenticated
+# with its own key names that hash, so the unauthenticated broadcast can not inject a model.
+BCAST_PREFIX = b"SFBC\x01"
+_BCAST_HEAD = len(BCAST_PREFIX) + 32
+
+
+def pack_broadcast_body(body: bytes) -> tuple[str, bytes]:
+    """(sha256 hex, bytes to broadcast) of a model body."""
+    digest = hashlib.sha256(body).digest()
+    return digest.hex(), BCAST_PREFIX + digest + body
+
+
+def unpack_broadcast_body(data: bytes) -> tuple[str, bytes] | None:
+    """(sha256 hex, body) of a broadcast body whose hash checks, else None (not one, or bad)."""
+    if len(data) < _BCAST_HEAD or not data.startswith(BCAST_PREFIX):
+        return None
+    digest = data[len(BCAST_PREFIX) : _BCAST_HEAD]
+    body = data[_BCAST_HEAD:]
+    if hashlib.sha256(body).digest() != digest:
+        log.warning("broadcast body with a wrong hash dropped")
+        return None
+    return digest.hex(), body
+
+
+class BodyCache:
+    """The last few broadcast bodies by hash (bounded: a flood only evicts, never grows)."""
+
+    def __init__(self, max_items: int = 3) -> None:
+        self.max_items = max_items
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+
+    def put(self, sha: str, body: bytes) -> None:
+        self._items[sha] = body
+        self._items.move_to_end(sha)
+        while len(self._items) > self.max_items:
+            self._items.popitem(last=False)
+
+    def get(self, sha: str) -> bytes | None:
+        return self._items.get(sha)
+
+
+class JointHandle:
+    """A model send made of a sealed envelope (unicast) and a broadcast body: both must arrive."""
+
+    def __init__(self, envelope: Any, broadcast: Any, robot: int) -> None:
+        self.envelope = envelope
+        self.broadcast = broadcast
+        self.robot = robot
+
+    def done(self) -> bool:
+        """Finished: the envelope failed, or both parts are settled for this robot."""
+        if not self.envelope.done():
+            return False
+        if self.envelope.status is not SendStatus.DELIVERED:
+            return True
+        return self.robot in self.broadcast.confirmed or self.broadcast.done()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until done (polling; the two parts finish on the link's thread)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        while not self.done():
+            if end is not None and time.monotonic() >= end:
+                return False
+            time.sleep(0.02)
+        return True
+
+    @property
+    def status(self) -> SendStatus:
+        if not self.done():
+            return SendStatus.PENDING
+        ok = self.envelope.status is SendStatus.DELIVERED and self.robot in self.broadcast.confirmed
+        return SendStatus.DELIVERED if ok else SendStatus.FAILED
+
+    @property
+    def reason(self) -> str:
+        if self.envelope.status is not SendStatus.DELIVERED:
+            return self.envelope.reason
+        return (
+            "" if self.robot in self.broadcast.confirmed else f"broadcast: {self.broadcast.reason}"
+        )
+
+
+def link_counters(link: Link) -> dict[str, float]:
+    """Counters of a link for the per-round report: ARQ retransmissions and MAC scheduling."""
+    st = link_stats(link)
+    arq, mac = st.get("arq", {}), st.get("mac", {})
+    out = {
+        "retransmissions": float(arq.get("retransmissions", 0)),
+        "link_bytes": float(arq.get("bytes_tx", 0)),
+    }
+    if mac:
+        out.update(
+            sched_bytes=float(mac.get("control_bytes_tx", 0) + mac.get("control_bytes_rx", 0)),
+            grants=float(mac.get("grants_tx", 0)),
+            grant_timeouts=float(mac.get("grant_timeouts", 0)),
+            bcast_frames=float(mac.get("bcast_frames_tx", 0)),
+            bcast_bytes=float(mac.get("bcast_bytes_tx", 0)),
+            bcast_repair_frames=float(mac.get("bcast_repair_frames", 0)),
+        )
+    cfg = getattr(getattr(link, "mac", None), "config", None)
+    if cfg is not None:
+        out["rate_bytes_per_s"] = float(cfg.rate_bytes_per_s)
+    return out
+
+
+def round_link_row(before: dict[str, float], after: dict[str, float], air_bytes: int) -> dict:
+    """The link columns of one round: airtime, retransmissions, scheduling overhead."""
+    row: dict[str, Any] = {
+        "retransmissions": int(after["retransmissions"] - before.get("retransmissions", 0))
+    }
+    rate = after.get("rate_bytes_per_s")
+    if "sched_bytes" in after:
+        sched = after["sched_bytes"] - before.get("sched_bytes", 0)
+        row["sched_bytes"] = int(sched)
+        bcast = after.get("bcast_bytes", 0) - before.get("bcast_bytes", 0)
+        row["sched_overhead"] = sched / max(1.0, air_bytes + bcast + sched)
+        for k in ("grants", "grant_timeouts", "bcast_frames", "bcast_repair_frames"):
+            row[k] = int(after[k] - before.get(k, 0))
+    if rate:  # ARQ bytes of every node + broadcast bytes + MAC frames, at the PHY rate
+        bcast = after.get("bcast_bytes", 0) - before.get("bcast_bytes", 0)
+        row["airtime_s"] = (air_bytes + bcast + row.get("sched_bytes", 0)) / rate
+    return row

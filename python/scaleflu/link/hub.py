@@ -1,0 +1,331 @@
+"""FrameHub: a shared simulated medium between processes over ZeroMQ, and the links on it.
+
+``FrameHub`` is a broker: every node connects two DEALER sockets (``T<node>`` to transmit,
+``R<node>`` to receive) and the hub passes each frame to every other node through the seeded
+impairments of a :class:`~scaleflu.link.ChannelModel` (loss, bit errors, duplicates, reordering,
+delay). Two media:
+
+* ideal (``shared=False``, the ``frames`` link kind): frames are serialised at
+  ``rate_bytes_per_s`` in arrival order and never collide, as if a perfect scheduler existed;
+* shared (``shared=True``, ``frames-shared``): one frequency. A frame occupies the medium for
+  ``MacConfig.airtime(len)`` from the moment it reaches the hub (a node's own frames go back to
+  back); two frames of different nodes that overlap in time collide and neither is delivered.
+  The MAC (``scaleflu.link.mac`` through :class:`MacLink`) keeps scheduled traffic clear of that.
+
+No GNU Radio; pyzmq is imported when a hub or a hub link is opened. (Moved here from
+``scaleflu.testbed.transport``, which re-exports these names.)
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from .api import ArqLink
+from .arq import ArqConfig
+from .kinds import MAC_ARQ_DEFAULTS as _MAC_ARQ_DEFAULTS
+from .mac import MacConfig
+from .maclink import MacLink
+from .sim import ChannelModel
+
+log = logging.getLogger(__name__)
+
+# The hub serialises every node's frames at one rate, like the radio: with several uploads at
+# once, round trips reach a second and the ARQ's default 0.5 s initial RTO fires for most of
+# the first window (demo: 13.6 MB on air for 5.9 MB of messages; 6.2 MB with these). Long initial
+# timers cost little, losses are repaired by the ACK bitmaps' fast retransmit (as for the OFDM
+# back-ends, scaleflu.radio.links.OFDM_ARQ_DEFAULTS).
+FRAMES_ARQ_DEFAULTS: dict[str, Any] = {"window": 32, "initial_rto": 3.0, "min_rto": 0.6}
+# Under the MAC a frame may wait for its robot's grant: longer first timers, a wider window
+# (one grant carries up to MacConfig.grant_bytes).
+MAC_ARQ_DEFAULTS = _MAC_ARQ_DEFAULTS
+# Real time between processes: a robot answers its grant after its Python thread wakes up
+# (milliseconds, more while it trains), so the windows carry a wide guard.
+REALTIME_MAC: dict[str, Any] = {"turnaround_s": 0.01, "guard_s": 0.1, "contention_slots": 4}
+
+
+@dataclass
+class _HubTx:
+    src: int
+    start: float
+    end: float
+    collided: bool = False
+
+
+_NODE = struct.Struct(">H")
+
+
+class FrameHub:
+    """A simulated medium between processes: every frame reaches every other node (docstring)."""
+
+    def __init__(
+        self,
+        address: str = "tcp://127.0.0.1:0",
+        model: ChannelModel | None = None,
+        seed: int = 0,
+        shared: bool = False,
+        mac: MacConfig | None = None,
+    ) -> None:
+        import zmq
+
+        self.model = model or ChannelModel()
+        self.shared = shared
+        rate = self.model.rate_bytes_per_s or MacConfig().rate_bytes_per_s
+        self.mac = mac or MacConfig(rate_bytes_per_s=rate)
+        self.collided_frames = 0
+        self._recent: list[_HubTx] = []
+        self._node_busy: dict[int, float] = {}
+        self.rng = random.Random(seed)
+        self._ctx = zmq.Context.instance()
+        self._router = self._ctx.socket(zmq.ROUTER)
+        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._router.setsockopt(zmq.LINGER, 0)
+        self._router.bind(address)
+        self.address = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.frames_in = 0
+        self.frames_out = 0
+        self.bytes_in = 0
+        self._nodes: dict[int, float] = {}  # node -> last seen
+        self._events: list[tuple[float, int, int, bytes, _HubTx | None]] = []
+        self._n = 0
+        self._busy_until = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="frame-hub", daemon=True)
+        self._thread.start()
+        log.info("frame hub on %s (%s)", self.address, self.model)
+
+    def close(self) -> None:
+        """Stop the hub thread and close its socket."""
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        self._router.close(0)
+
+    def _ingest(self, node: int, raw: bytes) -> None:
+        self.frames_in += 1
+        self.bytes_in += len(raw)
+        now = time.monotonic()
+        if self.shared:
+            self._ingest_shared(node, raw, now)
+            return
+        start = now
+        if self.model.rate_bytes_per_s:
+            start = max(now, self._busy_until) + len(raw) / self.model.rate_bytes_per_s
+            self._busy_until = start
+        for dst in self._nodes:
+            if dst == node:
+                continue
+            for delay, data, _held in self.model.impair(raw, self.rng):
+                self._n += 1
+                heapq.heappush(self._events, (start + delay, self._n, dst, data, None))
+
+    def _ingest_shared(self, node: int, raw: bytes, now: float) -> None:
+        start = max(now, self._node_busy.get(node, 0.0))
+        tx = _HubTx(node, start, start + self.mac.airtime(len(raw)))
+        self._node_busy[node] = tx.end
+        self._recent = [t for t in self._recent if t.end > now - 1.0]
+        for t in self._recent:
+            if t.src != node and t.start < tx.end and t.end > tx.start:
+                for x in (t, tx):
+                    if not x.collided:
+                        x.collided = True
+                        self.collided_frames += 1
+        self._recent.append(tx)
+        for dst in self._nodes:
+            if dst == node:
+                continue
+            for delay, data, _held in self.model.impair(raw, self.rng):
+                self._n += 1
+                heapq.heappush(self._events, (tx.end + delay, self._n, dst, data, tx))
+
+    def _run(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._router, zmq.POLLIN)
+        while not self._stop.is_set():
+            now = time.monotonic()
+            while self._events and self._events[0][0] <= now:
+                _, _, dst, data, tx = heapq.heappop(self._events)
+                if tx is not None and tx.collided:
+                    continue
+                try:
+                    self._router.send_multipart([b"R" + _NODE.pack(dst), data], zmq.NOBLOCK)
+                    self.frames_out += 1
+                except zmq.ZMQError:
+                    pass
+            wait = 100.0 if not self._events else max(0.0, self._events[0][0] - now) * 1000
+            if not poller.poll(timeout=min(100.0, wait)):
+                continue
+            while True:
+                try:
+                    ident, payload = self._router.recv_multipart(zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    break
+                except ValueError:  # wrong part count: ignore
+                    continue
+                if len(ident) != 3 or ident[:1] not in (b"R", b"T"):
+                    continue
+                node = _NODE.unpack(ident[1:])[0]
+                if ident[:1] == b"R":  # the node's receive socket: a keep-alive
+                    self._nodes[node] = time.monotonic()
+                elif payload:
+                    self._ingest(node, payload)
+
+
+class _HubIO:
+    """ZeroMQ plumbing of a node on a hub (mixed into an ArqLink or a MacLink)."""
+
+    node_id: int
+
+    def _hub_open(self, node_id: int, hub: str) -> None:
+        import zmq
+
+        self._zctx = zmq.Context.instance()
+        # Two sockets, one per thread (ZeroMQ sockets are not thread-safe): frames go out on
+        # "T<node>" from whatever thread the ARQ transmits on; "R<node>" receives in _rx_loop.
+        self._tx = self._zctx.socket(zmq.DEALER)
+        self._tx.setsockopt(zmq.IDENTITY, b"T" + _NODE.pack(node_id))
+        self._tx.setsockopt(zmq.LINGER, 0)
+        self._tx.setsockopt(zmq.SNDHWM, 100000)
+        self._tx.connect(hub)
+        self._sock = self._zctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.IDENTITY, b"R" + _NODE.pack(node_id))
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(hub)
+        self._sock.send(b"")  # tell the hub we are here
+        self._tx_lock = threading.Lock()
+        self._stop = threading.Event()
+
+    def _hub_start(self) -> None:
+        self._rx = threading.Thread(
+            target=self._rx_loop, name=f"hub-rx-{self.node_id}", daemon=True
+        )
+        self._rx.start()
+
+    def _transmit(self, raw: bytes) -> None:
+        import zmq
+
+        with self._tx_lock:
+            try:
+                self._tx.send(raw, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                log.debug("hub link %d: frame dropped at the socket", self.node_id)
+
+    def _rx_loop(self) -> None:
+        import zmq
+
+        last_ping = time.monotonic()
+        while not self._stop.is_set():
+            if self._sock.poll(50):
+                while True:
+                    try:
+                        frame = self._sock.recv(zmq.NOBLOCK)
+                    except zmq.ZMQError:
+                        break
+                    if frame:
+                        self.feed(frame)  # type: ignore[attr-defined]
+            if time.monotonic() - last_ping > 1.0:
+                self._sock.send(b"", zmq.NOBLOCK)
+                last_ping = time.monotonic()
+
+    def _hub_close(self) -> None:
+        self._stop.set()
+        self._rx.join(timeout=2.0)
+        self._sock.close(0)
+        with self._tx_lock:
+            self._tx.close(0)
+
+
+class FrameHubLink(_HubIO, ArqLink):
+    """An ArqLink whose frames go through a :class:`FrameHub` over ZeroMQ (no MAC)."""
+
+    def __init__(
+        self, node_id: int, hub: str, config: ArqConfig | None = None, **overrides: Any
+    ) -> None:
+        self._hub_open(node_id, hub)
+        ArqLink.__init__(self, node_id, self._transmit, config=config, **overrides)
+        self._hub_start()
+
+    def close(self) -> None:
+        """Close the link and its sockets."""
+        ArqLink.close(self)
+        self._hub_close()
+
+
+class SharedHubLink(_HubIO, MacLink):
+    """A MacLink on a shared-mode :class:`FrameHub`: the MAC schedules every frame."""
+
+    def __init__(
+        self,
+        node_id: int,
+        hub: str,
+        config: ArqConfig | None = None,
+        mac: MacConfig | None = None,
+        server_id: int = 0,
+        members: tuple[int, ...] = (),
+        seed: int | None = None,
+        **overrides: Any,
+    ) -> None:
+        self._hub_open(node_id, hub)
+        MacLink.__init__(
+            self,
+            node_id,
+            self._transmit,
+            config=config,
+            mac=mac,
+            server_id=server_id,
+            members=members,
+            seed=seed,
+            **overrides,
+        )
+        self._hub_start()
+
+    def close(self) -> None:
+        """Close the link and its sockets."""
+        MacLink.close(self)
+        self._hub_close()
+
+
+def mac_config(opts: dict[str, Any] | MacConfig | None, rate: float | None = None) -> MacConfig:
+    """A real-time MacConfig: REALTIME_MAC, then ``opts`` (dict or MacConfig) over the defaults."""
+    if isinstance(opts, MacConfig):
+        return opts
+    kw = {**REALTIME_MAC, **{k: v for k, v in (opts or {}).items() if v is not None}}
+    if rate and "rate_bytes_per_s" not in kw:
+        kw["rate_bytes_per_s"] = rate
+    return MacConfig(**kw)
+
+
+def open_hub_link(
+    node_id: int,
+    hub: str | None = None,
+    shared: bool = False,
+    arq: dict[str, Any] | None = None,
+    mac: dict[str, Any] | MacConfig | None = None,
+    server: int = 0,
+    members: tuple[int, ...] = (),
+    rate_bytes_per_s: float | None = None,
+    seed: int | None = None,
+) -> ArqLink:
+    """The ``frames`` (ideal hub) or ``frames-shared`` (one frequency, MAC) link of a node."""
+    if not hub:
+        raise ValueError("a frames link needs hub='tcp://host:port'")
+    if not shared:
+        return FrameHubLink(
+            node_id, hub, config=ArqConfig(**{**FRAMES_ARQ_DEFAULTS, **(arq or {})})
+        )
+    return SharedHubLink(
+        node_id,
+        hub,
+        config=ArqConfig(**{**MAC_ARQ_DEFAULTS, **(arq or {})}),
+        mac=mac_config(mac, rate_bytes_per_s),
+        server_id=server,
+        members=tuple(members),
+        seed=seed,
+    )

@@ -1,0 +1,153 @@
+"""One link-kind vocabulary (link.kinds), and the MAC in real time over a shared FrameHub."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+import time
+
+import pytest
+
+from scaleflu.link import ChannelModel
+from scaleflu.link.hub import FrameHub, open_hub_link
+from scaleflu.link.kinds import (
+    LINK_KINDS,
+    UnknownLinkKindError,
+    canonical_kind,
+    close_memory_networks,
+    open_link,
+)
+
+RATE = 712500.0
+
+
+def test_one_spelling_with_old_names_deprecated():
+    assert set(LINK_KINDS) == {
+        "memory",
+        "frames",
+        "frames-shared",
+        "ofdm-loopback",
+        "ofdm-pairs",
+        "ofdm-shared",
+        "uhd",
+    }
+    for k in LINK_KINDS:
+        assert canonical_kind(k) == k
+    for old, new in (
+        ("ofdm-zmq", "ofdm-pairs"),
+        ("zmq", "ofdm-pairs"),
+        ("loopback", "ofdm-loopback"),
+    ):
+        with pytest.warns(DeprecationWarning, match=new):
+            assert canonical_kind(old) == new
+    for bad in ("ofdm", "", "frames shared", None):
+        with pytest.raises(UnknownLinkKindError):
+            canonical_kind(bad)
+
+
+def test_open_link_memory_and_frames_without_gnu_radio():
+    before = set(sys.modules)
+    a = open_link("memory", 1, network="t-kinds")
+    b = open_link("memory", 2, network="t-kinds")
+    try:
+        assert a.send(2, b"hello", timeout=5).ok
+        assert b.recv(5) == (1, b"hello")
+    finally:
+        close_memory_networks()
+    assert not any(m.startswith("gnuradio") for m in set(sys.modules) - before)
+    with pytest.raises(ValueError, match="hub"):
+        open_link("frames", 1)
+
+
+def _shared(n_robots: int, loss: float = 0.0):
+    hub = FrameHub(model=ChannelModel(rate_bytes_per_s=RATE, loss=loss), shared=True, seed=1)
+    robots = tuple(range(1, n_robots + 1))
+    srv = open_link("frames-shared", 0, hub=hub.address, members=robots, rate_bytes_per_s=RATE)
+    links = {
+        r: open_link("frames-shared", r, hub=hub.address, rate_bytes_per_s=RATE, seed=r)
+        for r in robots
+    }
+    time.sleep(0.3)  # the hub learns the receive sockets
+    return hub, srv, links
+
+
+def test_mac_over_shared_hub_three_robots_bit_exact_no_collision():
+    hub, srv, links = _shared(3, loss=0.02)
+    rng = random.Random(0)
+    try:
+        model = rng.randbytes(200_000)
+        h = srv.broadcast(model, [1, 2, 3], timeout=30)
+        for r, link in links.items():
+            got = link.recv(30)
+            assert got == (0, model), f"robot {r}"
+        assert h.wait(30) and h.ok
+        ups = {r: rng.randbytes(150_000) for r in links}
+        res: dict[int, bool] = {}
+
+        def up(r: int) -> None:
+            res[r] = links[r].send(0, ups[r], timeout=60).ok
+
+        threads = [threading.Thread(target=up, args=(r,)) for r in links]
+        for t in threads:
+            t.start()  # all three want the medium at once
+        rx = {}
+        end = time.monotonic() + 60
+        while len(rx) < 3 and time.monotonic() < end:
+            m = srv.recv(2)
+            if m is not None:
+                rx[m[0]] = m[1]
+        for t in threads:
+            t.join(10)
+        assert rx == ups and all(res.values())
+        assert hub.collided_frames == 0
+        st = srv.stats()["mac"]
+        assert st["grants_tx"] > 3 and st["reports_rx"] > 3
+    finally:
+        for link in [srv, *links.values()]:
+            link.close()
+        hub.close()
+
+
+def test_unscheduled_links_on_the_shared_hub_collide():
+    hub = FrameHub(model=ChannelModel(rate_bytes_per_s=RATE), shared=True, seed=1)
+    srv = open_hub_link(0, hub.address)  # plain ARQ links: everyone sends when it likes
+    links = {r: open_hub_link(r, hub.address) for r in (1, 2, 3)}
+    time.sleep(0.3)
+    try:
+        rng = random.Random(1)
+        for r in links:
+            links[r].send_async(0, rng.randbytes(60_000), timeout=30)
+        end = time.monotonic() + 20
+        while hub.collided_frames == 0 and time.monotonic() < end:
+            time.sleep(0.1)
+        assert hub.collided_frames > 0
+    finally:
+        for link in [srv, *links.values()]:
+            link.close()
+        hub.close()
+
+
+def test_attach_mac_under_an_existing_arq_link():
+    """The way ofdm-shared gets the MAC: under a back-end's ArqLink (here MemoryLinks)."""
+    from scaleflu.link import MemoryChannel
+    from scaleflu.link.mac import MacConfig
+    from scaleflu.link.maclink import attach_mac
+
+    cfg = MacConfig(rate_bytes_per_s=RATE, guard_s=0.1, turnaround_s=0.01, contention_slots=0)
+    with MemoryChannel(seed=2, loss=0.05) as ch:
+        links = {n: ch.attach(n, window=64, initial_rto=3.0) for n in (0, 1, 2)}
+        attach_mac(links[0], cfg, members=(1, 2), seed=0)
+        for r in (1, 2):
+            attach_mac(links[r], cfg, seed=r)
+        rng = random.Random(3)
+        model = rng.randbytes(60_000)
+        h = links[0].broadcast(model, [1, 2], timeout=30)
+        assert links[1].recv(30) == (0, model) and links[2].recv(30) == (0, model)
+        assert h.wait(30) and h.ok
+        up = rng.randbytes(40_000)
+        assert links[2].send(0, up, timeout=30).ok
+        assert links[0].recv(10) == (2, up)
+        st = links[0].stats()["mac"]
+        assert st["grants_tx"] >= 2 and st["bcast_frames_tx"] >= 41
+        assert links[2].stats()["mac"]["reports_tx"] >= 1

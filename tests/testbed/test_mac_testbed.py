@@ -1,0 +1,143 @@
+"""Edge server and 3 robots on one shared frequency (frames-shared): MAC, broadcast downlink."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from scaleflu.config import load_config
+from scaleflu.link import ChannelModel
+from scaleflu.link.hub import FrameHub
+from scaleflu.testbed.protocol import SERVER_ID, generate_keys
+from scaleflu.testbed.robot import RobotClient, RobotData
+from scaleflu.testbed.server import EdgeServer
+from scaleflu.testbed.transport import (
+    make_testbed_link,
+    pack_broadcast_body,
+    unpack_broadcast_body,
+)
+
+pytestmark = pytest.mark.timeout(300)
+
+RATE = 712500.0
+OVERRIDES = [
+    "data.num_clients=3",
+    "fl.clients_per_round=3",
+    "data.train_subset=1500",
+    "data.test_subset=300",
+    "fl.local_epochs=1",
+    "fl.lr=0.05",
+    "data.poison.backdoor_clients=[0]",
+    "testbed.rounds=2",
+    "testbed.round_deadline_s=40",
+    "testbed.register_timeout_s=30",
+    "testbed.unlearn.wait_s=3",
+    "testbed.eval_test_samples=100",
+    "testbed.min_robots=3",
+    "testbed.link=frames-shared",
+]
+
+
+def fake_unlearn(run_dir, request, method, mode, overrides, progress):
+    """Stand-in for SCALE: halve the final model."""
+    from scaleflu.fl.run import load_run
+
+    run = load_run(run_dir)
+    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
+    return state, {"protocol": "backdoor", "request": request}
+
+
+def test_broadcast_body_is_checked_by_hash():
+    sha, packed = pack_broadcast_body(b"model bytes")
+    assert unpack_broadcast_body(packed) == (sha, b"model bytes")
+    assert unpack_broadcast_body(packed[:-1] + b"X") is None  # hash mismatch
+    assert unpack_broadcast_body(b"SFBC\x01short") is None
+    assert unpack_broadcast_body(b"an envelope") is None
+
+
+def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
+    cfg: dict[str, Any] = load_config(None, OVERRIDES)
+    hub = FrameHub(
+        model=ChannelModel(rate_bytes_per_s=RATE, loss=0.02), shared=True, seed=int(cfg["seed"])
+    )
+    keys = generate_keys([1, 2, 3])
+    mac = dict(cfg["testbed"]["mac"])
+
+    def link(node: int):
+        return make_testbed_link(
+            "frames-shared",
+            node,
+            hub=hub.address,
+            mac=mac,
+            members=(1, 2, 3) if node == SERVER_ID else (),
+            rate_bytes_per_s=RATE,
+            seed=node,
+        )
+
+    server_link = link(SERVER_ID)
+    server = EdgeServer(server_link, keys, cfg, tmp_path, False, fake_unlearn)
+    robots = [
+        RobotClient(
+            link(r),
+            r,
+            keys[r],
+            cfg,
+            data=RobotData(cfg, r),
+            **({"unlearn": {"kind": "client"}, "unlearn_after_round": 2} if r == 1 else {}),
+        )
+        for r in (1, 2, 3)
+    ]
+    outs: dict[int, dict] = {}
+    threads = [
+        threading.Thread(target=lambda rb=rb: outs.__setitem__(rb.robot_id, rb.run(150)))
+        for rb in robots
+    ]
+    for t in threads:
+        t.start()
+    try:
+        report = server.run()
+    finally:
+        for t in threads:
+            t.join(60)
+        for rb in robots:
+            rb.link.close()
+        server_link.close()
+        hub.close()
+    assert [row["participants"] for row in report["rounds"]] == [[1, 2, 3], [1, 2, 3]]
+    un = report["unlearning"]
+    assert all(un["bit_exact"].values()) and set(un["bit_exact"]) == {1, 2, 3}
+    for r in (1, 2, 3):
+        assert outs[r]["evals"]["unlearned"]["sha256"] == un["model_sha256"]
+    assert hub.collided_frames == 0
+    mac_stats = report["server_link"]["mac"]
+    # every model went out as broadcasts: 2 rounds + "before" + "unlearned" deployments
+    assert mac_stats["bcast_passes"] >= 4 and mac_stats["grants_tx"] > 10
+
+
+def test_round_link_row_and_summary_columns():
+    import io
+
+    from scaleflu.testbed.report import print_summary
+    from scaleflu.testbed.transport import round_link_row
+
+    before = {"retransmissions": 3, "sched_bytes": 1000, "grants": 10, "grant_timeouts": 1}
+    before.update(bcast_frames=0, bcast_repair_frames=0, bcast_bytes=0)
+    after = {"retransmissions": 5, "sched_bytes": 3000, "grants": 30, "grant_timeouts": 2}
+    after.update(bcast_frames=170, bcast_repair_frames=2, bcast_bytes=250_000)
+    after["rate_bytes_per_s"] = 750_000.0
+    row = round_link_row(before, after, air_bytes=748_000)
+    assert row["retransmissions"] == 2 and row["grants"] == 20 and row["grant_timeouts"] == 1
+    assert row["sched_bytes"] == 2000
+    assert row["sched_overhead"] == pytest.approx(2000 / 1_000_000)
+    assert row["airtime_s"] == pytest.approx(1_000_000 / 750_000)
+    # a link without MAC: retransmissions only
+    assert round_link_row({"retransmissions": 0}, {"retransmissions": 4}, 10) == {
+        "retransmissions": 4
+    }
+    fh = io.StringIO()
+    print_summary({"rounds": [{"round": 1, "participants": [1, 2], "link": row}]}, fh)
+    text = fh.getvalue()
+    assert "sched %" in text and " 1.33 " in text and "   0.2 " in text
