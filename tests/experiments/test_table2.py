@@ -160,3 +160,24 @@ def test_cli_registers_table2() -> None:
     assert paper["fl"]["local_epochs"] == 10
     assert set(paper["experiment"]["models"]) == {"lenet", "mobilenetv3", "resnet18"}
     assert set(paper["experiment"]["datasets"]) == {"fashion_mnist", "cifar100"}
+
+
+def test_matched_control_reads_scale_cpu_time(tmp_path: Path) -> None:
+    """finetune_matched's budget is SCALE's cpu_s on the same run and scenario; else an error."""
+    from scaleflu.experiments.table2 import matched_budget
+    from scaleflu.unlearn.baselines import get_method
+
+    key = RunKey("fashion_mnist", "lenet", 0.3, 0)
+    cell = Cell(key, "client", "finetune_matched")
+    m = get_method("finetune_matched", tiny_config())
+    assert m.match_cost_of == "scale"
+    with pytest.raises(RuntimeError, match="no result with cpu_s"):
+        matched_budget(tmp_path, cell, m)
+    sdir = Cell(key, "client", "scale").dir(tmp_path)
+    sdir.mkdir(parents=True)
+    res = {"schema": 1, "metrics": {"ra": 0.8}, "aoi": {}, "cost": {"cpu_s": 12.5}}
+    (sdir / "result.json").write_text(json.dumps(res))
+    assert matched_budget(tmp_path, cell, m) == 12.5
+    other = Cell(RunKey("fashion_mnist", "lenet", 0.3, 1), "client", "finetune_matched")
+    with pytest.raises(RuntimeError):
+        matched_budget(tmp_path, other, m)  # another seed's SCALE is not this one's budget

@@ -19,7 +19,7 @@ from scaleflu.config import save_config
 
 log = logging.getLogger(__name__)
 
-METHODS = ("scale", "retrain", "fedraser", "pga", "fused")
+METHODS = ("scale", "retrain", "fedraser", "pga", "fused", "finetune")
 
 
 def make_unlearner(method: str, mode: str, cfg: dict[str, Any] | None = None) -> Any:

@@ -7,7 +7,7 @@ from typing import Any
 
 from scaleflu.unlearn.base import Unlearner
 
-METHOD_NAMES = ("retrain", "scale", "fedraser", "pga", "fused")
+METHOD_NAMES = ("retrain", "scale", "fedraser", "pga", "fused", "finetune", "finetune_matched")
 ALIASES = {"federaser": "fedraser", "fe": "fedraser", "f-e": "fedraser"}
 
 
@@ -42,4 +42,8 @@ def get_method(name: str, cfg: Mapping[str, Any] | None = None, **overrides: Any
         from scaleflu.unlearn.baselines.fused import FusedUnlearner
 
         return FusedUnlearner(**section)
+    if key in ("finetune", "finetune_matched"):  # the control (matched: SCALE's CPU time)
+        from scaleflu.unlearn.baselines.finetune import make_finetune
+
+        return make_finetune(key, cfg, **overrides)
     raise ValueError(f"unknown unlearning method {name!r}; choose one of {', '.join(METHOD_NAMES)}")
