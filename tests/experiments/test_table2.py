@@ -154,7 +154,17 @@ def test_cli_registers_table2() -> None:
     assert args.out == "x" and args.overrides == ["fl.rounds=2"] and callable(args.func)
     for name in ("table2_cpu", "table2_paper"):
         cfg = load_config(resolve_config_path(name))
-        assert cfg["experiment"]["methods"] == ["retrain", "fedraser", "pga", "fused", "scale"]
+        methods = cfg["experiment"]["methods"]
+        assert set(methods) == {
+            "retrain",
+            "fedraser",
+            "pga",
+            "fused",
+            "scale",
+            "finetune",
+            "finetune_matched",
+        }  # the five methods and the control, twice
+        assert methods.index("scale") < methods.index("finetune_matched")
     paper = load_config(resolve_config_path("table2_paper"))
     assert paper["data"]["num_clients"] == 100 and paper["fl"]["rounds"] == 100
     assert paper["fl"]["local_epochs"] == 10
