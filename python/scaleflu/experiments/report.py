@@ -24,7 +24,7 @@ METHOD_LABELS = {
     "finetune": "Control",
     "finetune_matched": "Control (cost)",
 }
-COST_KEYS = ("wall_s", "link_s", "bytes", "fl_rounds")
+COST_KEYS = ("wall_s", "cpu_s", "link_s", "bytes", "fl_rounds")
 CONTROLS = ("finetune", "finetune_matched")  # no unlearning: k plain FedAvg rounds of D_r
 # the protocol with power's columns: label, metrics key (docs/reproducing.md)
 PROTOCOL_KEYS = (
@@ -351,6 +351,7 @@ def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str
         "Model",
         "Method",
         "wall (s)",
+        "CPU (s)",
         "link (s)",
         "MB",
         "FL rounds",
@@ -377,6 +378,7 @@ def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str
                                 model,
                                 METHOD_LABELS.get(m, m),
                                 g("wall_s"),
+                                g("cpu_s"),
                                 g("link_s"),
                                 g("bytes", 1e-6, 2),
                                 g("fl_rounds", 1.0, 0),
