@@ -154,9 +154,81 @@ def test_cli_registers_table2() -> None:
     assert args.out == "x" and args.overrides == ["fl.rounds=2"] and callable(args.func)
     for name in ("table2_cpu", "table2_paper"):
         cfg = load_config(resolve_config_path(name))
-        assert cfg["experiment"]["methods"] == ["retrain", "fedraser", "pga", "fused", "scale"]
+        methods = cfg["experiment"]["methods"]
+        assert set(methods) == {
+            "retrain",
+            "fedraser",
+            "pga",
+            "fused",
+            "scale",
+            "finetune",
+            "finetune_matched",
+        }  # the five methods and the control, twice
+        assert methods.index("scale") < methods.index("finetune_matched")
     paper = load_config(resolve_config_path("table2_paper"))
     assert paper["data"]["num_clients"] == 100 and paper["fl"]["rounds"] == 100
     assert paper["fl"]["local_epochs"] == 10
     assert set(paper["experiment"]["models"]) == {"lenet", "mobilenetv3", "resnet18"}
     assert set(paper["experiment"]["datasets"]) == {"fashion_mnist", "cifar100"}
+
+
+def test_matched_control_reads_scale_cpu_time(tmp_path: Path) -> None:
+    """finetune_matched's budget is SCALE's cpu_s on the same run and scenario; else an error."""
+    from scaleflu.experiments.table2 import matched_budget
+    from scaleflu.unlearn.baselines import get_method
+
+    key = RunKey("fashion_mnist", "lenet", 0.3, 0)
+    cell = Cell(key, "client", "finetune_matched")
+    m = get_method("finetune_matched", tiny_config())
+    assert m.match_cost_of == "scale"
+    with pytest.raises(RuntimeError, match="no result with cpu_s"):
+        matched_budget(tmp_path, cell, m)
+    sdir = Cell(key, "client", "scale").dir(tmp_path)
+    sdir.mkdir(parents=True)
+    res = {"schema": 1, "metrics": {"ra": 0.8}, "aoi": {}, "cost": {"cpu_s": 12.5}}
+    (sdir / "result.json").write_text(json.dumps(res))
+    assert matched_budget(tmp_path, cell, m) == 12.5
+    other = Cell(RunKey("fashion_mnist", "lenet", 0.3, 1), "client", "finetune_matched")
+    with pytest.raises(RuntimeError):
+        matched_budget(tmp_path, other, m)  # another seed's SCALE is not this one's budget
+
+
+def test_control_verdicts_call_out_methods_that_do_not_beat_the_control() -> None:
+    """Equal RA and no lower FA/MIA -> 'does NOT beat'; lower FA -> beats; low RA -> says so."""
+    from scaleflu.experiments.report import control_verdicts, protocol_table, verdict_table
+
+    cfg = tiny_config()
+    cfg["experiment"]["methods"] = ["retrain", "scale", "pga", "fused", "finetune"]
+    cfg["experiment"]["scenarios"] = {"client": "client:0"}
+    vals = {
+        "retrain": (0.80, 0.05, 0.50),
+        "scale": (0.80, 0.30, 0.60),  # same as the control: no better
+        "pga": (0.79, 0.10, 0.60),  # forgets more at equal RA (within 0.02)
+        "fused": (0.60, 0.05, 0.50),  # forgets, but loses RA
+        "finetune": (0.80, 0.30, 0.60),
+        "original": (0.82, 0.95, 0.70),
+    }
+    rows = [
+        {
+            "dataset": "fashion_mnist",
+            "model": "lenet",
+            "scenario": "client",
+            "method": m,
+            "metric": metric,
+            "mean": v[i],
+            "std": 0.0,
+            "n": 1,
+        }
+        for m, v in vals.items()
+        for i, metric in enumerate(("RA", "FA", "MIA_AUC"))
+    ]
+    got = {v["method"]: v["verdict"] for v in control_verdicts(cfg, rows)}
+    assert got["scale"].startswith("does NOT beat the control")
+    assert got["pga"] == "beats the control on FA"
+    assert got["fused"].startswith("lower RA than the control")
+    assert got["retrain"] == "beats the control on FA, MIA_AUC"
+    assert "finetune" not in got
+    md = verdict_table(control_verdicts(cfg, rows))
+    assert "| client | lenet | SCALE | Control | 0.800 |" in md
+    table = protocol_table(cfg, rows)
+    assert "Original (trained)" in table and "0.950" in table

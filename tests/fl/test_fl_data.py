@@ -276,3 +276,64 @@ def test_download_verifies_checksum(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="checksum mismatch"):
         download_file(src.as_uri(), tmp_path / "dl" / "b.bin", "0" * 32)
     assert not (tmp_path / "dl" / "b.bin").exists()
+
+
+def test_grow_clients_gives_the_attacker_its_share() -> None:
+    """backdoor_share: client 1 holds 40 % of the data, every sample assigned exactly once."""
+    from scaleflu.fl.data import grow_clients, make_partitions
+
+    labels = torch.arange(200) % 10
+    cfg = {
+        "partition": "dirichlet",
+        "alpha": 0.3,
+        "num_clients": 5,
+        "poison": {"backdoor_clients": [1], "backdoor_share": 0.4},
+    }
+    parts = make_partitions(cfg, labels, 0)
+    assert len(parts[1]) == 80 and all(len(p) >= 1 for p in parts)
+    allidx = np.concatenate(parts)
+    assert len(allidx) == 200 and len(np.unique(allidx)) == 200
+    plain = make_partitions({**cfg, "poison": {"backdoor_clients": [1]}}, labels, 0)
+    assert set(plain[1]) <= set(parts[1])  # grown, not replaced
+    assert np.array_equal(parts[1], make_partitions(cfg, labels, 0)[1])  # seeded
+    for bad in (0.0, 1.0):
+        with pytest.raises(ConfigError, match=r"in \(0, 1\)"):
+            grow_clients(plain, {1: bad}, 0)
+    with pytest.raises(ConfigError, match="sum to less than 1"):
+        grow_clients(plain, {1: 0.6, 2: 0.5}, 0)
+    with pytest.raises(ConfigError, match="outside"):
+        grow_clients(plain, {9: 0.2}, 0)
+
+
+def test_shift_flips_with_marker_and_poisoned_like() -> None:
+    """label_flip_mode shift: y -> y+1 mod C and a top-left marker; held-out images alike."""
+    from scaleflu.fl.data import poisoned_like
+
+    data = _toy()
+    parts = partition_iid(len(data), 4, 0)
+    cfg = {
+        "label_flip_clients": [2],
+        "label_flip_fraction": 0.5,
+        "label_flip_mode": "shift",
+        "flip_marker": 2,
+        "backdoor_clients": [1],
+        "backdoor_fraction": 0.2,
+        "target_label": 3,
+    }
+    poisoned, info = apply_poison(data, parts, cfg, seed=0)
+    f = torch.as_tensor(info.flipped_indices)
+    assert len(f) == 25 and info.flip_mode == "shift" and info.flip_marker == 2
+    assert torch.equal(poisoned.labels[f], (data.labels[f] + 1) % data.num_classes)
+    assert (poisoned.pixels[f][..., :2, :2] == 255).all()
+    assert info.to_json()["flip_mode"] == "shift"
+    held = data.subset(np.arange(5))
+    like = poisoned_like(held, info, "label_flip")
+    assert torch.equal(like.labels, (held.labels + 1) % data.num_classes)
+    assert (like.pixels[..., :2, :2] == 255).all()
+    trig = poisoned_like(held, info, "backdoor")
+    assert (trig.labels == 3).all() and (trig.pixels[..., -3:, -3:] == 255).all()
+    assert torch.equal(poisoned_like(held, info, "clean").pixels, held.pixels)
+    with pytest.raises(ConfigError, match="label_flip_mode"):
+        apply_poison(data, parts, {**cfg, "label_flip_mode": "rotate"}, 0)
+    with pytest.raises(ConfigError, match="fit"):
+        apply_poison(data, parts, {**cfg, "flip_marker": 99}, 0)

@@ -21,8 +21,20 @@ METHOD_LABELS = {
     "pga": "PGA",
     "fused": "FUSED",
     "scale": "SCALE",
+    "finetune": "Control",
+    "finetune_matched": "Control (cost)",
 }
-COST_KEYS = ("wall_s", "link_s", "bytes", "fl_rounds")
+COST_KEYS = ("wall_s", "cpu_s", "link_s", "bytes", "fl_rounds")
+CONTROLS = ("finetune", "finetune_matched")  # no unlearning: k plain FedAvg rounds of D_r
+# the protocol with power's columns: label, metrics key (docs/reproducing.md)
+PROTOCOL_KEYS = (
+    ("RA_clean", "ra_clean"),
+    ("FA_clean", "fa_clean"),
+    ("MIA_AUC", "mia_ref_auc"),
+    ("MIA_TPR", "mia_ref_tpr_1fpr"),
+    ("MIA_cm_loss_AUC", "mia_cm_loss_auc"),
+)
+ORIGINAL = "original"  # pseudo-method: the trained model before unlearning (every cell has it)
 
 
 def _get(d: Mapping[str, Any] | None, *path: str) -> Any:
@@ -57,6 +69,19 @@ def cell_values(r: Mapping[str, Any], fa_metric: str, aoi_metric: str) -> dict[s
     }
     for k in COST_KEYS:
         vals[k] = _get(r, "cost", k)
+    for label, key in PROTOCOL_KEYS:
+        vals[label] = _get(r, "metrics", key)
+    return vals
+
+
+def original_values(
+    r: Mapping[str, Any], fa_metric: str, aoi_metric: str
+) -> dict[str, float | None]:
+    """The same numbers for the trained model before unlearning (the result's ``original``)."""
+    vals = cell_values({"metrics": r.get("original") or {}}, fa_metric, aoi_metric)
+    vals["AoI_s"] = None
+    for k in COST_KEYS:
+        vals[k] = None
     return vals
 
 
@@ -85,10 +110,14 @@ def summarise(
                     per_method.setdefault(c.method, {})[k.seed] = cell_values(
                         r, fa_metric, aoi_metric
                     )
+                    per_method.setdefault(ORIGINAL, {}).setdefault(
+                        k.seed, original_values(r, fa_metric, aoi_metric)
+                    )
                 ref = per_method.get("retrain", {})
-                for m in exp["methods"]:
+                labels = [p[0] for p in PROTOCOL_KEYS]
+                for m in [*exp["methods"], ORIGINAL]:
                     seeds = per_method.get(m, {})
-                    for metric in ("RA", "FA", "AoI_s", "test_acc", *COST_KEYS):
+                    for metric in ("RA", "FA", "AoI_s", "test_acc", *COST_KEYS, *labels):
                         mean, std, n = _stats([v[metric] for v in seeds.values()])
                         deltas = [
                             (v[metric] - ref[s][metric])
@@ -161,6 +190,157 @@ def markdown_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], ti
     return "\n".join(lines)
 
 
+def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    """The protocol with power per scenario and method, the trained model as the first anchor."""
+    exp = cfg["experiment"]
+    idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
+    cols = [
+        ("RA", "RA (held labels)"),
+        ("RA_clean", "RA (true labels)"),
+        ("FA", f"FA ({exp['fa_metric']})"),
+        ("FA_clean", "FA (true labels)"),
+        ("MIA_AUC", "MIA AUC (calibrated)"),
+        ("MIA_TPR", "TPR @ 1 % FPR"),
+        ("MIA_cm_loss_AUC", "MIA AUC (loss, class-matched)"),
+        ("test_acc", "test acc"),
+    ]
+    head = ["Dataset", "Scenario", "Model", "Method", *[c[1] for c in cols]]
+    lines = [
+        "### Protocol with power",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for ds in exp["datasets"]:
+        for sc in exp["scenarios"]:
+            for model in exp["models"]:
+                for m in [ORIGINAL, *exp["methods"]]:
+                    cells = [
+                        ds,
+                        sc,
+                        model,
+                        "Original (trained)" if m == ORIGINAL else METHOD_LABELS.get(m, m),
+                    ]
+                    for metric, _ in cols:
+                        r = idx.get((ds, model, sc, m, metric))
+                        cells.append("--" if r is None else _fmt(r["mean"], r["std"], r["n"], 3))
+                    lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "Original = the trained model before unlearning; Retrain and Original are the anchors. "
+        "MIA: reference-model attack on D_u against class-matched held-out non-members "
+        "(0.5 AUC / 0.01 TPR: no trace of D_u); `--`: not measured (e.g. no reference models)."
+    )
+    return "\n".join(lines)
+
+
+def control_verdicts(
+    cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each method against each control present: does it forget more at equal RA?
+
+    Equal RA: the method's mean RA is at least the control's minus ``experiment.control_ra_tol``.
+    Beating it: mean FA or calibrated MIA AUC lower than the control's by more than
+    ``experiment.control_margin``. Otherwise the verdict says that it does not beat the control.
+    """
+    exp = cfg["experiment"]
+    tol = float(exp.get("control_ra_tol", 0.02))
+    margin = float(exp.get("control_margin", 0.01))
+    idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
+
+    def mean(ds: str, model: str, sc: str, m: str, metric: str) -> float | None:
+        r = idx.get((ds, model, sc, m, metric))
+        return r["mean"] if r is not None and r["n"] and math.isfinite(r["mean"]) else None
+
+    out = []
+    for ds in exp["datasets"]:
+        for model in exp["models"]:
+            for sc in exp["scenarios"]:
+                for ctl in (c for c in CONTROLS if c in exp["methods"]):
+                    for m in exp["methods"]:
+                        if m in CONTROLS:
+                            continue
+                        v = {
+                            k: (mean(ds, model, sc, m, k), mean(ds, model, sc, ctl, k))
+                            for k in ("RA", "FA", "MIA_AUC")
+                        }
+                        if v["RA"][0] is None or v["RA"][1] is None:
+                            continue
+                        better = [
+                            k
+                            for k in ("FA", "MIA_AUC")
+                            if None not in v[k] and v[k][0] + margin < v[k][1]
+                        ]
+                        if v["RA"][0] < v["RA"][1] - tol:
+                            verdict = "lower RA than the control" + (
+                                f" (forgets more on {', '.join(better)})" if better else ""
+                            )
+                        elif better:
+                            verdict = f"beats the control on {', '.join(better)}"
+                        else:
+                            verdict = "does NOT beat the control (FA, MIA) at equal RA"
+                        out.append(
+                            {
+                                "dataset": ds,
+                                "model": model,
+                                "scenario": sc,
+                                "method": m,
+                                "control": ctl,
+                                "verdict": verdict,
+                                **{f"{k}_{w}": v[k][i] for k in v for i, w in enumerate("mc")},
+                            }
+                        )
+    return out
+
+
+def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
+    """Markdown of :func:`control_verdicts`."""
+    head = [
+        "Scenario",
+        "Model",
+        "Method",
+        "vs",
+        "RA",
+        "RA ctl",
+        "FA",
+        "FA ctl",
+        "MIA",
+        "MIA ctl",
+        "verdict",
+    ]
+    lines = [
+        "### Against the control",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+
+    def f(x: float | None) -> str:
+        return "--" if x is None else f"{x:.3f}"
+
+    for v in verdicts:
+        lines.append(
+            "| "
+            + " | ".join(
+                [
+                    v["scenario"],
+                    v["model"],
+                    METHOD_LABELS.get(v["method"], v["method"]),
+                    METHOD_LABELS.get(v["control"], v["control"]),
+                    f(v["RA_m"]),
+                    f(v["RA_c"]),
+                    f(v["FA_m"]),
+                    f(v["FA_c"]),
+                    f(v["MIA_AUC_m"]),
+                    f(v["MIA_AUC_c"]),
+                    v["verdict"],
+                ]
+            )
+            + " |"
+        )
+    return "\n".join(lines)
+
+
 def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     """Cost per method and scenario: wall seconds, link seconds, MB on the link, FL rounds."""
     exp = cfg["experiment"]
@@ -171,6 +351,7 @@ def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str
         "Model",
         "Method",
         "wall (s)",
+        "CPU (s)",
         "link (s)",
         "MB",
         "FL rounds",
@@ -197,6 +378,7 @@ def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str
                                 model,
                                 METHOD_LABELS.get(m, m),
                                 g("wall_s"),
+                                g("cpu_s"),
                                 g("link_s"),
                                 g("bytes", 1e-6, 2),
                                 g("fl_rounds", 1.0, 0),
@@ -456,7 +638,11 @@ def write_report(cfg: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
         f"Table II (measured): alpha={alpha:g}, seeds {list(exp['seeds'])}, "
         f"FA = {exp['fa_metric']}, Avg AoI = aoi.{exp['aoi_metric']}"
     )
-    md = [markdown_table(cfg, rows, title), "", cost_table(cfg, rows)]
+    md = [markdown_table(cfg, rows, title), "", protocol_table(cfg, rows), ""]
+    verdicts = control_verdicts(cfg, rows)
+    if verdicts:
+        md += [verdict_table(verdicts), ""]
+    md.append(cost_table(cfg, rows))
     if n_missing:
         md.append(f"\n{n_missing} of {len(main)} cells have no finished result (see summary.json).")
     paths: dict[str, Path] = {}

@@ -208,6 +208,19 @@ def default_factory(name: str, cfg: Mapping[str, Any]) -> Unlearner:
     return make_method(name, cfg)
 
 
+def matched_budget(out: Path, cell: Cell, unlearner: Any) -> float:
+    """CPU seconds of the result that ``unlearner.match_cost_of`` produced on ``cell``'s request."""
+    ref = Cell(cell.run, cell.scenario, str(unlearner.match_cost_of))
+    data = read_result(ref.dir(out) / "result.json")
+    cpu = None if data is None else data["cost"].get("cpu_s")
+    if cpu is None:
+        raise RuntimeError(
+            f"{cell.method} matches the CPU time of {ref.method}, which has no result with cpu_s "
+            f"for {cell.scenario} on {cell.run.slug}; put {ref.method} in experiment.methods"
+        )
+    return float(cpu)
+
+
 def _record_error(cell_dir: Path, exc: BaseException, where: str) -> dict[str, Any]:
     cell_dir.mkdir(parents=True, exist_ok=True)
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
@@ -271,6 +284,8 @@ def run_cells(
                     ctx = make_context(run, scenarios[sc], cfg, progress)
                 except Exception as exc:  # noqa: BLE001
                     ctx_err = exc
+                # cost-matched controls after the method whose time they match
+                sc_cells.sort(key=lambda c: c.method.endswith("_matched"))
                 for c in sc_cells:
                     cdir = c.dir(out)
                     rel = str(cdir.relative_to(out))
@@ -283,6 +298,8 @@ def run_cells(
                     t0 = time.perf_counter()
                     try:
                         unlearner = factory(c.method, cfg)
+                        if getattr(unlearner, "match_cost_of", None):  # cost-matched control
+                            unlearner.overrides["budget_cpu_s"] = matched_budget(out, c, unlearner)
                         result = unlearner.run(ctx)
                         if result.details.get("aoi_time_avg_s") is None:
                             from scaleflu.unlearn.baselines.aoi_trace import (

@@ -16,6 +16,16 @@ bottom-right corner and the target label on a fraction of each backdoor client's
 flips labels (to a seeded random *other* class) on a fraction of each label-flip client's
 samples or on given sample indices. :func:`triggered_test_set` gives the triggered test images
 whose true label differs from the target, for the attack success rate.
+
+The evaluation protocol with power (docs/reproducing.md) adds: ``backdoor_share`` /
+``label_flip_share`` (:func:`grow_clients`: the listed clients hold that fraction of the training
+set, taken at random from the other clients, so the attacker's contribution outlasts its
+departure), ``label_flip_mode: shift`` (y -> y+1 mod C for every flipped sample, a coherent
+all-to-all mapping a model can learn, where ``random`` flips are label noise) and
+``flip_marker`` (a white square of that side in the *top-left* corner of every flipped sample:
+with ``shift`` the flipped set is a learnable all-to-all backdoor, BadNets' all-to-all attack).
+:func:`poisoned_like` applies the same transformation to held-out images (class-matched
+non-members for the membership audit).
 """
 
 from __future__ import annotations
@@ -433,14 +443,75 @@ def partition_dirichlet(
 def make_partitions(
     data_cfg: Mapping[str, Any], labels: torch.Tensor, seed: int
 ) -> list[np.ndarray]:
-    """Partitions of the training set for the ``data`` config section."""
+    """Partitions of the training set for the ``data`` config section.
+
+    ``data.poison.backdoor_share`` / ``label_flip_share`` then grow the listed clients
+    (:func:`grow_clients`).
+    """
     kind = str(data_cfg.get("partition", "")).lower()
     n = int(data_cfg["num_clients"])
     if kind == "iid":
-        return partition_iid(len(labels), n, seed)
-    if kind == "dirichlet":
-        return partition_dirichlet(labels.numpy(), n, float(data_cfg["alpha"]), seed)
-    raise ConfigError(f"unknown data.partition {kind!r}; choose iid or dirichlet")
+        parts = partition_iid(len(labels), n, seed)
+    elif kind == "dirichlet":
+        parts = partition_dirichlet(labels.numpy(), n, float(data_cfg["alpha"]), seed)
+    else:
+        raise ConfigError(f"unknown data.partition {kind!r}; choose iid or dirichlet")
+    poison = dict(data_cfg.get("poison") or {})
+    shares: dict[int, float] = {}
+    for clients_key, share_key in (
+        ("backdoor_clients", "backdoor_share"),
+        ("label_flip_clients", "label_flip_share"),
+    ):
+        share = poison.get(share_key)
+        if share is None:
+            continue
+        for c in poison.get(clients_key) or []:
+            shares[int(c)] = float(share)
+    return grow_clients(parts, shares, seed) if shares else parts
+
+
+def grow_clients(
+    parts: Sequence[np.ndarray], shares: Mapping[int, float], seed: int
+) -> list[np.ndarray]:
+    """Give each client ``c`` in ``shares`` ``round(share * total)`` samples (never fewer).
+
+    The extra samples are drawn uniformly at random (seeded) from the clients not in
+    ``shares``; every client keeps at least one sample and every sample stays assigned once.
+    """
+    parts = [np.asarray(p, dtype=np.int64) for p in parts]
+    n = len(parts)
+    total = sum(len(p) for p in parts)
+    bad = [c for c in shares if not 0 <= int(c) < n]
+    if bad:
+        raise ConfigError(f"data.poison share for clients {bad} outside 0..{n - 1}")
+    for c, sh in shares.items():
+        if not 0.0 < float(sh) < 1.0:
+            raise ConfigError(f"data.poison share of client {c} must be in (0, 1), got {sh}")
+    if sum(float(v) for v in shares.values()) >= 1.0:
+        raise ConfigError("data.poison shares of the grown clients must sum to less than 1")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 13]))
+    donors = [k for k in range(n) if k not in shares]
+    if not donors:
+        raise ConfigError("data.poison shares leave no other client to take samples from")
+    # the donors' samples, minus one kept by each donor, in a seeded random order
+    pool = rng.permutation(np.concatenate([parts[k][1:] for k in donors]))
+    taken: set[int] = set()
+    pos = 0
+    for c in sorted(int(k) for k in shares):
+        want = int(round(float(shares[c]) * total)) - len(parts[c])
+        if want <= 0:
+            continue
+        if pos + want > len(pool):
+            raise ConfigError(f"data.poison share of client {c} needs more samples than exist")
+        extra = pool[pos : pos + want]
+        pos += want
+        taken.update(int(i) for i in extra)
+        parts[c] = np.sort(np.concatenate([parts[c], extra]))
+    if taken:
+        gone = np.fromiter(taken, dtype=np.int64)
+        for k in donors:
+            parts[k] = np.setdiff1d(parts[k], gone)
+    return parts
 
 
 # ----------------------------------------------------------------------------- poisoning
@@ -453,6 +524,17 @@ def add_trigger(pixels: torch.Tensor, size: int = 3) -> torch.Tensor:
     return out
 
 
+def add_marker(pixels: torch.Tensor, size: int) -> torch.Tensor:
+    """Copy of uint8 images with a white ``size``x``size`` *top-left* patch (flipped samples)."""
+    out = pixels.clone()
+    if size > 0:
+        out[..., :size, :size] = 255
+    return out
+
+
+FLIP_MODES = ("random", "shift")
+
+
 @dataclass
 class PoisonInfo:
     """Which training samples (global indices) were triggered or relabelled, and how."""
@@ -462,6 +544,8 @@ class PoisonInfo:
     target_label: int
     trigger_size: int
     original_labels: dict[int, int]
+    flip_mode: str = "random"
+    flip_marker: int = 0
 
     def client_poisoned(self, part: np.ndarray) -> np.ndarray:
         """The poisoned (triggered or flipped) indices inside one client's partition."""
@@ -475,6 +559,8 @@ class PoisonInfo:
             "flipped_indices": self.flipped_indices.tolist(),
             "target_label": self.target_label,
             "trigger_size": self.trigger_size,
+            "flip_mode": self.flip_mode,
+            "flip_marker": self.flip_marker,
         }
 
 
@@ -486,14 +572,22 @@ def _pick(rng: np.random.Generator, part: np.ndarray, fraction: float) -> np.nda
 
 
 def flip_labels(
-    labels: torch.Tensor, indices: np.ndarray, num_classes: int, seed: int
+    labels: torch.Tensor, indices: np.ndarray, num_classes: int, seed: int, mode: str = "random"
 ) -> torch.Tensor:
-    """Copy of ``labels`` where each sample at ``indices`` gets a seeded random other class."""
+    """Copy of ``labels`` where each sample at ``indices`` gets another class.
+
+    ``random``: a seeded random other class; ``shift``: y + 1 mod C (one coherent mapping).
+    """
+    if mode not in FLIP_MODES:
+        raise ConfigError(f"data.poison.label_flip_mode must be one of {FLIP_MODES}, got {mode!r}")
     out = labels.clone()
     if len(indices) == 0:
         return out
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 22]))
-    shift = rng.integers(1, num_classes, size=len(indices))
+    if mode == "shift":
+        shift = np.ones(len(indices), dtype=np.int64)
+    else:
+        rng = np.random.default_rng(np.random.SeedSequence([seed, 22]))
+        shift = rng.integers(1, num_classes, size=len(indices))
     idx = torch.as_tensor(indices, dtype=torch.int64)
     out[idx] = (labels[idx] + torch.as_tensor(shift)) % num_classes
     return out
@@ -509,6 +603,13 @@ def apply_poison(
     cfg = dict(poison_cfg or {})
     target = int(cfg.get("target_label", 0) or 0)
     size = int(cfg.get("trigger_size", 3) or 3)
+    mode = str(cfg.get("label_flip_mode") or "random")
+    marker = int(cfg.get("flip_marker") or 0)
+    if mode not in FLIP_MODES:
+        raise ConfigError(f"data.poison.label_flip_mode must be one of {FLIP_MODES}, got {mode!r}")
+    side = train.image_size
+    if not 1 <= size <= side or not 0 <= marker <= side:
+        raise ConfigError(f"data.poison trigger_size / flip_marker must fit a {side}-pixel image")
     n_clients = len(parts)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 21]))
     if not 0 <= target < train.num_classes:
@@ -538,7 +639,7 @@ def apply_poison(
     )
     flip_idx = np.setdiff1d(flip_idx, back_idx)  # a triggered sample keeps the target label
     if back_idx.size == 0 and flip_idx.size == 0:
-        return train, PoisonInfo(back_idx, flip_idx, target, size, {})
+        return train, PoisonInfo(back_idx, flip_idx, target, size, {}, mode, marker)
     out = train.copy()
     original = {int(i): int(train.labels[i]) for i in np.concatenate([back_idx, flip_idx])}
     if back_idx.size:
@@ -546,9 +647,30 @@ def apply_poison(
         out.pixels[ti] = add_trigger(out.pixels[ti], size)
         out.labels[ti] = target
     if flip_idx.size:
-        out.labels = flip_labels(out.labels, flip_idx, train.num_classes, seed)
+        out.labels = flip_labels(out.labels, flip_idx, train.num_classes, seed, mode)
+        if marker:
+            fi = torch.as_tensor(flip_idx)
+            out.pixels[fi] = add_marker(out.pixels[fi], marker)
     log.info("poisoned %d backdoor and %d label-flipped samples", back_idx.size, flip_idx.size)
-    return out, PoisonInfo(back_idx, flip_idx, target, size, original)
+    return out, PoisonInfo(back_idx, flip_idx, target, size, original, mode, marker)
+
+
+def poisoned_like(data: ImageData, poison: PoisonInfo, kind: str, seed: int = 0) -> ImageData:
+    """Held-out images transformed as the protocol transformed training samples of ``kind``.
+
+    ``backdoor``: trigger and target label; ``label_flip``: the flip marker and the flipped
+    label (``shift``: y+1 mod C; ``random``: a seeded random other class); anything else: a
+    copy. Class-matched non-members of a poisoned forget set are built with this.
+    """
+    out = data.copy()
+    if kind == "backdoor":
+        out.pixels = add_trigger(out.pixels, poison.trigger_size)
+        out.labels = torch.full_like(out.labels, poison.target_label)
+    elif kind == "label_flip":
+        idx = np.arange(len(out))
+        out.labels = flip_labels(out.labels, idx, out.num_classes, seed + 1, poison.flip_mode)
+        out.pixels = add_marker(out.pixels, poison.flip_marker)
+    return out
 
 
 def triggered_test_set(test: ImageData, target_label: int, trigger_size: int = 3) -> ImageData:

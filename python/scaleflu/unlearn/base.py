@@ -8,8 +8,9 @@ aggregation) and :meth:`UnlearnContext.make_result`, which measures a model with
 so a method only produces the model and its costs.
 
 Result schema (``UnlearnResult.to_dict()``, ``schema: 1``) -- documented in docs/scale.md:
-``method, mode, request{...}, protocol, run_dir, metrics{test_acc, ra, fa, fr, fa_protocol,
-fa_clean, backdoor_asr, fa_class_test, ra_class_test, mia_loss_member_rate, mia_loss_auc,
+``method, mode, request{...}, protocol, run_dir, metrics{test_acc, ra, ra_clean, fa, fr,
+fa_protocol, fa_clean, backdoor_asr, mia_cm_loss_auc, mia_ref_auc, mia_ref_tpr_1fpr,
+fa_class_test, ra_class_test, mia_loss_member_rate, mia_loss_auc,
 mia_entropy_member_rate, mia_entropy_auc, relearn_rounds}, original{same keys for the model
 before unlearning}, cost{wall_s, cpu_s, bytes, link_s, fl_rounds, steps,
 overhead}, aoi{mean_s,
@@ -39,6 +40,7 @@ from scaleflu.fl.history import state_bytes
 from scaleflu.fl.run import LoadedRun, load_run
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.metrics import (
+    class_matched_sets,
     communication_overhead,
     evaluate_model,
     predict,
@@ -235,6 +237,21 @@ class UnlearnContext:
         self.nonmembers: ImageData = self.test.subset(
             self._cap(np.arange(len(self.test)), mia_n, 44)
         )
+        # the protocol with power: RA on true labels, the class-matched calibrated MIA's sets
+        self.remaining_clean: ImageData = setup.clean_train.subset(
+            self._cap(self.remaining_idx, cap, 42)
+        )
+        self.mia_target, self.mia_nonmembers = class_matched_sets(
+            setup.train,
+            setup.clean_train.labels,
+            self.forget_idx,
+            setup.poison,
+            self.test,
+            mia_n,
+            self.seed,
+        )
+        self._mia_ref: tuple[np.ndarray, np.ndarray] | None = None
+        self.mia_reference_info: dict[str, Any] = {}
         self.groups = run.history.groups
         self.link = run.history.link
         self._original_metrics: dict[str, Any] | None = None
@@ -391,6 +408,51 @@ class UnlearnContext:
             self._p_old = true_label_probs(predict(model, self.forget), self.forget.labels)
         return self._p_old
 
+    def mia_reference(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Mean phi of ``scale.eval.mia_shadows`` reference models on the MIA sets (cached).
+
+        Each reference is FedAvg on D_r (Retrain's rounds, selection and local settings) from
+        its own random initial model (seeded ``(seed, 900 + k)``): trained without D_u and
+        without the non-members, unlike every model audited. None when ``mia_shadows`` is 0.
+        """
+        ev = self.scale_cfg["eval"]
+        n = int(ev.get("mia_shadows") or 0)
+        if n <= 0 or len(self.mia_target) == 0:
+            return None
+        if self._mia_ref is None:
+            from scaleflu.fl.fedavg import derive_seed
+            from scaleflu.fl.models import build_model
+            from scaleflu.unlearn.metrics import logit_confidence
+
+            rounds = int(ev.get("mia_shadow_rounds") or self.cfg["fl"]["rounds"])
+            t0 = time.perf_counter()
+            phi_t = np.zeros(len(self.mia_target))
+            phi_n = np.zeros(len(self.mia_nonmembers))
+            for k in range(n):
+                torch.manual_seed(derive_seed(self.seed, 900 + k))
+                init = build_model(*self.run.setup.model_args()).state_dict()
+                state, _ = self.fedavg_rounds(init, rounds, 1, desc=f"MIA reference {k + 1}")
+                model = self.new_model(state)
+                phi_t += logit_confidence(predict(model, self.mia_target), self.mia_target.labels)
+                phi_n += logit_confidence(
+                    predict(model, self.mia_nonmembers), self.mia_nonmembers.labels
+                )
+            self._mia_ref = (phi_t / n, phi_n / n)
+            self.mia_reference_info = {
+                "models": n,
+                "rounds": rounds,
+                "wall_s": time.perf_counter() - t0,
+                "target": len(self.mia_target),
+                "nonmembers": len(self.mia_nonmembers),
+            }
+            log.info(
+                "MIA reference: %d model(s) of %d rounds in %.1fs",
+                n,
+                rounds,
+                self.mia_reference_info["wall_s"],
+            )
+        return self._mia_ref
+
     def evaluate(self, state: Mapping[str, torch.Tensor], relearn: bool = True) -> dict[str, Any]:
         """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`)."""
         model = self.new_model(state)
@@ -408,6 +470,10 @@ class UnlearnContext:
             triggered=self.triggered,
             target_label=setup.poison.target_label if self.triggered is not None else None,
             classes=list(self.request.request.classes) if self.request.kind == "class" else [],
+            remaining_clean=self.remaining_clean,
+            mia_target=self.mia_target,
+            mia_nonmembers=self.mia_nonmembers,
+            mia_reference=self.mia_reference(),
         )
         out["relearn_rounds"] = None
         ev = self.scale_cfg["eval"]

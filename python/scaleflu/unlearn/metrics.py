@@ -10,6 +10,16 @@
   entropy (the entropy feature of the SVC MIA used in unlearning papers; a linear SVC on one
   feature is a threshold), then applied to D_u: ``mia_*_member_rate`` is the share of D_u
   called "member"; ``mia_*_auc`` the AUC separating D_u from non-members (0.5: no trace).
+* Calibrated, class-matched MIA (the protocol with power, docs/reproducing.md): the target set
+  is D_u (capped), the non-members are held-out test images of the *same classes in the same
+  proportions*, transformed as D_u's samples were (trigger + target label, flip marker +
+  flipped label), never trained on by anyone. Score: the logit-scaled confidence of the held
+  label, ``phi = log p - log(1 - p)``, minus the mean ``phi`` of reference (shadow) models
+  trained without D_u and without the non-members (the reference-model / offline-LiRA
+  difficulty calibration). ``mia_ref_auc`` separates D_u from the non-members (0.5: no trace),
+  ``mia_ref_tpr_1fpr`` is the share of D_u above the non-members' 99th percentile (0.01: no
+  trace). ``mia_cm_loss_auc`` is the uncalibrated loss attack on the same two sets.
+* ``ra_clean``: RA on D_r's clean images and true labels (``ra`` uses the labels as held).
 * relearn time: rounds of fine-tuning on D_u (one local epoch each, the run's SGD settings)
   until FA reaches ``relearn_target`` x the original model's FA.
 * communication overhead ``C = a * C_t + b * E[A_g]`` with C_t in link seconds (bytes are
@@ -27,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from scaleflu.fl.data import ImageData
+from scaleflu.fl.data import ImageData, PoisonInfo, poisoned_like
 from scaleflu.fl.fedavg import LocalConfig, train_client
 
 log = logging.getLogger(__name__)
@@ -92,6 +102,90 @@ def auc(pos: np.ndarray, neg: np.ndarray) -> float:
         i = j + 1
     r_pos = ranks[: len(pos)].sum()
     return float((r_pos - len(pos) * (len(pos) + 1) / 2.0) / (len(pos) * len(neg)))
+
+
+def logit_confidence(probs: torch.Tensor, labels: torch.Tensor) -> np.ndarray:
+    """LiRA's per-sample statistic: log p_y - log(1 - p_y) of the given labels."""
+    p = true_label_probs(probs, labels).double().clamp(1e-12, 1 - 1e-12)
+    return (p.log() - (1 - p).log()).numpy()
+
+
+def tpr_at_fpr(pos: np.ndarray, neg: np.ndarray, fpr: float = 0.01) -> float:
+    """Share of ``pos`` scoring above the (1 - fpr) quantile of ``neg`` (higher = member)."""
+    if len(pos) == 0 or len(neg) == 0:
+        return float("nan")
+    thr = float(np.quantile(neg, 1.0 - fpr, method="higher"))
+    return float((pos > thr).mean())
+
+
+def calibrated_mia(
+    phi_target: np.ndarray,
+    phi_nonmembers: np.ndarray,
+    ref_target: np.ndarray,
+    ref_nonmembers: np.ndarray,
+    fpr: float = 0.01,
+) -> dict[str, float]:
+    """Reference-model attack: score = phi(model) - phi(reference); AUC and TPR at ``fpr``."""
+    if len(ref_target) != len(phi_target) or len(ref_nonmembers) != len(phi_nonmembers):
+        raise ValueError("reference scores must align with the target and non-member sets")
+    pos = phi_target - ref_target
+    neg = phi_nonmembers - ref_nonmembers
+    return {"auc": auc(pos, neg), "tpr": tpr_at_fpr(pos, neg, fpr)}
+
+
+def class_matched_sets(
+    train: ImageData,
+    clean_labels: torch.Tensor,
+    forget_idx: np.ndarray,
+    poison: PoisonInfo,
+    pool: ImageData,
+    cap: int,
+    seed: int,
+) -> tuple[ImageData, ImageData]:
+    """The calibrated MIA's target set (D_u, capped) and its class-matched non-members.
+
+    D_u's samples are grouped by (true class, kind: clean | backdoor | label_flip); every
+    group gets non-members from ``pool`` (held-out images of that true class, transformed as
+    the kind was by :func:`scaleflu.fl.data.poisoned_like`) in the same proportion ``f``, the
+    largest that the pool and ``cap`` allow; D_u is subsampled with the same ``f`` when
+    ``|D_u| > cap``, so both sets have the same class and kind mixture.
+    """
+    forget_idx = np.asarray(forget_idx, dtype=np.int64)
+    if len(forget_idx) == 0:
+        return train.subset(forget_idx), pool.subset(np.empty(0, np.int64))
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 45]))
+    true = clean_labels[torch.as_tensor(forget_idx)].numpy()
+    kind = np.where(
+        np.isin(forget_idx, poison.backdoor_indices),
+        "backdoor",
+        np.where(np.isin(forget_idx, poison.flipped_indices), "label_flip", "clean"),
+    )
+    pool_labels = pool.labels.numpy()
+    groups = sorted({(int(c), str(k)) for c, k in zip(true, kind, strict=True)})
+    need = {g: int(((true == g[0]) & (kind == g[1])).sum()) for g in groups}
+    per_class: dict[int, int] = {}
+    for (c, _), n in need.items():
+        per_class[c] = per_class.get(c, 0) + n
+    avail = {c: int((pool_labels == c).sum()) for c in per_class}
+    f = min(1.0, cap / len(forget_idx), *(avail[c] / per_class[c] for c in per_class))
+    targets, nons = [], []
+    for c, k in groups:
+        n = max(1, int(round(need[(c, k)] * f)))
+        members = forget_idx[(true == c) & (kind == k)]
+        targets.append(np.sort(rng.choice(members, size=min(n, len(members)), replace=False)))
+        cand = np.flatnonzero(pool_labels == c)
+        pick = np.sort(rng.choice(cand, size=min(n, len(cand)), replace=False))
+        nons.append(poisoned_like(pool.subset(pick), poison, k, seed))
+    target = train.subset(np.concatenate(targets))
+    non = ImageData(
+        torch.cat([d.pixels for d in nons]),
+        torch.cat([d.labels for d in nons]),
+        pool.mean,
+        pool.std,
+        pool.num_classes,
+        pool.name,
+    )
+    return target, non
 
 
 def fit_threshold(members: np.ndarray, nonmembers: np.ndarray) -> float:
@@ -160,8 +254,16 @@ def evaluate_model(
     triggered: ImageData | None,
     target_label: int | None,
     classes: list[int],
+    remaining_clean: ImageData | None = None,
+    mia_target: ImageData | None = None,
+    mia_nonmembers: ImageData | None = None,
+    mia_reference: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
-    """Every accuracy-type metric and the MIAs of ``model`` (see the module docstring)."""
+    """Every accuracy-type metric and the MIAs of ``model`` (see the module docstring).
+
+    ``mia_target`` / ``mia_nonmembers``: the class-matched MIA sets; ``mia_reference``: the
+    reference models' mean ``phi`` on them (None: no calibrated attack).
+    """
     p_test = predict(model, test)
     p_rem = predict(model, remaining)
     p_forget = predict(model, forget)
@@ -197,6 +299,25 @@ def evaluate_model(
         _losses(p_forget, forget.labels),
     )
     ent = mia(_entropy(p_mem), _entropy(p_non), _entropy(p_forget))
+    out["ra_clean"] = None
+    if remaining_clean is not None:
+        out["ra_clean"] = accuracy_from_probs(
+            predict(model, remaining_clean), remaining_clean.labels
+        )
+    out.update(mia_cm_loss_auc=None, mia_ref_auc=None, mia_ref_tpr_1fpr=None)
+    if mia_target is not None and mia_nonmembers is not None and len(mia_target):
+        p_t = predict(model, mia_target)
+        p_n = predict(model, mia_nonmembers)
+        out["mia_cm_loss_auc"] = auc(
+            -_losses(p_t, mia_target.labels), -_losses(p_n, mia_nonmembers.labels)
+        )
+        if mia_reference is not None:
+            cal = calibrated_mia(
+                logit_confidence(p_t, mia_target.labels),
+                logit_confidence(p_n, mia_nonmembers.labels),
+                *mia_reference,
+            )
+            out["mia_ref_auc"], out["mia_ref_tpr_1fpr"] = cal["auc"], cal["tpr"]
     out.update(
         mia_loss_member_rate=loss["member_rate"],
         mia_loss_auc=loss["auc"],

@@ -142,6 +142,7 @@ class MethodSpec:
     target: str
     params: type | None = None
     aliases: tuple[str, ...] = ()
+    section: str | None = None  # the baselines.<section> holding its settings (None: name)
 
     def load(self) -> type:
         """The Unlearner class (imported now)."""
@@ -154,13 +155,17 @@ _ALIASES: dict[str, str] = {}
 
 
 def register(
-    name: str, target: str, params: type | None = None, aliases: tuple[str, ...] = ()
+    name: str,
+    target: str,
+    params: type | None = None,
+    aliases: tuple[str, ...] = (),
+    section: str | None = None,
 ) -> None:
     """Register ``name`` -> ``module:Class`` (``params``: a dataclass schema of its settings)."""
     key = name.lower()
     if key in _METHODS or key in _ALIASES:
         raise ValueError(f"unlearning method {name!r} is registered twice")
-    _METHODS[key] = MethodSpec(key, target, params, tuple(a.lower() for a in aliases))
+    _METHODS[key] = MethodSpec(key, target, params, tuple(a.lower() for a in aliases), section)
     for a in aliases:
         _ALIASES[a.lower()] = key
 
@@ -175,6 +180,13 @@ register(
 )
 register("pga", "scaleflu.unlearn.baselines.pga:PGAUnlearner", PGAParams)
 register("fused", "scaleflu.unlearn.baselines.fused:FusedUnlearner", FusedParams)
+# the control (no unlearning): k FedAvg rounds of the remaining clients; matched: SCALE's CPU time
+register("finetune", "scaleflu.unlearn.baselines.finetune:FinetuneUnlearner")
+register(
+    "finetune_matched",
+    "scaleflu.unlearn.baselines.finetune:MatchedFinetuneUnlearner",
+    section="finetune",
+)
 
 
 def method_names() -> tuple[str, ...]:
@@ -268,16 +280,17 @@ def hyper_parameters(
 ) -> dict[str, Any]:
     """Defaults, then ``cfg``'s ``baselines.<name>``, then ``overrides``; typed and checked."""
     spec = method_spec(name)
-    values = copy.deepcopy(dict((default_config().get("baselines") or {}).get(spec.name) or {}))
+    sec = spec.section or spec.name
+    values = copy.deepcopy(dict((default_config().get("baselines") or {}).get(sec) or {}))
     if cfg is not None:
-        section = (cfg.get("baselines") or {}).get(spec.name)
+        section = (cfg.get("baselines") or {}).get(sec)
         if section is not None and not isinstance(section, Mapping):
-            raise ConfigError(f"baselines.{spec.name} must be a mapping, got {section!r}")
+            raise ConfigError(f"baselines.{sec} must be a mapping, got {section!r}")
         values.update(copy.deepcopy(dict(section or {})))
     values.update(copy.deepcopy(dict(overrides or {})))
-    where = f"baselines.{spec.name}"
+    where = f"baselines.{sec}"
     if spec.params is None:
-        return _untyped(spec.name, values, where)
+        return _untyped(sec, values, where)
     return _typed(spec.params, values, where)
 
 
