@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-DEFAULTS_PATH = Path(__file__).with_name("configs") / "default.yaml"
+PACKAGED_DIR = Path(__file__).with_name("configs")
+DEFAULTS_PATH = PACKAGED_DIR / "default.yaml"
 
 
 class _Loader(yaml.SafeLoader):
@@ -55,9 +56,31 @@ def default_config() -> dict[str, Any]:
     return yaml_load(DEFAULTS_PATH.read_text())
 
 
+def packaged_configs() -> list[str]:
+    """Names of the configs shipped with the package (``table2_cpu``, ...)."""
+    return sorted(p.stem for p in PACKAGED_DIR.glob("*.yaml") if p.stem != "default")
+
+
+def resolve_config_path(path: str | Path | None) -> Path | None:
+    """A config path as given, or a packaged config by name (``table2_cpu``, ``table2_cpu.yaml``).
+
+    A file that exists wins over a packaged name. Raises :class:`ConfigError` when neither exists.
+    """
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.parent == Path("."):
+        for cand in (PACKAGED_DIR / path.name, PACKAGED_DIR / f"{path.name}.yaml"):
+            if cand.is_file() and cand.name != "default.yaml":
+                return cand
+    names = ", ".join(packaged_configs())
+    raise ConfigError(f"config file not found: {path} (packaged configs: {names})")
+
+
 def _read_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+    path = resolve_config_path(path) or path
     text = path.read_text()
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml_load(text)

@@ -7,23 +7,27 @@ import logging
 import time
 from pathlib import Path
 
-from scaleflu.config import ConfigError, load_config
+from scaleflu.cliargs import add_config_args
 
 log = logging.getLogger(__name__)
 
 
 def add_train_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``train --config FILE [--set k=v ...] [--out DIR] [--backend B] [--resume]``."""
-    from scaleflu.cli import add_config_args
-
     p = subparsers.add_parser(
         "train",
         help="train FedAvg and record the history unlearning needs",
         description="Train FedAvg (models, data and Table I defaults from the config) into a run "
-        "directory: config.yaml, metrics.jsonl, model.safetensors, history/.",
+        "directory: config.yaml, metrics.jsonl, metrics.csv, training.png, model.safetensors, "
+        "history/.",
     )
     add_config_args(p)
-    p.add_argument("--out", type=Path, default=None, help="run directory (default: runs/<time>)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="run directory (default: runs/fl-<YYYYmmdd-HHMMSS>)",
+    )
     p.add_argument("--backend", choices=("local", "ray"), default=None, help="override fl.backend")
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --out from its last round"
@@ -35,6 +39,7 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
 
 def run_train(args: argparse.Namespace) -> int:
     """Run the ``train`` sub-command; returns the process exit status."""
+    from scaleflu.config import ConfigError, load_config
     from scaleflu.fl.history import DivergedError
     from scaleflu.fl.run import train
 

@@ -37,6 +37,15 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[3]
 APPS = ROOT / "apps"
 
+
+def app_command(name: str) -> list[str]:
+    """How to start ``edge_server``/``robot_client``: the checkout's app, else the module."""
+    script = APPS / f"{name}.py"
+    if script.is_file():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-m", "scaleflu.testbed.cli", name]  # an installed package
+
+
 # Small enough for a few minutes on 2 cores, large enough to learn and to show the backdoor.
 DEMO_SETTINGS: dict[str, Any] = {
     "data": {
@@ -199,13 +208,14 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
     return cfg
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``apps/testbed.py``: run the local testbed end to end."""
-    p = argparse.ArgumentParser(
-        prog="testbed.py",
-        description="Local SCALE testbed: edge server + robots as processes over a simulated "
-        "channel, FL rounds on FashionMNIST, one robot asks to be forgotten, report.",
-    )
+DESCRIPTION = (
+    "Local SCALE testbed: edge server + robots as processes over a simulated channel, FL "
+    "rounds on FashionMNIST, one robot asks to be forgotten, report."
+)
+
+
+def add_launcher_args(p: argparse.ArgumentParser) -> None:
+    """The testbed's options (``apps/testbed.py`` and ``scaleflu testbed``)."""
     p.add_argument("--robots", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument(
@@ -260,14 +270,40 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="kill -9 the server once this round is recorded, then restart it",
     )
     p.add_argument("--out", default=None, help="run folder (default runs/testbed-<time>)")
-    p.add_argument("--config", "-c", default=None)
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    from scaleflu.cliargs import add_config_args
+
+    add_config_args(p, example="testbed.rounds=2")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this long, s")
     p.add_argument("--quiet", action="store_true", help="do not echo progress lines")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "testbed.py") -> int:
+    """``apps/testbed.py`` and ``scaleflu testbed``: run the local testbed end to end."""
+    from scaleflu.cliargs import LOG_LEVELS, DefaultsHelpFormatter, run_one_line
+
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        formatter_class=DefaultsHelpFormatter,
+    )
+    add_launcher_args(p)
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=None,
+        help="the launcher's own messages (default WARNING or SCALEFLU_LOG)",
+    )
     args = p.parse_args(argv)
-    setup_logging(os.environ.get("SCALEFLU_LOG", "WARNING"))
+    setup_logging(args.log_level or os.environ.get("SCALEFLU_LOG", "WARNING"))
+    return run_one_line(run_testbed, args, logger=log)
+
+
+def run_testbed(args: argparse.Namespace) -> int:
+    """Run the local testbed from parsed options; returns the exit status."""
     t_start = time.monotonic()
-    run_dir = Path(args.out or ROOT / "runs" / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
+    runs = ROOT / "runs" if APPS.is_dir() else Path("runs")
+    run_dir = Path(args.out or runs / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     cfg = build_config(args)
@@ -312,11 +348,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"channel: OFDM over ZeroMQ ports {base}.., SNR {args.snr_db} dB, "
             f"frame drop {args.drop_rate}\n"
         )
-    py = sys.executable
     common = ["--config", str(cfg_path), "--keys", str(keys_path), *link_args]
     server = Child(
         "server",
-        [py, str(APPS / "edge_server.py"), *common, "--run-dir", str(run_dir), "--no-progress"],
+        [*app_command("edge_server"), *common, "--run-dir", str(run_dir), "--no-progress"],
         run_dir / "logs" / "server.log",
         echo,
     )
@@ -324,8 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     robots: dict[int, Child] = {}
     for r in range(1, args.robots + 1):
         cmd = [
-            py,
-            str(APPS / "robot_client.py"),
+            *app_command("robot_client"),
             *common,
             "--robot-id",
             str(r),

@@ -13,9 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import save_file
-
-from scaleflu.config import save_config
+from scaleflu.cliargs import add_config_args
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +48,9 @@ def run_unlearn(
     progress: bool = True,
 ) -> Path:
     """Unlearn ``request`` from the run in ``run_dir``; write everything to the output folder."""
+    from safetensors.torch import save_file
+
+    from scaleflu.config import save_config
     from scaleflu.unlearn.base import UnlearnContext, resolve_unlearn_config
     from scaleflu.unlearn.scale import plot_rewards, plot_sum_aoi
     from scaleflu.unlearn.sensitivity import plot_sensitivity
@@ -111,8 +112,6 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
 
 def add_unlearn_parser(subparsers: Any) -> None:
     """Register ``unlearn`` on the main CLI's sub-parsers."""
-    from scaleflu.cli import add_config_args
-
     p = subparsers.add_parser(
         "unlearn",
         help="unlearn a client, class or samples from a trained run (SCALE or a baseline)",
@@ -128,5 +127,5 @@ def add_unlearn_parser(subparsers: Any) -> None:
     p.add_argument("--method", choices=METHODS, default="scale")
     p.add_argument("--out", default=None, help="output folder (default RUN/unlearn/<req>-<mode>)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    add_config_args(p)
+    add_config_args(p, example="scale.ppo.episodes=50")
     p.set_defaults(func=_cmd_unlearn)
