@@ -51,9 +51,8 @@ def run_unlearn(
     from safetensors.torch import save_file
 
     from scaleflu.config import save_config
+    from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
     from scaleflu.unlearn.base import UnlearnContext, resolve_unlearn_config
-    from scaleflu.unlearn.scale import plot_rewards, plot_sum_aoi
-    from scaleflu.unlearn.sensitivity import plot_sensitivity
 
     ctx = UnlearnContext.from_run_dir(
         run_dir, request, mode or "default", config, overrides, progress
