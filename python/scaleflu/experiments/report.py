@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from scaleflu.experiments.table2 import Cell, plan_cells, read_result
+from scaleflu.experiments.cells import Cell, plan_cells, read_result
 
 log = logging.getLogger(__name__)
 
