@@ -174,3 +174,23 @@ def test_unexpected_exception_is_one_line(caplog):
     errors = [r for r in caplog.records if r.levelname == "ERROR"]
     assert [r.getMessage() for r in errors] == ["failed: RuntimeError: kaput"]
     assert not any("Traceback" in r.getMessage() for r in caplog.records)
+
+
+def test_log_values_are_formatted():
+    from scaleflu.log import fmt
+
+    assert fmt({"ra": 0.912345678, "fa": None, "n": 3}) == "ra=0.9123 fa=n/a n=3"
+    assert fmt(0.1 + 0.2) == "0.3"
+    assert fmt([1.23456789, "x"]) == "[1.235, x]"
+    assert fmt(True) == "True"
+
+
+def test_demo_echoes_each_robot_evaluation_once():
+    from scaleflu.testbed.launcher import _ECHO, _ROBOT_EVAL
+
+    robot = "06:00:01 INFO    scaleflu.testbed.robot: robot 2: unlearned model: ra=0.9 fa=0.1"
+    server = (
+        "06:00:01 INFO    scaleflu.testbed.server: robot 2 evaluated the unlearned model: ra=0.9"
+    )
+    assert _ECHO.search(robot) and _ROBOT_EVAL.search(robot)  # would be echoed: filtered
+    assert _ECHO.search(server) and not _ROBOT_EVAL.search(server)

@@ -65,6 +65,7 @@ DEMO_SETTINGS: dict[str, Any] = {
     },
 }
 
+_ROBOT_EVAL = re.compile(r"robot \d+: \w+ model: ")
 _LOGLINE = re.compile(r"\d\d:\d\d:\d\d ")
 _ECHO = re.compile(
     r"registered|round \d+ (done|closed)|rejected|unlearn|Phase I|resuming|report written|"
@@ -134,6 +135,7 @@ class Child:
                     and _LOGLINE.match(line)
                     and _ECHO.search(line)
                     and "scaleflu.link" not in line
+                    and not _ROBOT_EVAL.search(line)  # the server prints each evaluation
                 ):
                     self.echo.write(f"[{self.name}] {line.split(': ', 1)[-1]}")
                     self.echo.flush()

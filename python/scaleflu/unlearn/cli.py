@@ -51,6 +51,7 @@ def run_unlearn(
     from safetensors.torch import save_file
 
     from scaleflu.config import save_config
+    from scaleflu.log import fmt
     from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
     from scaleflu.unlearn.base import UnlearnContext, resolve_unlearn_config
 
@@ -88,7 +89,7 @@ def run_unlearn(
         m["ra"] or 0.0,
         m["fa"] or 0.0,
         result.protocol,
-        m["fa_protocol"],
+        fmt(m["fa_protocol"]),
         result.cost["wall_s"],
         out_dir,
     )
