@@ -141,3 +141,36 @@ def test_gr_namespace_fails_loudly_without_the_python_package(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("IMPORTERROR"), r.stdout
     assert "pure-Python scaleflu package" in r.stdout
+
+
+@pytest.mark.gnuradio
+def test_qt_loopback_compiles_with_constellation_spectrum_and_counters(grcc):
+    code = grcc("loopback_qt.grc").read_text()
+    assert "qtgui.const_sink_c(" in code
+    assert "qtgui.freq_sink_c(" in code
+    assert "symbols_out=True" in code
+    for probe in ("rx_1.frames_ok()", "rx_1.crc_errors()", "arq_0.stats()", "arq_1.stats()"):
+        assert probe in code, probe
+    for label in ("rx1_ok", "rx1_crc", "rx1_hdr", "rx0_ok", "arq0", "arq1"):
+        assert f"self._lbl_{label}_label = Qt.QLabel" in code, label
+
+
+@pytest.mark.gnuradio
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_qt_loopback_runs_offscreen_and_counts_frames(grcc, tmp_path):
+    pytest.importorskip("PyQt5")
+    script = grcc("loopback_qt.grc")
+    shot = tmp_path / "shot.png"
+    env = dict(_gr_env(), QT_QPA_PLATFORM="offscreen")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "grc_screenshot.py"), str(script), str(shot), "8"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=200,
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    ok = [ln for ln in r.stdout.splitlines() if ln.startswith("rx_1.frames_ok()")]
+    assert ok and int(ok[0].rsplit("=", 1)[1]) > 0, r.stdout

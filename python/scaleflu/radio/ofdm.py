@@ -213,12 +213,16 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         min_output_buffer: int | None = None,
         len_tag_key: str = LEN_TAG_KEY,
         guard_headers: bool = True,
+        symbols_out: bool = False,
     ) -> None:
         gr.hier_block2.__init__(
             self,
             "ofdm_link_rx",
             gr.io_signature(1, 1, gr.sizeof_gr_complex),
-            gr.io_signature(0, 0, 0),
+            # symbols_out: the equalised payload symbols (complex) for a constellation display
+            gr.io_signature(1, 1, gr.sizeof_gr_complex)
+            if symbols_out
+            else gr.io_signature(0, 0, 0),
         )
         occ, pil, psym = ofdm_carriers(fft_len)
         n_data = len(occ[0])
@@ -303,6 +307,8 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         self.parser = _gr_scaleflu.frame_parser(node_id)
         self.connect((hpd, 1), pay_fft, pay_eq, pay_ser, pay_demod, pack, descrambler)
         self.connect(descrambler, self.crc, self.to_pdu)
+        if symbols_out:
+            self.connect(pay_ser, self)
         self.msg_connect(self.to_pdu, "pdus", self.parser, "in")
         self.msg_connect(self.parser, "out", self, "out")
 
