@@ -194,3 +194,22 @@ def test_demo_echoes_each_robot_evaluation_once():
     )
     assert _ECHO.search(robot) and _ROBOT_EVAL.search(robot)  # would be echoed: filtered
     assert _ECHO.search(server) and not _ROBOT_EVAL.search(server)
+
+
+def test_testbed_subcommand_hands_every_option_to_the_launcher(monkeypatch):
+    import scaleflu.testbed.launcher as launcher
+
+    seen = {}
+
+    def fake_main(argv, prog="testbed.py"):
+        seen["argv"], seen["prog"] = list(argv), prog
+        return 7
+
+    monkeypatch.setattr(launcher, "main", fake_main)
+    argv = ["--log-level", "info", "testbed", "--robots", "2", "--link", "frames", "--set", "a=1"]
+    assert main(argv) == 7
+    assert seen["prog"] == "scaleflu testbed"
+    assert seen["argv"] == ["--log-level", "INFO", "--robots", "2", "--link", "frames"] + [
+        "--set",
+        "a=1",
+    ]
