@@ -218,8 +218,8 @@ DESCRIPTION = (
 
 def add_launcher_args(p: argparse.ArgumentParser) -> None:
     """The testbed's options (``apps/testbed.py`` and ``scaleflu testbed``)."""
-    p.add_argument("--robots", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--robots", type=int, default=3, help="robot processes")
+    p.add_argument("--rounds", type=int, default=3, help="FL rounds")
     p.add_argument(
         "--link",
         choices=("frames", "ofdm-zmq"),
@@ -257,7 +257,7 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="this robot dies on receiving the model of --kill-round, then rejoins",
     )
-    p.add_argument("--kill-round", type=int, default=2)
+    p.add_argument("--kill-round", type=int, default=2, help="round of --kill-robot's death")
     p.add_argument(
         "--attacker-robot",
         type=int,
