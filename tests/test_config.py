@@ -76,9 +76,9 @@ def test_bad_overrides_and_missing_file(tmp_path):
     [("1e-3", 1e-3), ("1.0e12", 1e12), ("3.0e-4", 3e-4), ("-2E5", -2e5), ("0.5", 0.5)],
 )
 def test_exponent_floats_are_numbers(text, value):
-    cfg = load_config(overrides=[f"fl.lr={text}"])
-    assert isinstance(cfg["fl"]["lr"], float)
-    assert cfg["fl"]["lr"] == pytest.approx(value)
+    cfg = load_config(overrides=[f"scale.w_f={text}"])  # a float key without a range
+    assert isinstance(cfg["scale"]["w_f"], float)
+    assert cfg["scale"]["w_f"] == pytest.approx(value)
 
 
 def test_ints_and_strings_stay_what_they_are():

@@ -1,7 +1,10 @@
 """The ``scaleflu`` command: one entry point, one sub-command per job.
 
 Sub-commands register themselves from their sub-packages (``add_<name>_parser``), so the
-list in ``scaleflu --help`` grows as parts of the product arrive.
+list in ``scaleflu --help`` grows as parts of the product arrive. Those modules import only
+:mod:`scaleflu.cliargs` and :mod:`scaleflu.config` at import time (never this module, never
+torch): ``scaleflu --help`` stays fast. Global options (``--log-level``) are accepted before and
+after the sub-command; every error is one log line and a non-zero exit status.
 """
 
 from __future__ import annotations
@@ -13,11 +16,11 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import yaml
-
 from . import __version__
-from .config import ConfigError, load_config
+from .cliargs import add_config_args, add_global_args, add_global_args_everywhere, run_one_line
 from .log import setup_logging
+
+__all__ = ["add_config_args", "build_parser", "main"]
 
 log = logging.getLogger("scaleflu")
 
@@ -27,23 +30,15 @@ SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
     ("scaleflu.fl.cli", "add_train_parser"),
     ("scaleflu.unlearn.cli", "add_unlearn_parser"),
     ("scaleflu.experiments.cli", "add_experiment_parser"),
+    ("scaleflu.testbed.cli", "add_testbed_parser"),
 ]
 
 
-def add_config_args(p: argparse.ArgumentParser) -> None:
-    """The --config/--set pair every configurable sub-command accepts."""
-    p.add_argument("--config", "-c", help="YAML or TOML file over the Table I defaults")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one value, e.g. --set fl.lr=0.01 (repeatable)",
-    )
-
-
 def _cmd_config(args: argparse.Namespace) -> int:
+    import yaml
+
+    from .config import load_config
+
     cfg = load_config(args.config, args.overrides)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
     return 0
@@ -78,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="SCALE federated unlearning over GNU Radio OFDM links.",
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    parser.add_argument("--log-level", default=None, help="DEBUG, INFO (default), WARNING, ...")
+    add_global_args(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("config", help="print the resolved configuration")
@@ -96,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
                 continue  # that part of the product is not there yet
             raise
         add(sub)
+    add_global_args_everywhere(parser)
     return parser
 
 
@@ -107,14 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    try:
-        return int(args.func(args) or 0)
-    except ConfigError as exc:
-        log.error("configuration error: %s", exc)
-        return 2
-    except KeyboardInterrupt:
-        log.warning("interrupted")
-        return 130
+    return run_one_line(args.func, args, logger=log)
 
 
 if __name__ == "__main__":

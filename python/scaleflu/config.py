@@ -8,6 +8,8 @@ Override values are parsed as YAML scalars, so ``fl.lr=0.01`` gives a float and
 from __future__ import annotations
 
 import copy
+import difflib
+import functools
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -16,7 +18,8 @@ from typing import Any
 
 import yaml
 
-DEFAULTS_PATH = Path(__file__).with_name("configs") / "default.yaml"
+PACKAGED_DIR = Path(__file__).with_name("configs")
+DEFAULTS_PATH = PACKAGED_DIR / "default.yaml"
 
 
 class _Loader(yaml.SafeLoader):
@@ -55,9 +58,31 @@ def default_config() -> dict[str, Any]:
     return yaml_load(DEFAULTS_PATH.read_text())
 
 
+def packaged_configs() -> list[str]:
+    """Names of the configs shipped with the package (``table2_cpu``, ...)."""
+    return sorted(p.stem for p in PACKAGED_DIR.glob("*.yaml") if p.stem != "default")
+
+
+def resolve_config_path(path: str | Path | None) -> Path | None:
+    """A config path as given, or a packaged config by name (``table2_cpu``, ``table2_cpu.yaml``).
+
+    A file that exists wins over a packaged name. Raises :class:`ConfigError` when neither exists.
+    """
+    if path is None:
+        return None
+    path = Path(path)
+    if path.is_file():
+        return path
+    if path.parent == Path("."):
+        for cand in (PACKAGED_DIR / path.name, PACKAGED_DIR / f"{path.name}.yaml"):
+            if cand.is_file() and cand.name != "default.yaml":
+                return cand
+    names = ", ".join(packaged_configs())
+    raise ConfigError(f"config file not found: {path} (packaged configs: {names})")
+
+
 def _read_file(path: Path) -> dict[str, Any]:
-    if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
+    path = resolve_config_path(path) or path
     text = path.read_text()
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml_load(text)
@@ -78,7 +103,9 @@ def merge(base: dict[str, Any], update: Mapping[str, Any], _path: str = "") -> d
     for key, value in update.items():
         where = f"{_path}{key}"
         if key not in out:
-            raise ConfigError(f"unknown config key: {where}")
+            close = difflib.get_close_matches(str(key), [str(k) for k in out], n=1, cutoff=0.6)
+            hint = f" (did you mean {_path}{close[0]}?)" if close else ""
+            raise ConfigError(f"unknown config key: {where}{hint}")
         if isinstance(out[key], dict) and isinstance(value, Mapping):
             out[key] = merge(out[key], value, where + ".")
         elif isinstance(out[key], dict):
@@ -113,7 +140,199 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
         cfg = merge(cfg, _read_file(Path(path)))
     for item in overrides:
         cfg = merge(cfg, parse_override(item))
+    check_config(cfg)
     return cfg
+
+
+# ----------------------------------------------------------------------------- checking
+#
+# Types come from default.yaml itself, so a key added there is checked without code changes:
+# a leaf takes the type of its default (an int default wants an int, a float default an int or
+# a float, a bool a bool, a string a string, a list a list). A key may be null when its default
+# is null or when its comment in default.yaml says what null means ("# null: ..."). Keys whose
+# default is null take the type below when set; a null-default key not listed is not
+# type-checked. Ranges and choices are the small tables below.
+
+NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
+    "data.root": str,
+    "data.train_subset": int,
+    "data.test_subset": int,
+    "fl.ray_address": str,
+    "fl.ray_num_cpus": int,
+    "history.keep_rounds": int,
+    "scale.recovery_local_epochs": int,
+    "testbed.max_update_norm": (int, float),
+    "testbed.arq.window": int,
+    "testbed.arq.initial_rto": (int, float),
+    "testbed.arq.rate_bytes_per_s": (int, float),
+    "baselines.retrain.rounds": int,
+    "baselines.scale.mode": str,
+    "baselines.pga.batch_size": int,
+    "baselines.pga.radius": (int, float),
+    "baselines.fused.alpha": (int, float),
+    "baselines.fused.local_epochs": int,
+    "baselines.fused.lr": (int, float),
+    "experiment.alpha_sweep.models": list,
+}
+
+# key: (low, high); None is unbounded; "low<" / "<high" in RANGE_OPEN make that end strict.
+RANGES: dict[str, tuple[float | None, float | None]] = {
+    "seed": (0, None),
+    "data.num_clients": (1, None),
+    "data.alpha": (0, None),
+    "data.train_subset": (1, None),
+    "data.test_subset": (1, None),
+    "data.poison.backdoor_fraction": (0, 1),
+    "data.poison.label_flip_fraction": (0, 1),
+    "data.poison.target_label": (0, None),
+    "data.poison.trigger_size": (1, None),
+    "fl.rounds": (1, None),
+    "fl.local_epochs": (1, None),
+    "fl.lr": (0, None),
+    "fl.batch_size": (1, None),
+    "fl.clients_per_round": (1, None),
+    "fl.momentum": (0, 1),
+    "fl.eval_every": (1, None),
+    "fl.eval_batch_size": (1, None),
+    "fl.threads": (0, None),
+    "fl.workers": (1, None),
+    "fl.ray_num_cpus": (1, None),
+    "fl.ray_cpus_per_client": (1, None),
+    "history.keep_rounds": (1, None),
+    "history.link_goodput": (0, None),
+    "history.link_latency": (0, None),
+    "history.update_tol": (0, None),
+    "scale.groups_per_layer": (1, None),
+    "scale.top_m": (1, None),
+    "scale.ppo.episodes": (1, None),
+    "scale.ppo.epochs": (1, None),
+    "scale.ppo.n_steps": (1, None),
+    "scale.ppo.batch_size": (1, None),
+    "testbed.robots": (1, None),
+    "testbed.rounds": (1, None),
+    "testbed.min_robots": (1, None),
+}
+RANGE_OPEN: set[str] = {"data.alpha<", "fl.lr<", "fl.momentum>", "history.link_goodput<"}
+
+# Nullable keys whose comment does not say so (null switches the feature off).
+NULLABLE_EXTRA: frozenset[str] = frozenset({"scale.budget"})
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "data.partition": ("iid", "dirichlet"),
+    "fl.backend": ("local", "ray"),
+    "fl.trainer": ("auto", "vmap", "sequential"),
+    "scale.mode": ("default", "paper"),
+    "baselines.scale.mode": ("default", "paper"),
+    "experiment.scale_mode": ("default", "paper"),
+}
+
+
+@functools.lru_cache(maxsize=1)
+def nullable_keys() -> frozenset[str]:
+    """Keys of default.yaml that may be null: null by default, or "null" in their comment."""
+    out: set[str] = set()
+    stack: list[tuple[int, str]] = []  # (indent, key) of the open mappings
+    last_leaf: str | None = None
+    line_re = re.compile(r"^(\s*)([A-Za-z_][\w-]*):\s*([^#]*?)\s*(?:#(.*))?$")
+    for line in DEFAULTS_PATH.read_text().splitlines():
+        m = line_re.match(line)
+        if not m:
+            # a comment-only line continues the comment of the leaf above it
+            if last_leaf and line.strip().startswith("#") and re.search(r"\bnull\b", line):
+                out.add(last_leaf)
+            continue
+        indent, key, value, comment = len(m.group(1)), m.group(2), m.group(3), m.group(4) or ""
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        path = ".".join([*(k for _, k in stack), key])
+        if value == "":
+            stack.append((indent, key))
+            last_leaf = None
+            continue
+        last_leaf = path
+        if value == "null" or re.search(r"\bnull\b", comment):
+            out.add(path)
+    return frozenset(out | NULLABLE_EXTRA)
+
+
+def _type_name(t: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    names[list] = "a list"
+    if isinstance(t, tuple):
+        return " or ".join(names.get(x, x.__name__) for x in t)
+    return names.get(t, t.__name__)
+
+
+def _expected_type(default: Any, key: str) -> type | tuple[type, ...] | None:
+    if default is None:
+        return NULL_DEFAULT_TYPES.get(key)
+    if isinstance(default, bool):
+        return bool
+    if isinstance(default, int):
+        return int
+    if isinstance(default, float):
+        return (int, float)
+    if isinstance(default, str):
+        return str
+    if isinstance(default, list):
+        return list
+    return None
+
+
+def _check_leaf(key: str, value: Any, default: Any) -> None:
+    if value is None:
+        if default is not None and key not in nullable_keys():
+            raise ConfigError(f"{key} may not be null")
+        return
+    want = _expected_type(default, key)
+    if want is not None:
+        wrong_bool = isinstance(value, bool) and want is not bool
+        if wrong_bool or not isinstance(value, want):
+            raise ConfigError(
+                f"{key} must be {_type_name(want)}, got {value!r} ({type(value).__name__})"
+            )
+        if isinstance(value, float) and value != value:
+            raise ConfigError(f"{key} must be a number, got nan")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise ConfigError(f"{key} must be one of {', '.join(CHOICES[key])}, got {value!r}")
+    if key in RANGES and isinstance(value, int | float) and not isinstance(value, bool):
+        lo, hi = RANGES[key]
+        lo_open, hi_open = f"{key}<" in RANGE_OPEN, f"{key}>" in RANGE_OPEN
+        bad = (lo is not None and (value <= lo if lo_open else value < lo)) or (
+            hi is not None and (value >= hi if hi_open else value > hi)
+        )
+        if bad:
+            if hi is None:
+                rng = f"{'>' if lo_open else '>='} {lo:g}"
+            elif lo is None:
+                rng = f"{'<' if hi_open else '<='} {hi:g}"
+            else:
+                rng = f"in [{lo:g}, {hi:g}{')' if hi_open else ']'}"
+            raise ConfigError(f"{key} must be {rng}, got {value!r}")
+
+
+def check_config(cfg: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> None:
+    """Check every leaf of ``cfg`` against default.yaml's types, nullability, ranges, choices.
+
+    Raises :class:`ConfigError` with one line naming the key. Keys absent from the defaults are
+    rejected by :func:`merge` before this runs.
+    """
+    defaults = default_config() if defaults is None else defaults
+
+    def walk(node: Mapping[str, Any], ref: Mapping[str, Any], prefix: str) -> None:
+        for key, value in node.items():
+            where = f"{prefix}{key}"
+            if key not in ref:
+                continue
+            if isinstance(ref[key], dict):
+                if isinstance(value, Mapping):
+                    walk(value, ref[key], where + ".")
+                elif value is not None or where not in nullable_keys():
+                    raise ConfigError(f"config key {where} must be a mapping")
+                continue
+            _check_leaf(where, value, ref[key])
+
+    walk(cfg, defaults, "")
 
 
 def save_config(cfg: Mapping[str, Any], path: str | Path) -> Path:

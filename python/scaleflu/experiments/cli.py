@@ -4,31 +4,26 @@ from __future__ import annotations
 
 import argparse
 import logging
-from pathlib import Path
 from typing import Any
 
-from scaleflu.config import load_config
+from scaleflu.cliargs import add_config_args
 
 log = logging.getLogger(__name__)
 
-PACKAGED = Path(__file__).resolve().parent.parent / "configs"
 
+def resolve_config_path(path: str | None) -> Any:
+    """Kept for old importers: :func:`scaleflu.config.resolve_config_path`."""
+    from scaleflu.config import resolve_config_path as resolve
 
-def resolve_config_path(path: str | None) -> str | None:
-    """A config path as given, or a packaged config by name (``table2_cpu``, ``table2_paper``)."""
-    if path is None or Path(path).is_file():
-        return path
-    for cand in (PACKAGED / path, PACKAGED / f"{path}.yaml"):
-        if cand.is_file():
-            return str(cand)
-    return path
+    return resolve(path)
 
 
 def _cmd_table2(args: argparse.Namespace) -> int:
+    from scaleflu.config import load_config
     from scaleflu.experiments.report import write_report
     from scaleflu.experiments.table2 import run_table2
 
-    cfg = load_config(resolve_config_path(args.config), args.overrides)
+    cfg = load_config(args.config, args.overrides)
     if args.report_only:
         paths = write_report(cfg, args.out)
         log.info("report written: %s", ", ".join(str(p) for p in paths.values()))
@@ -39,8 +34,6 @@ def _cmd_table2(args: argparse.Namespace) -> int:
 
 def add_experiment_parser(subparsers: Any) -> None:
     """Register ``experiment`` (with ``table2``) on the main CLI's sub-parsers."""
-    from scaleflu.cli import add_config_args
-
     p = subparsers.add_parser("experiment", help="reproduce the paper's tables and figures")
     sub = p.add_subparsers(dest="experiment", metavar="EXPERIMENT")
     t = sub.add_parser(
@@ -57,7 +50,7 @@ def add_experiment_parser(subparsers: Any) -> None:
     t.add_argument(
         "--report-only", action="store_true", help="only rewrite table and figures from the cells"
     )
-    add_config_args(t)
+    add_config_args(t, example="experiment.seeds=[0]")
     t.set_defaults(func=_cmd_table2)
 
     def _no_sub(args: argparse.Namespace) -> int:

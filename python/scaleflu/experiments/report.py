@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from scaleflu.experiments.table2 import Cell, plan_cells, read_result
+from scaleflu.experiments.cells import Cell, plan_cells, read_result
 
 log = logging.getLogger(__name__)
 
@@ -416,20 +416,9 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
 # ----------------------------------------------------------------------------- figures
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _smooth(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    w = max(1, len(x) // 20)
-    if w == 1:
-        return np.arange(len(x)), x
-    return np.arange(w - 1, len(x)), np.convolve(x, np.ones(w) / w, "valid")
+# matplotlib set-up and smoothing: scaleflu.plots (one place for every figure's plumbing).
+from scaleflu.plots import pyplot as _plt  # noqa: E402
+from scaleflu.plots import smooth as _smooth  # noqa: E402
 
 
 def _first_scale_result(
@@ -451,7 +440,7 @@ def _first_scale_result(
     return seeds[0][1] if seeds else None
 
 
-def plot_ppo(
+def plot_table2_ppo(
     cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """PPO episode return per scenario (one panel each), one line per model (first seed)."""
@@ -486,7 +475,7 @@ def plot_ppo(
     return paths
 
 
-def plot_sensitivity(
+def plot_table2_sensitivity(
     cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """SCALE's combined layer sensitivity per model, one bar group per scenario (first seed)."""
@@ -538,7 +527,7 @@ def plot_sensitivity(
     return paths
 
 
-def plot_sum_aoi(
+def plot_table2_sum_aoi(
     cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """Sum AoI over SCALE's unlearning steps: one panel per model, one line per scenario."""
@@ -569,7 +558,7 @@ def plot_sum_aoi(
     return paths
 
 
-def plot_alpha(
+def plot_table2_alpha(
     cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], out: Path
 ) -> list[Path]:
     """RA and FA against the Dirichlet alpha per scenario, a line per model x method."""
@@ -652,10 +641,10 @@ def write_report(cfg: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
     figs = out / "figures"
     figs.mkdir(exist_ok=True)
     for p in (
-        plot_ppo(cfg, results, alpha, figs)
-        + plot_sensitivity(cfg, results, alpha, figs)
-        + plot_sum_aoi(cfg, results, alpha, figs)
-        + plot_alpha(cfg, results, figs)
+        plot_table2_ppo(cfg, results, alpha, figs)
+        + plot_table2_sensitivity(cfg, results, alpha, figs)
+        + plot_table2_sum_aoi(cfg, results, alpha, figs)
+        + plot_table2_alpha(cfg, results, figs)
     ):
         paths[p.stem] = p
     return paths

@@ -26,7 +26,6 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,50 +33,13 @@ import torch
 from tqdm import tqdm
 
 from scaleflu.config import ConfigError, save_config
-from scaleflu.unlearn.base import SCHEMA_VERSION, UnlearnContext, Unlearner, resolve_unlearn_config
+from scaleflu.experiments.cells import Cell, RunKey, _exp, plan_cells, read_result
+from scaleflu.unlearn.base import UnlearnContext, Unlearner, resolve_unlearn_config
 
 log = logging.getLogger(__name__)
 
 MethodFactory = Callable[[str, Mapping[str, Any]], Unlearner]
 RUN_SECTIONS_DROPPED = ("experiment", "baselines", "testbed")
-
-
-@dataclass(frozen=True, order=True)
-class RunKey:
-    """One trained FL run: data set, model, Dirichlet alpha, seed."""
-
-    dataset: str
-    model: str
-    alpha: float
-    seed: int
-
-    @property
-    def slug(self) -> str:
-        """Folder name of the run."""
-        return f"{self.dataset}-{self.model}-a{self.alpha:g}-s{self.seed}"
-
-
-@dataclass(frozen=True, order=True)
-class Cell:
-    """One unlearning: a method on a scenario of a run."""
-
-    run: RunKey
-    scenario: str
-    method: str
-
-    def dir(self, out: Path) -> Path:
-        """The cell's folder under ``out``."""
-        r = self.run
-        return (
-            out / "cells" / r.dataset / r.model / f"a{r.alpha:g}" / f"s{r.seed}" / self.scenario
-        ) / self.method
-
-
-def _exp(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    exp = cfg.get("experiment")
-    if not isinstance(exp, Mapping):
-        raise ConfigError("the config has no experiment section")
-    return dict(exp)
 
 
 def _check_methods(names: Iterable[str]) -> None:
@@ -89,36 +51,6 @@ def _check_methods(names: Iterable[str]) -> None:
             canonical_name(str(name))
         except ValueError as exc:
             raise ConfigError(f"experiment.methods: {exc}") from None
-
-
-def plan_cells(cfg: Mapping[str, Any]) -> tuple[list[Cell], list[Cell]]:
-    """The main table's cells and the alpha sweep's extra cells (no duplicates)."""
-    exp = _exp(cfg)
-    scenarios = dict(exp["scenarios"])
-    alpha = float(cfg["data"]["alpha"])
-    main: list[Cell] = []
-    for ds in exp["datasets"]:
-        for model in exp["models"]:
-            for seed in exp["seeds"]:
-                for sc in scenarios:
-                    for m in exp["methods"]:
-                        main.append(Cell(RunKey(str(ds), str(model), alpha, int(seed)), sc, m))
-    sweep_cfg = dict(exp.get("alpha_sweep") or {})
-    seen = set(main)
-    sweep: list[Cell] = []
-    for a in sweep_cfg.get("alphas") or []:
-        for ds in exp["datasets"]:
-            for model in sweep_cfg.get("models") or exp["models"]:
-                for seed in exp["seeds"]:
-                    for sc in sweep_cfg.get("scenarios") or list(scenarios):
-                        if sc not in scenarios:
-                            raise ConfigError(f"alpha_sweep scenario {sc!r} not in scenarios")
-                        for m in sweep_cfg.get("methods") or exp["methods"]:
-                            c = Cell(RunKey(str(ds), str(model), float(a), int(seed)), sc, m)
-                            if c not in seen:
-                                seen.add(c)
-                                sweep.append(c)
-    return main, sweep
 
 
 def run_config(cfg: Mapping[str, Any], key: RunKey) -> dict[str, Any]:
@@ -144,22 +76,6 @@ def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
     view = {k: v for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED and k != "scale"}
     view["scale.groups_per_layer"] = (cfg.get("scale") or {}).get("groups_per_layer")
     return view
-
-
-def read_result(path: Path) -> dict[str, Any] | None:
-    """A cell's result.json when present and valid (schema, method, metrics), else None."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or data.get("schema") != SCHEMA_VERSION:
-        return None
-    metrics = data.get("metrics")
-    if not isinstance(metrics, dict) or metrics.get("ra") is None:
-        return None
-    if not isinstance(data.get("cost"), dict) or not isinstance(data.get("aoi"), dict):
-        return None
-    return data
 
 
 def ensure_run(cfg: Mapping[str, Any], key: RunKey, out: Path, progress: bool) -> Path:

@@ -422,7 +422,13 @@ def train(
         {k: v.contiguous() for k, v in model.state_dict().items()}, run_dir / "model.safetensors"
     )
     (run_dir / "poison.json").write_text(json.dumps(setup.poison.to_json()))
-    log.info("run %s done: %d rounds, final test acc %s", run_dir, T, metrics[-1].get("test_acc"))
+    final = metrics[-1].get("test_acc") if metrics else None
+    log.info(
+        "run %s done: %d rounds, final test acc %s",
+        run_dir,
+        T,
+        "n/a" if final is None else f"{final:.4f}",
+    )
     return RunResult(run_dir, cfg, model, metrics, history)
 
 

@@ -8,6 +8,7 @@ the C++ blocks frame_builder and frame_parser. This module is star-imported by
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import random
 import threading
@@ -36,6 +37,13 @@ __all__ = [
     "ofdm_link_tx",
     "pdu_to_frame",
 ]
+
+# The USRP hier blocks (GRC's "USRP Link Source/Sink") ride along into ``gnuradio.scaleflu``
+# where gr-uhd is installed; without gr-uhd there is no USRP block to offer.
+if importlib.util.find_spec("gnuradio.uhd") is not None:
+    from .uhd import RadioNotFound, usrp_rx, usrp_tx  # noqa: E402, F401
+
+    __all__ += ["RadioNotFound", "usrp_rx", "usrp_tx"]
 
 logger = logging.getLogger(__name__)
 

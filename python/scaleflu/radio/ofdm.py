@@ -101,7 +101,12 @@ def auto_min_output_buffer(mtu: int, bps_payload: int) -> int:
 def _set_min_buffer(block, n: int) -> None:
     if n < 0:
         return
-    getattr(block, "_impl", block).set_min_output_buffer(n)
+    impl = getattr(block, "_impl", block)
+    # GNU Radio logs each call at INFO ("set_min_output_buffer on block 16 to 32768", 72 lines
+    # for the loopback): that is our sizing, not news. Quiet the block's logger first.
+    if hasattr(impl, "set_log_level"):
+        impl.set_log_level("warn")
+    impl.set_min_output_buffer(n)
 
 
 class ofdm_link_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
@@ -211,12 +216,16 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         min_output_buffer: int | None = None,
         len_tag_key: str = LEN_TAG_KEY,
         guard_headers: bool = True,
+        symbols_out: bool = False,
     ) -> None:
         gr.hier_block2.__init__(
             self,
             "ofdm_link_rx",
             gr.io_signature(1, 1, gr.sizeof_gr_complex),
-            gr.io_signature(0, 0, 0),
+            # symbols_out: the equalised payload symbols (complex) for a constellation display
+            gr.io_signature(1, 1, gr.sizeof_gr_complex)
+            if symbols_out
+            else gr.io_signature(0, 0, 0),
         )
         occ, pil, psym = ofdm_carriers(fft_len)
         n_data = len(occ[0])
@@ -241,8 +250,9 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         mixer = blocks.multiply_cc()
         self.hpd = hpd = digital.header_payload_demux(3, fft_len, cp_len, frame_key, "", True)
         for b in (self.gate, delay, osc, mixer):
-            b.set_min_output_buffer(stream_buf)
+            _set_min_buffer(b, stream_buf)
         _set_min_buffer(sync, stream_buf)
+        hpd.set_log_level("warn")
         hpd.set_min_output_buffer(0, vec_buf)
         hpd.set_min_output_buffer(1, vec_buf)
         self.connect(self, self.gate, sync)
@@ -293,9 +303,9 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         )
         self.crc = digital.crc32_bb(True, len_tag_key)
         for b in (pay_fft, pay_eq):
-            b.set_min_output_buffer(vec_buf)
+            _set_min_buffer(b, vec_buf)
         for b in (pay_ser, pay_demod, pack, descrambler, self.crc):
-            b.set_min_output_buffer(bit_buf)
+            _set_min_buffer(b, bit_buf)
         self.to_pdu = pdu.tagged_stream_to_pdu(gr.types.byte_t, len_tag_key)
         try:
             self.parser = _gr_scaleflu.frame_parser(node_id, mtu)
@@ -304,6 +314,8 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             self.parser = _gr_scaleflu.frame_parser(node_id)
         self.connect((hpd, 1), pay_fft, pay_eq, pay_ser, pay_demod, pack, descrambler)
         self.connect(descrambler, self.crc, self.to_pdu)
+        if symbols_out:
+            self.connect(pay_ser, self)
         self.msg_connect(self.to_pdu, "pdus", self.parser, "in")
         self.msg_connect(self.parser, "out", self, "out")
 

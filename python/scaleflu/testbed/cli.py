@@ -1,8 +1,14 @@
 """Command lines of the edge server and robot apps (thin: parse, build the link, run).
 
-Radio options follow gr-dvbs2rx's apps: device args (separate ``--tx-args``/``--rx-args`` at
-the server, whose USRP 2955 can only receive), ``--freq``, ``--tx-gain``, ``--rx-gain``,
-``--rate``, ``--subdev``, ``--clock-source``, ``--time-source``, ``--lo-offset``.
+Options follow GNU Radio's apps: values in engineering notation (``--samp-rate 5M``,
+``--freq 2.45G``, :mod:`gnuradio.eng_arg`), gr-uhd's flag names and short flags (``-a/--args``,
+``-s/--samp-rate``, ``-g/--gain``, ``-f/--freq``, ``--spec``, ``-A/--antenna``), grouped
+options with their defaults shown. The server has separate ``--tx-args``/``--rx-args`` (its USRP
+2955 can only receive). Old spellings (``--rate``, ``--subdev``, ``--tx-subdev``,
+``--rx-subdev``) are kept as hidden aliases; test-only options (``--faults``, ...) are hidden.
+
+The options are tables (:data:`COMMON_OPTIONS`, :data:`SERVER_OPTIONS`, :data:`ROBOT_OPTIONS`):
+add a row to add an option.
 """
 
 from __future__ import annotations
@@ -14,50 +20,235 @@ import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from scaleflu.cli import add_config_args
-from scaleflu.config import load_config
-from scaleflu.link import Link
-from scaleflu.link.kinds import PROCESS_KINDS, canonical_kind
+from scaleflu.cliargs import LOG_LEVELS, DefaultsHelpFormatter, add_config_args, run_one_line
 from scaleflu.log import setup_logging
-from scaleflu.testbed.protocol import SERVER_ID, load_keys
-from scaleflu.testbed.transport import make_testbed_link
+
+if TYPE_CHECKING:
+    from scaleflu.link import Link
+
+# The link, protocol and config modules (numpy, yaml) are imported when an app runs, not when
+# ``scaleflu --help`` registers the ``testbed`` sub-command.
 
 log = logging.getLogger(__name__)
 
-APP_LINKS = (*PROCESS_KINDS, "ofdm-zmq")  # one process per node (ofdm-zmq: old name)
+
+def app_links() -> tuple[str, ...]:
+    """Link kinds an app can open (one process per node: not ``ofdm-loopback``)."""
+    from scaleflu.link.kinds import PROCESS_KINDS
+
+    return (*PROCESS_KINDS, "ofdm-zmq")  # ofdm-zmq: the old name of ofdm-pairs
+
+
+HIDDEN = argparse.SUPPRESS
+
+
+def eng_float(text: str) -> float:
+    """A float in engineering notation (``5M``, ``2.45G``, ``-3k``), as GNU Radio's apps take."""
+    try:
+        from gnuradio.eng_arg import eng_float as gr_eng_float
+    except ImportError:  # GNU Radio absent (frames link only): the same suffixes, by hand
+        gr_eng_float = None
+    if gr_eng_float is not None:
+        return float(gr_eng_float(text))
+    scale = {"G": 1e9, "M": 1e6, "k": 1e3, "m": 1e-3, "u": 1e-6, "n": 1e-9}
+    t = text.strip()
+    try:
+        if t and t[-1] in scale:
+            return float(t[:-1]) * scale[t[-1]]
+        return float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid engineering notation value: {text!r}") from None
+
+
+# (group, flags, argparse keyword arguments). help=HIDDEN: accepted, not shown in --help.
+Option = tuple[str, tuple[str, ...], dict[str, Any]]
+
+COMMON_OPTIONS: list[Option] = [
+    ("node", ("--keys",), dict(required=True, help="pre-shared key file (JSON, docs/testbed.md)")),
+    (
+        "link",
+        ("--link",),
+        dict(default=None, help="link back-end (default: testbed.link)"),
+    ),
+    ("link", ("--hub",), dict(default="tcp://127.0.0.1:5560", help="frames: hub address")),
+    ("link", ("--base-port",), dict(type=int, default=None, help="ofdm-zmq: base TCP port")),
+    ("link", ("--host",), dict(default="127.0.0.1", help="ofdm-zmq: host of the peers")),
+    (
+        "link",
+        ("--snr-db",),
+        dict(type=float, default=None, help="ofdm-zmq: receive-channel SNR, dB"),
+    ),
+    (
+        "link",
+        ("--drop-rate",),
+        dict(
+            type=float, default=None, help="ofdm-zmq: fraction of received frames dropped (seeded)"
+        ),
+    ),
+    ("uhd", ("-f", "--freq"), dict(type=eng_float, default=2.45e9, help="centre frequency, Hz")),
+    (
+        "uhd",
+        ("-s", "--samp-rate"),
+        dict(dest="samp_rate", type=eng_float, default=5e6, help="sample rate, S/s"),
+    ),
+    ("uhd", ("--rate",), dict(dest="samp_rate", type=eng_float, default=HIDDEN, help=HIDDEN)),
+    (
+        "uhd",
+        ("-g", "--gain"),
+        dict(type=float, default=None, help="TX and RX gain, dB (default: --tx-gain / --rx-gain)"),
+    ),
+    ("uhd", ("--tx-gain",), dict(type=float, default=60.0, help="TX gain, dB")),
+    ("uhd", ("--rx-gain",), dict(type=float, default=30.0, help="RX gain, dB")),
+    (
+        "uhd",
+        ("--spec",),
+        dict(dest="spec", default="", help="subdevice spec of both radios (e.g. A:0)"),
+    ),
+    ("uhd", ("--subdev",), dict(dest="spec", default=HIDDEN, help=HIDDEN)),
+    (
+        "uhd",
+        ("--tx-spec",),
+        dict(dest="tx_spec", default=None, help="TX subdevice spec (default: --spec)"),
+    ),
+    ("uhd", ("--tx-subdev",), dict(dest="tx_spec", default=HIDDEN, help=HIDDEN)),
+    (
+        "uhd",
+        ("--rx-spec",),
+        dict(dest="rx_spec", default=None, help="RX subdevice spec (default: --spec)"),
+    ),
+    ("uhd", ("--rx-subdev",), dict(dest="rx_spec", default=HIDDEN, help=HIDDEN)),
+    ("uhd", ("-A", "--antenna"), dict(default="RX2", help="RX antenna")),
+    ("uhd", ("--tx-antenna",), dict(default="TX/RX", help="TX antenna")),
+    ("uhd", ("--clock-source",), dict(default="", help="internal | external | gpsdo")),
+    ("uhd", ("--time-source",), dict(default="", help="internal | external | gpsdo")),
+    ("uhd", ("--lo-offset",), dict(type=eng_float, default=0.0, help="LO offset, Hz")),
+    (
+        "logging",
+        ("--log-level",),
+        dict(
+            type=str.upper, choices=LOG_LEVELS, default=None, help="default INFO (or SCALEFLU_LOG)"
+        ),
+    ),
+    ("logging", ("--log-file",), dict(default=None, help="also log to this file")),
+]
+
+SERVER_OPTIONS: list[Option] = [
+    ("node", ("--run-dir",), dict(required=True, help="run folder (history, report); resumes it")),
+    (
+        "uhd",
+        ("-a", "--args"),
+        dict(
+            dest="dev_args",
+            default=None,
+            help="device args of both radios (overrides --tx-args/--rx-args)",
+        ),
+    ),
+    (
+        "uhd",
+        ("--tx-args",),
+        dict(
+            default="type=b200,master_clock_rate=20e6",
+            help="transmitting radio (the 2955 cannot transmit)",
+        ),
+    ),
+    (
+        "uhd",
+        ("--rx-args",),
+        dict(
+            default="type=x300,master_clock_rate=200e6",
+            help="receiving radio (USRP 2955 / X310 + TwinRX)",
+        ),
+    ),
+    ("output", ("--no-progress",), dict(action="store_true", help="hide progress bars")),
+    ("output", ("--no-plots",), dict(action="store_true", help="write no PNG figures")),
+]
+
+ROBOT_OPTIONS: list[Option] = [
+    (
+        "node",
+        ("--robot-id",),
+        dict(
+            type=int, required=True, help="this robot's id, 1..N (its FL client id is robot id - 1)"
+        ),
+    ),
+    (
+        "uhd",
+        ("-a", "--args"),
+        dict(
+            dest="dev_args",
+            default="type=b200,master_clock_rate=20e6",
+            help="the robot's USRP 2900 (B200), used for TX and RX",
+        ),
+    ),
+    (
+        "unlearning",
+        ("--unlearn",),
+        dict(
+            choices=("client", "class", "sample"),
+            default=None,
+            help="ask the server to forget this robot's data / a class / samples",
+        ),
+    ),
+    (
+        "unlearning",
+        ("--unlearn-classes",),
+        dict(default="", help="class request: comma-separated ids"),
+    ),
+    (
+        "unlearning",
+        ("--unlearn-fraction",),
+        dict(type=float, default=None, help="sample request: 0..1"),
+    ),
+    (
+        "unlearning",
+        ("--unlearn-after-round",),
+        dict(type=int, default=1, help="send the request after uploading this round's update"),
+    ),
+    ("node", ("--max-runtime",), dict(type=float, default=None, help="give up after this long, s")),
+    ("node", ("--summary",), dict(default=None, help="write the robot's summary JSON here")),
+    # test-only: misbehave on purpose (nan,shape,duplicate,replay,forged,garbage,crash)
+    ("testing", ("--faults",), dict(default="", help=HIDDEN)),
+    ("testing", ("--fault-round",), dict(type=int, default=1, help=HIDDEN)),
+]
+
+GROUP_TITLES = {
+    "config": "configuration",
+    "node": "node",
+    "link": "link",
+    "uhd": "radio (--link uhd)",
+    "unlearning": "unlearning request",
+    "output": "output",
+    "logging": "logging",
+    "testing": "testing (hidden)",
+}
+
+
+def build_app_parser(prog: str, description: str, *tables: list[Option]) -> argparse.ArgumentParser:
+    """An app's parser from option tables, grouped, with defaults shown."""
+    p = argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=DefaultsHelpFormatter
+    )
+    groups: dict[str, Any] = {"config": p.add_argument_group(GROUP_TITLES["config"])}
+    add_config_args(groups["config"], example="testbed.rounds=3")  # the same --config/--set
+    for table in tables:
+        for group, flags, kwargs in table:
+            if flags == ("--link",):
+                kwargs = {**kwargs, "choices": app_links()}
+            if group not in groups:
+                groups[group] = p.add_argument_group(GROUP_TITLES.get(group, group))
+            groups[group].add_argument(*flags, **kwargs)
+    return p
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
-    """Config, keys, link and radio options shared by both apps."""
-    add_config_args(p)  # the same --config (at every node) and --set as every command
-    p.add_argument("--keys", required=True, help="pre-shared key file (JSON, see docs/testbed.md)")
-    p.add_argument(
-        "--link", choices=APP_LINKS, default=None, help="link back-end (default: testbed.link)"
-    )
-    p.add_argument("--hub", default="tcp://127.0.0.1:5560", help="frames link: hub address")
-    p.add_argument("--base-port", type=int, default=None, help="ofdm-zmq: base TCP port")
-    p.add_argument("--host", default="127.0.0.1", help="ofdm-zmq: host of the peers")
-    p.add_argument("--snr-db", type=float, default=None, help="ofdm-zmq: receive-channel SNR")
-    p.add_argument(
-        "--drop-rate",
-        type=float,
-        default=None,
-        help="ofdm-zmq: fraction of received frames dropped (seeded)",
-    )
-    p.add_argument("--freq", type=float, default=2.45e9, help="uhd: centre frequency, Hz")
-    p.add_argument("--rate", type=float, default=5e6, help="uhd: sample rate, S/s")
-    p.add_argument("--tx-gain", type=float, default=60.0, help="uhd: TX gain, dB")
-    p.add_argument("--rx-gain", type=float, default=30.0, help="uhd: RX gain, dB")
-    p.add_argument("--subdev", default="", help="uhd: subdevice spec of both radios (e.g. A:0)")
-    p.add_argument("--tx-subdev", default=None, help="uhd: TX subdevice (overrides --subdev)")
-    p.add_argument("--rx-subdev", default=None, help="uhd: RX subdevice (overrides --subdev)")
-    p.add_argument("--clock-source", default="", help="uhd: internal | external | gpsdo")
-    p.add_argument("--time-source", default="", help="uhd: internal | external | gpsdo")
-    p.add_argument("--lo-offset", type=float, default=0.0, help="uhd: LO offset, Hz")
-    p.add_argument("--log-level", default=None, help="DEBUG | INFO | WARNING")
-    p.add_argument("--log-file", default=None, help="also log to this file")
+    """Config, keys, link and radio options shared by both apps (ungrouped; kept for callers)."""
+    add_config_args(p)
+    for _, flags, kwargs in COMMON_OPTIONS:
+        if flags == ("--link",):
+            kwargs = {**kwargs, "choices": app_links()}
+        p.add_argument(*flags, **kwargs)
 
 
 def setup_app_logging(args: argparse.Namespace) -> None:
@@ -79,6 +270,10 @@ def build_link(
     rx_args: str | None,
 ) -> Link:
     """The node's Link from the command line and the ``testbed`` config section."""
+    from scaleflu.link.kinds import canonical_kind
+    from scaleflu.testbed.protocol import SERVER_ID
+    from scaleflu.testbed.transport import make_testbed_link
+
     kind = canonical_kind(args.link or str(cfg["testbed"]["link"]))
     opts: dict[str, Any] = {}
     if kind in ("frames", "frames-shared"):
@@ -103,11 +298,13 @@ def build_link(
             tx_args=tx_args,
             rx_args=rx_args,
             freq=args.freq,
-            samp_rate=args.rate,
-            tx_gain=args.tx_gain,
-            rx_gain=args.rx_gain,
-            tx_subdev=args.tx_subdev if args.tx_subdev is not None else args.subdev,
-            rx_subdev=args.rx_subdev if args.rx_subdev is not None else args.subdev,
+            samp_rate=args.samp_rate,
+            tx_gain=args.gain if args.gain is not None else args.tx_gain,
+            rx_gain=args.gain if args.gain is not None else args.rx_gain,
+            tx_antenna=args.tx_antenna,
+            rx_antenna=args.antenna,
+            tx_subdev=args.tx_spec if args.tx_spec is not None else args.spec,
+            rx_subdev=args.rx_spec if args.rx_spec is not None else args.spec,
             clock_source=args.clock_source,
             time_source=args.time_source or None,
             lo_offset=args.lo_offset,
@@ -133,34 +330,30 @@ def install_sigterm() -> None:
 
 def server_main(argv: Sequence[str] | None = None) -> int:
     """``apps/edge_server.py``."""
-    p = argparse.ArgumentParser(
-        prog="edge_server.py",
-        description="SCALE testbed edge server: FL rounds over the link, unlearning, report.",
+    p = build_app_parser(
+        "edge_server.py",
+        "SCALE testbed edge server: FL rounds over the link, unlearning, report.",
+        COMMON_OPTIONS,
+        SERVER_OPTIONS,
     )
-    add_common_args(p)
-    p.add_argument("--run-dir", required=True, help="run folder (history, report); resumes it")
-    p.add_argument(
-        "--tx-args",
-        default="type=b200,master_clock_rate=20e6",
-        help="uhd: transmitting radio (the 2955 cannot transmit)",
-    )
-    p.add_argument(
-        "--rx-args",
-        default="type=x300,master_clock_rate=200e6",
-        help="uhd: receiving radio (USRP 2955 / X310 + TwinRX)",
-    )
-    p.add_argument("--no-progress", action="store_true")
-    p.add_argument("--no-plots", action="store_true")
     args = p.parse_args(argv)
     setup_app_logging(args)
     install_sigterm()
+    return run_one_line(_run_server, args, logger=log)
+
+
+def _run_server(args: argparse.Namespace) -> int:
+    from scaleflu.config import load_config
+    from scaleflu.testbed.protocol import SERVER_ID, load_keys
     from scaleflu.testbed.report import print_summary, write_report
     from scaleflu.testbed.server import EdgeServer
 
     cfg = load_config(args.config, args.overrides)
     keys = load_keys(args.keys)
+    tx_args = args.dev_args if args.dev_args is not None else args.tx_args
+    rx_args = args.dev_args if args.dev_args is not None else args.rx_args
     try:
-        link = build_link(args, cfg, SERVER_ID, sorted(keys), args.tx_args, args.rx_args)
+        link = build_link(args, cfg, SERVER_ID, sorted(keys), tx_args, rx_args)
     except Exception as exc:  # no radio, port in use, ...: one line, not a traceback
         log.error("cannot open the link: %s", exc)
         return 2
@@ -180,44 +373,21 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 
 def robot_main(argv: Sequence[str] | None = None) -> int:
     """``apps/robot_client.py``."""
-    p = argparse.ArgumentParser(
-        prog="robot_client.py",
-        description="SCALE testbed robot: trains on its own data, reports RA/FA of models.",
+    p = build_app_parser(
+        "robot_client.py",
+        "SCALE testbed robot: trains on its own data, reports RA/FA of models.",
+        COMMON_OPTIONS,
+        ROBOT_OPTIONS,
     )
-    add_common_args(p)
-    p.add_argument("--robot-id", type=int, required=True, help="1..N (FL client id - 1)")
-    p.add_argument(
-        "--args",
-        dest="dev_args",
-        default="type=b200,master_clock_rate=20e6",
-        help="uhd: the robot's USRP 2900 (B200), used for TX and RX",
-    )
-    p.add_argument(
-        "--unlearn",
-        choices=("client", "class", "sample"),
-        default=None,
-        help="ask the server to forget this robot's data / a class / samples",
-    )
-    p.add_argument("--unlearn-classes", default="", help="class request: comma-separated ids")
-    p.add_argument("--unlearn-fraction", type=float, default=None, help="sample request: 0..1")
-    p.add_argument(
-        "--unlearn-after-round",
-        type=int,
-        default=1,
-        help="send the request after uploading this round's update",
-    )
-    p.add_argument(
-        "--faults",
-        default="",
-        help="comma list: nan,shape,duplicate,replay,forged,"
-        "garbage,crash (misbehave on purpose, for tests)",
-    )
-    p.add_argument("--fault-round", type=int, default=1)
-    p.add_argument("--max-runtime", type=float, default=None, help="give up after this long, s")
-    p.add_argument("--summary", default=None, help="write the robot's summary JSON here")
     args = p.parse_args(argv)
     setup_app_logging(args)
     install_sigterm()
+    return run_one_line(_run_robot, args, p, logger=log)
+
+
+def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
+    from scaleflu.config import load_config
+    from scaleflu.testbed.protocol import SERVER_ID, load_keys
     from scaleflu.testbed.robot import RobotClient
 
     cfg = load_config(args.config, args.overrides)
@@ -258,3 +428,38 @@ def robot_main(argv: Sequence[str] | None = None) -> int:
             Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
             Path(args.summary).write_text(json.dumps(summary, indent=1, default=str))
     return 0
+
+
+def add_testbed_parser(subparsers: Any) -> None:
+    """Register ``scaleflu testbed``: the local testbed (what ``apps/testbed.py`` runs).
+
+    The options are the launcher's own (``scaleflu testbed --help`` prints them); they are
+    handed over as they are, so the launcher is imported only when the testbed runs.
+    """
+    p = subparsers.add_parser(
+        "testbed",
+        help="run the local testbed: edge server + robots over a simulated channel (make demo)",
+        description="Same options as apps/testbed.py; see `scaleflu testbed --help`.",
+        add_help=False,
+        prefix_chars="\0",  # every argument goes to the launcher, --help included
+    )
+    p.add_argument("launcher_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_testbed)
+
+
+def _cmd_testbed(args: argparse.Namespace) -> int:
+    from scaleflu.testbed.launcher import main as launcher_main
+
+    argv = list(args.launcher_args)
+    level = getattr(args, "log_level", None)
+    if level and "--log-level" not in argv:
+        argv = ["--log-level", level, *argv]
+    return launcher_main(argv, prog="scaleflu testbed")
+
+
+if __name__ == "__main__":  # python -m scaleflu.testbed.cli edge_server|robot_client ...
+    _apps = {"edge_server": server_main, "robot_client": robot_main}
+    if len(sys.argv) < 2 or sys.argv[1] not in _apps:
+        sys.stderr.write("usage: python -m scaleflu.testbed.cli edge_server|robot_client ...\n")
+        sys.exit(2)
+    sys.exit(_apps[sys.argv[1]](sys.argv[2:]))

@@ -39,6 +39,15 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parents[3]
 APPS = ROOT / "apps"
 
+
+def app_command(name: str) -> list[str]:
+    """How to start ``edge_server``/``robot_client``: the checkout's app, else the module."""
+    script = APPS / f"{name}.py"
+    if script.is_file():
+        return [sys.executable, str(script)]
+    return [sys.executable, "-m", "scaleflu.testbed.cli", name]  # an installed package
+
+
 # Small enough for a few minutes on 2 cores, large enough to learn and to show the backdoor.
 DEMO_SETTINGS: dict[str, Any] = {
     "data": {
@@ -58,6 +67,7 @@ DEMO_SETTINGS: dict[str, Any] = {
     },
 }
 
+_ROBOT_EVAL = re.compile(r"robot \d+: \w+ model: ")
 _LOGLINE = re.compile(r"\d\d:\d\d:\d\d ")
 _ECHO = re.compile(
     r"registered|round \d+ (done|closed)|rejected|unlearn|Phase I|resuming|report written|"
@@ -127,6 +137,7 @@ class Child:
                     and _LOGLINE.match(line)
                     and _ECHO.search(line)
                     and "scaleflu.link" not in line
+                    and not _ROBOT_EVAL.search(line)  # the server prints each evaluation
                 ):
                     self.echo.write(f"[{self.name}] {line.split(': ', 1)[-1]}")
                     self.echo.flush()
@@ -204,15 +215,16 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
     return cfg
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``apps/testbed.py``: run the local testbed end to end."""
-    p = argparse.ArgumentParser(
-        prog="testbed.py",
-        description="Local SCALE testbed: edge server + robots as processes over a simulated "
-        "channel, FL rounds on FashionMNIST, one robot asks to be forgotten, report.",
-    )
-    p.add_argument("--robots", type=int, default=3)
-    p.add_argument("--rounds", type=int, default=3)
+DESCRIPTION = (
+    "Local SCALE testbed: edge server + robots as processes over a simulated channel, FL "
+    "rounds on FashionMNIST, one robot asks to be forgotten, report."
+)
+
+
+def add_launcher_args(p: argparse.ArgumentParser) -> None:
+    """The testbed's options (``apps/testbed.py`` and ``scaleflu testbed``)."""
+    p.add_argument("--robots", type=int, default=3, help="robot processes")
+    p.add_argument("--rounds", type=int, default=3, help="FL rounds")
     p.add_argument(
         "--link",
         choices=("frames-shared", "frames", "ofdm-pairs", "ofdm-zmq"),
@@ -251,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="this robot dies on receiving the model of --kill-round, then rejoins",
     )
-    p.add_argument("--kill-round", type=int, default=2)
+    p.add_argument("--kill-round", type=int, default=2, help="round of --kill-robot's death")
     p.add_argument(
         "--attacker-robot",
         type=int,
@@ -266,15 +278,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="kill -9 the server once this round is recorded, then restart it",
     )
     p.add_argument("--out", default=None, help="run folder (default runs/testbed-<time>)")
-    p.add_argument("--config", "-c", default=None)
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    from scaleflu.cliargs import add_config_args
+
+    add_config_args(p, example="testbed.rounds=2")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this long, s")
     p.add_argument("--quiet", action="store_true", help="do not echo progress lines")
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "testbed.py") -> int:
+    """``apps/testbed.py`` and ``scaleflu testbed``: run the local testbed end to end."""
+    from scaleflu.cliargs import LOG_LEVELS, DefaultsHelpFormatter, run_one_line
+
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=DESCRIPTION,
+        formatter_class=DefaultsHelpFormatter,
+    )
+    add_launcher_args(p)
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=None,
+        help="the launcher's own messages (default WARNING or SCALEFLU_LOG)",
+    )
     args = p.parse_args(argv)
+    setup_logging(args.log_level or os.environ.get("SCALEFLU_LOG", "WARNING"))
+    return run_one_line(run_testbed, args, logger=log)
+
+
+def run_testbed(args: argparse.Namespace) -> int:
+    """Run the local testbed from parsed options; returns the exit status."""
     args.link = canonical_kind(args.link)
-    setup_logging(os.environ.get("SCALEFLU_LOG", "WARNING"))
     t_start = time.monotonic()
-    run_dir = Path(args.out or ROOT / "runs" / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
+    runs = ROOT / "runs" if APPS.is_dir() else Path("runs")
+    run_dir = Path(args.out or runs / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
     cfg = build_config(args)
@@ -325,11 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"channel: OFDM over ZeroMQ ports {base}.., SNR {args.snr_db} dB, "
             f"frame drop {args.drop_rate}\n"
         )
-    py = sys.executable
     common = ["--config", str(cfg_path), "--keys", str(keys_path), *link_args]
     server = Child(
         "server",
-        [py, str(APPS / "edge_server.py"), *common, "--run-dir", str(run_dir), "--no-progress"],
+        [*app_command("edge_server"), *common, "--run-dir", str(run_dir), "--no-progress"],
         run_dir / "logs" / "server.log",
         echo,
     )
@@ -337,8 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     robots: dict[int, Child] = {}
     for r in range(1, args.robots + 1):
         cmd = [
-            py,
-            str(APPS / "robot_client.py"),
+            *app_command("robot_client"),
             *common,
             "--robot-id",
             str(r),

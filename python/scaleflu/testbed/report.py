@@ -37,10 +37,9 @@ def write_report(report: Mapping[str, Any], run_dir: str | Path, plots: bool = T
 
 def plot_report(report: Mapping[str, Any], run_dir: Path) -> list[Path]:
     """Accuracy per round, bytes on air per round, AoI per round, RA/FA per robot."""
-    import matplotlib
+    from scaleflu.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = report.get("rounds") or []
     out = []

@@ -432,7 +432,9 @@ class RobotClient:
         }
         self.evals[purpose] = rep
         self.ep.send(MsgType.EVAL_REPORT, SERVER_ID, self.key, self.session or 0, 0, rep)
-        log.info("robot %d: %s model: %s", self.robot_id, purpose, m)
+        from scaleflu.log import fmt
+
+        log.info("robot %d: %s model: %s", self.robot_id, purpose, fmt(m))
 
     # -- faults ----------------------------------------------------------------------------
 

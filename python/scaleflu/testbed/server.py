@@ -391,7 +391,11 @@ class EdgeServer:
             purpose = str(env.meta.get("purpose", ""))
             self.eval_reports.setdefault(purpose, {})[r] = dict(env.meta)
             robot.link_bytes_tx = int(env.meta.get("link_bytes_tx", robot.link_bytes_tx))
-            log.info("robot %d evaluated the %s model: %s", r, purpose, env.meta.get("metrics"))
+            from scaleflu.log import fmt
+
+            log.info(
+                "robot %d evaluated the %s model: %s", r, purpose, fmt(env.meta.get("metrics"))
+            )
         elif env.type is MsgType.RESYNC:
             robot.held, robot.held_sha = None, None
             robot.resync_at = time.monotonic()

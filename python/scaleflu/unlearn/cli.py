@@ -13,9 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import save_file
-
-from scaleflu.config import save_config
+from scaleflu.cliargs import add_config_args
 from scaleflu.unlearn.registry import canonical_name, method_names, run_unlearning
 
 log = logging.getLogger(__name__)
@@ -41,9 +39,12 @@ def run_unlearn(
     history store and make the unlearned model its final model (:func:`erase_history`); the
     result JSON records what was erased under ``erasure``.
     """
+    from safetensors.torch import save_file
+
+    from scaleflu.config import save_config
+    from scaleflu.log import fmt
+    from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
     from scaleflu.unlearn.base import resolve_unlearn_config
-    from scaleflu.unlearn.scale import plot_rewards, plot_sum_aoi
-    from scaleflu.unlearn.sensitivity import plot_sensitivity
 
     method = canonical_name(method)
     done = run_unlearning(run_dir, request, method, mode, config, overrides, progress)
@@ -73,7 +74,7 @@ def run_unlearn(
         m["ra"] or 0.0,
         m["fa"] or 0.0,
         result.protocol,
-        m["fa_protocol"],
+        fmt(m["fa_protocol"]),
         result.cost["wall_s"],
         out_dir,
     )
@@ -114,8 +115,6 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
 
 def add_unlearn_parser(subparsers: Any) -> None:
     """Register ``unlearn`` on the main CLI's sub-parsers."""
-    from scaleflu.cli import add_config_args
-
     p = subparsers.add_parser(
         "unlearn",
         help="unlearn a client, class or samples from a trained run (SCALE or a baseline)",
@@ -137,5 +136,5 @@ def add_unlearn_parser(subparsers: Any) -> None:
         help="afterwards delete the targets' stored updates from RUN's history and make the "
         "unlearned model its final model (what a serving server does)",
     )
-    add_config_args(p)
+    add_config_args(p, example="scale.ppo.episodes=50")
     p.set_defaults(func=_cmd_unlearn)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -461,47 +460,5 @@ class ScaleUnlearner:
         return res
 
 
-def plot_rewards(returns: list[float], path: str | Path, title: str = "") -> Path:
-    """PPO episode return over training episodes, raw and smoothed (the paper's Fig. 3)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    if returns:
-        r = np.asarray(returns, dtype=float)
-        ax.plot(r, alpha=0.35, label="episode return")
-        w = max(1, len(r) // 20)
-        if w > 1:
-            ax.plot(np.arange(w - 1, len(r)), np.convolve(r, np.ones(w) / w, "valid"), label="mean")
-    ax.set_xlabel("episode")
-    ax.set_ylabel("return")
-    ax.set_title(title or "SCALE PPO training")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def plot_sum_aoi(trace: list[float], path: str | Path, title: str = "") -> Path:
-    """Sum AoI (seconds) over the rollout's steps (the paper's Fig. 5)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(range(1, len(trace) + 1), trace, marker="o")
-    ax.set_xlabel("step")
-    ax.set_ylabel("Sum AoI (s)")
-    ax.set_title(title or "Sum AoI over unlearning steps")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+# The figures live in scaleflu.plots; these names are kept for old importers.
+from scaleflu.plots import plot_rewards, plot_sum_aoi  # noqa: E402, F401

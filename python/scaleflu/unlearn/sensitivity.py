@@ -349,43 +349,8 @@ def class_saliency(
     return out, info
 
 
-def plot_sensitivity(report: SensitivityReport, path: str | Path, title: str = "") -> Path:
-    """Bar chart of S^a, S^d and S per layer, selected layers marked (the paper's Fig. 4)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    names = report.layers
-    x = range(len(names))
-    sa, sd = dict(report.alignment), dict(report.impact)
-    if report.mode == "default":  # plot what is mixed: each score over its layer maximum
-        ma, md = max(sa.values(), default=0.0), max(sd.values(), default=0.0)
-        sa = {n: v / ma if ma > 0 else 0.0 for n, v in sa.items()}
-        sd = {n: v / md if md > 0 else 0.0 for n, v in sd.items()}
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(names) + 2), 3.6))
-    wdt = 0.27
-    ax.bar([i - wdt for i in x], [sa[n] for n in names], wdt, label="alignment $S^a$")
-    ax.bar(list(x), [sd[n] for n in names], wdt, label="impact $S^d$")
-    ax.bar(
-        [i + wdt for i in x],
-        [report.score[n] for n in names],
-        wdt,
-        label="combined $S$",
-        edgecolor=["k" if n in report.top else "none" for n in names],
-        linewidth=1.5,
-    )
-    ax.set_xticks(list(x))
-    ax.set_xticklabels([n.removesuffix(".weight") for n in names], rotation=45, ha="right")
-    ax.set_ylabel("sensitivity" + (" (normalised)" if report.mode == "default" else ""))
-    ax.set_title(title or f"Layer sensitivity ({report.mode} mode; top-M outlined)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+# The figure lives in scaleflu.plots; the name is kept for old importers.
+from scaleflu.plots import plot_sensitivity  # noqa: E402, F401
 
 
 def contrastive_contribution(

@@ -1,7 +1,9 @@
 """gr-scaleflu blocks in the GNU Radio namespace: ``from gnuradio import scaleflu``.
 
-C++ blocks come from the pybind11 module; the Python blocks and hier blocks live in
-``scaleflu.radio`` and are re-exported here when that package is importable.
+C++ blocks come from the pybind11 module; the Python blocks and hier blocks (link_arq,
+ofdm_link_tx/rx, frame_drop, and usrp_tx/usrp_rx where gr-uhd is installed) live in
+``scaleflu.radio`` and are re-exported here. Both parts are required: a missing one is an
+ImportError that says what to install, never a silently smaller module.
 """
 
 import os
@@ -15,5 +17,11 @@ except ImportError:
 
 try:
     from scaleflu.radio.blocks import *  # noqa: F401,F403
-except ImportError:  # the pure-Python package is optional for the C++ blocks
-    pass
+except ModuleNotFoundError as exc:
+    if exc.name is not None and (exc.name == "scaleflu" or exc.name.startswith("scaleflu.")):
+        raise ImportError(
+            "gnuradio.scaleflu needs the pure-Python scaleflu package for its Python blocks "
+            f"({exc}); install it (pip install -e . in the gr-scaleflu checkout, or make "
+            "install) or put its python/ folder on PYTHONPATH"
+        ) from exc
+    raise

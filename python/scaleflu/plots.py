@@ -1,0 +1,140 @@
+"""Every figure scaleflu draws for a single run, and the one place matplotlib is set up.
+
+matplotlib is imported lazily (``scaleflu --help`` and the library never pay for it) and always
+with the non-interactive Agg back-end, so figures are written on machines without a display.
+The Table II report's grid figures (``scaleflu.experiments.report``) draw through
+:func:`pyplot` too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DPI = 120
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg back-end (files only, no display needed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def smooth(x: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    """A running mean over 1/20 of the series (x positions, values); the series if too short."""
+    a = np.asarray(x, dtype=float)
+    w = max(1, len(a) // 20)
+    if w == 1:
+        return np.arange(len(a)), a
+    return np.arange(w - 1, len(a)), np.convolve(a, np.ones(w) / w, "valid")
+
+
+def _save(fig: Any, path: str | Path) -> Path:
+    plt = pyplot()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
+def _num(v: Any) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return math.nan
+    return f
+
+
+def plot_training(rows: Sequence[Mapping[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Test accuracy (and backdoor ASR when recorded) and test loss per FedAvg round."""
+    plt = pyplot()
+    evaluated = [r for r in rows if r.get("test_acc") is not None]
+    rounds = [int(r["round"]) for r in evaluated]
+    fig, (ax_acc, ax_loss) = plt.subplots(1, 2, figsize=(9, 3.4))
+    ax_acc.plot(rounds, [_num(r["test_acc"]) for r in evaluated], marker="o", ms=3, label="test")
+    if any(r.get("asr") is not None for r in evaluated):
+        asr = [_num(r.get("asr")) for r in evaluated]
+        ax_acc.plot(rounds, asr, marker="s", ms=3, label="backdoor ASR")
+    ax_acc.set_xlabel("round")
+    ax_acc.set_ylabel("accuracy")
+    ax_acc.set_ylim(0.0, 1.0)
+    ax_acc.legend(fontsize=8)
+    ax_loss.plot(
+        rounds, [_num(r.get("test_loss")) for r in evaluated], marker="o", ms=3, color="C3"
+    )
+    ax_loss.set_xlabel("round")
+    ax_loss.set_ylabel("test loss")
+    fig.suptitle(title or "FedAvg training")
+    return _save(fig, path)
+
+
+def plot_rewards(returns: Sequence[float], path: str | Path, title: str = "") -> Path:
+    """PPO episode return over training episodes, raw and smoothed (the paper's Fig. 3)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    if len(returns):
+        r = np.asarray(returns, dtype=float)
+        ax.plot(r, alpha=0.35, label="episode return")
+        x, y = smooth(r)
+        if len(y) < len(r):
+            ax.plot(x, y, label="mean")
+    ax.set_xlabel("episode")
+    ax.set_ylabel("return")
+    ax.set_title(title or "SCALE PPO training")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_sum_aoi(trace: Sequence[float], path: str | Path, title: str = "") -> Path:
+    """Sum AoI (seconds) over the rollout's steps (the paper's Fig. 5)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(range(1, len(trace) + 1), trace, marker="o")
+    ax.set_xlabel("step")
+    ax.set_ylabel("Sum AoI (s)")
+    ax.set_title(title or "Sum AoI over unlearning steps")
+    return _save(fig, path)
+
+
+def plot_sensitivity(report: Any, path: str | Path, title: str = "") -> Path:
+    """Bar chart of S^a, S^d and S per layer, selected layers marked (the paper's Fig. 4).
+
+    ``report`` is a :class:`scaleflu.unlearn.sensitivity.SensitivityReport` (``layers``,
+    ``alignment``, ``impact``, ``score``, ``top``, ``mode``).
+    """
+    plt = pyplot()
+    names = report.layers
+    x = range(len(names))
+    sa, sd = dict(report.alignment), dict(report.impact)
+    if report.mode == "default":  # plot what is mixed: each score over its layer maximum
+        ma, md = max(sa.values(), default=0.0), max(sd.values(), default=0.0)
+        sa = {n: v / ma if ma > 0 else 0.0 for n, v in sa.items()}
+        sd = {n: v / md if md > 0 else 0.0 for n, v in sd.items()}
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(names) + 2), 3.6))
+    wdt = 0.27
+    ax.bar([i - wdt for i in x], [sa[n] for n in names], wdt, label="alignment $S^a$")
+    ax.bar(list(x), [sd[n] for n in names], wdt, label="impact $S^d$")
+    ax.bar(
+        [i + wdt for i in x],
+        [report.score[n] for n in names],
+        wdt,
+        label="combined $S$",
+        edgecolor=["k" if n in report.top else "none" for n in names],
+        linewidth=1.5,
+    )
+    ax.set_xticks(list(x))
+    ax.set_xticklabels([n.removesuffix(".weight") for n in names], rotation=45, ha="right")
+    ax.set_ylabel("sensitivity" + (" (normalised)" if report.mode == "default" else ""))
+    ax.set_title(title or f"Layer sensitivity ({report.mode} mode; top-M outlined)")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
