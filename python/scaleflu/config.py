@@ -16,37 +16,42 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 PACKAGED_DIR = Path(__file__).with_name("configs")
 DEFAULTS_PATH = PACKAGED_DIR / "default.yaml"
 
 
-class _Loader(yaml.SafeLoader):
+@functools.cache
+def _loader() -> type:
     """Safe YAML loader that also reads ``1e-3`` and ``1.0e12`` as floats (YAML 1.2 style).
 
     PyYAML follows YAML 1.1, where an exponent needs a dot and a sign, so ``fl.lr=1e-3`` would
-    silently become the string "1e-3".
+    silently become the string "1e-3". Built on first use: ``scaleflu --help`` imports no yaml.
     """
+    import yaml
 
+    class _Loader(yaml.SafeLoader):
+        pass
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)
-        |[-+]?(?:[0-9][0-9_]*)\.[0-9_]*
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
+    _Loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(
+            r"""^(?:[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)
+            |[-+]?(?:[0-9][0-9_]*)\.[0-9_]*
+            |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+            |[-+]?\.(?:inf|Inf|INF)
+            |\.(?:nan|NaN|NAN))$""",
+            re.X,
+        ),
+        list("-+0123456789."),
+    )
+    return _Loader
 
 
 def yaml_load(text: str) -> Any:
     """Parse YAML safely (no code, no arbitrary objects), with YAML 1.2 floats."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader
+    import yaml
+
+    return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader
 
 
 class ConfigError(ValueError):
@@ -84,6 +89,8 @@ def resolve_config_path(path: str | Path | None) -> Path | None:
 def _read_file(path: Path) -> dict[str, Any]:
     path = resolve_config_path(path) or path
     text = path.read_text()
+    import yaml
+
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml_load(text)
     except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
@@ -123,6 +130,8 @@ def parse_override(text: str) -> dict[str, Any]:
     parts = [p for p in key.strip().split(".") if p]
     if not parts:
         raise ConfigError(f"override has an empty key: {text!r}")
+    import yaml
+
     try:
         value = yaml_load(raw) if raw.strip() else None
     except yaml.YAMLError as exc:
@@ -339,5 +348,7 @@ def save_config(cfg: Mapping[str, Any], path: str | Path) -> Path:
     """Write the resolved config as YAML (what every run keeps beside its results)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    import yaml
+
     path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
     return path
