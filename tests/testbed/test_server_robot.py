@@ -178,7 +178,9 @@ def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
         # authenticated but nonsensical: before REGISTER, bad meta types, bad tensors
         junk.append(ep.build(MsgType.UPDATE, SERVER_ID, keys[2], server.session, 1, {}, b"x"))
         junk.append(ep.build(MsgType.REGISTER, SERVER_ID, keys[2], 0, 0, {"num_samples": "x"}))
-        junk.append(ep.build(MsgType.REGISTER, SERVER_ID, keys[2], 0, 0, {"num_samples": 5}))
+        junk.append(
+            ep.build(MsgType.REGISTER, SERVER_ID, keys[2], 0, 0, {"num_samples": 5, "nonce": "n1"})
+        )
         junk.append(
             ep.build(MsgType.EVAL_REPORT, SERVER_ID, keys[2], server.session, 0,
                      {"purpose": [], "link_bytes_tx": "many"})

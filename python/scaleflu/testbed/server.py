@@ -32,7 +32,8 @@ import torch
 import yaml
 
 from scaleflu.config import ConfigError, save_config
-from scaleflu.fl.fedavg import aggregate, attack_success_rate, evaluate
+from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, robust_aggregate
+from scaleflu.fl.fedavg import attack_success_rate, evaluate
 from scaleflu.fl.run import build_setup, open_history
 from scaleflu.link import Link
 from scaleflu.link.arq import SendHandle
@@ -54,6 +55,7 @@ from scaleflu.testbed.protocol import (
     validate_update,
 )
 from scaleflu.testbed.transport import link_stats
+from scaleflu.testbed.validation import RateLimiter, RegisterMeta, UnlearnMeta, UpdateMeta
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,7 @@ class RoundState:
     deadline: float
     scheduled: set[int] = field(default_factory=set)
     updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    refused: set[int] = field(default_factory=set)  # robots whose upload was refused: not awaited
     reported: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -172,6 +175,13 @@ class EdgeServer:
         self.cfg = self._resolve_config(dict(cfg))
         tb = self.cfg["testbed"]
         self.tb = tb
+        self.agg_cfg = AggregationConfig.from_dict(dict(tb.get("aggregation") or {}))
+        self.limits = RateLimiter(
+            {
+                "resync": float(tb.get("resync_min_interval_s", 0.0)),
+                "request": float(tb.get("request_min_interval_s", 0.0)),
+            }
+        )
         self.ep = Endpoint(link, SERVER_ID)
         self.session = secrets.randbits(32) | 1
         self.guard = ReplayGuard()
@@ -284,11 +294,13 @@ class EdgeServer:
         if self.on_event is not None:
             self.on_event(kind, row)
 
-    def _reject(self, reason: str, robot: int | None, what: str, detail: str = "") -> None:
+    def _reject(
+        self, reason: str, robot: int | None, what: str, detail: str = "", round_: int | None = None
+    ) -> None:
         """Log and count a refused message."""
         row = {
             "t": round(time.monotonic() - self.t0, 3),
-            "round": self.round.t if self.round else None,
+            "round": round_ if round_ is not None else (self.round.t if self.round else None),
             "robot": robot,
             "message": what,
             "reason": reason,
@@ -344,6 +356,8 @@ class EdgeServer:
             robot.link_bytes_tx = int(env.meta.get("link_bytes_tx", robot.link_bytes_tx))
             log.info("robot %d evaluated the %s model: %s", r, purpose, env.meta.get("metrics"))
         elif env.type is MsgType.RESYNC:
+            if not self.limits.allow(r, "resync"):
+                raise ProtocolError("rate_limited", "RESYNC more often than resync_min_interval_s")
             robot.held, robot.held_sha = None, None
             robot.resync_at = time.monotonic()
             log.info("robot %d asked for a full model next time", r)
@@ -351,8 +365,8 @@ class EdgeServer:
             raise ProtocolError("unexpected_type", env.type.name)
 
     def _on_register(self, r: int, meta: Mapping[str, Any]) -> None:
-        nonce = str(meta.get("nonce", ""))[:64]
-        num = int(meta.get("num_samples", 0))
+        rm = RegisterMeta.parse(meta)
+        nonce, num = rm.nonce, rm.num_samples
         info = self.robots.get(r) or RobotInfo(r)
         info.num_samples = num
         info.registered_at = time.monotonic()
@@ -396,22 +410,28 @@ class EdgeServer:
             self._reject("duplicate", r, f"UPDATE r{t}")
             self._notify_reject(r, t, "duplicate")
             return
+        try:  # typed meta first: nothing is decoded or stored before it parses
+            um = UpdateMeta.parse(meta)
+        except ProtocolError as exc:
+            self._refuse_update(rs, r, t, exc.reason, exc.detail)
+            return
         try:
-            ref = rs.global_np if meta.get("delta") else None
-            state = cast_like(decode_state(body, reference=ref), rs.global_np)
+            ref = rs.global_np if um.delta else None
+            state = decode_state(body, reference=ref)
+            if ref is not None:  # a delta decodes in the reference's dtypes
+                state = cast_like(state, rs.global_np)
         except Exception as exc:
-            self._reject("malformed_tensors", r, f"UPDATE r{t}", repr(exc))
-            self._notify_reject(r, t, "malformed tensors")
+            self._refuse_update(rs, r, t, "malformed_tensors", repr(exc))
             return
         mn = self.tb.get("max_update_norm")
+        # dtypes are compared, not cast: a float64 upload of a float32 model is refused
         reason = validate_update(state, rs.global_np, None if mn is None else float(mn))
         if reason is not None:
-            self._reject(reason.split(":")[0], r, f"UPDATE r{t}", reason)
-            self._notify_reject(r, t, reason)
+            self._refuse_update(rs, r, t, reason.split(":")[0], reason)
             return
         rs.updates[r] = state
-        rs.reported[r] = dict(meta)
-        robot.link_bytes_tx = int(meta.get("link_bytes_tx", robot.link_bytes_tx))
+        rs.reported[r] = {"num_samples": um.num_samples, "train_s": um.train_s}
+        robot.link_bytes_tx = um.link_bytes_tx
         log.info(
             "round %d: update from robot %d accepted (%d/%d)",
             t,
@@ -420,6 +440,12 @@ class EdgeServer:
             len(rs.scheduled),
         )
 
+    def _refuse_update(self, rs: RoundState, r: int, t: int, reason: str, detail: str) -> None:
+        """Refuse a robot's upload of the open round; the round stops waiting for it."""
+        rs.refused.add(r)
+        self._reject(reason, r, f"UPDATE r{t}", detail, round_=t)
+        self._notify_reject(r, t, f"{reason}: {detail}"[:200])
+
     def _notify_reject(self, r: int, t: int, reason: str) -> None:
         self.ep.send(
             MsgType.REJECT, r, self.keys[r], self.session, t, {"reason": reason}, timeout=10.0
@@ -427,6 +453,8 @@ class EdgeServer:
 
     def _on_unlearn_request(self, robot: RobotInfo, meta: Mapping[str, Any]) -> None:
         r = robot.robot_id
+        if not self.limits.allow(r, "request"):
+            raise ProtocolError("rate_limited", "UNLEARN_REQUEST more often than allowed")
         target = meta.get("robot")
         if target != r:
             self._reject("not_own_request", r, "UNLEARN_REQUEST", f"asks for robot {target}")
@@ -436,8 +464,13 @@ class EdgeServer:
             self._reject("duplicate", r, "UNLEARN_REQUEST")
             self._reply_unlearn(r, False, "already requested")
             return
-        try:
+        try:  # refused at once when the run cannot serve it (e.g. class:99)
+            UnlearnMeta.parse(meta, int(self.setup.train.num_classes))
             text = unlearn_request_text(meta, r)
+        except ProtocolError as exc:
+            self._reject(exc.reason, r, "UNLEARN_REQUEST", exc.detail)
+            self._reply_unlearn(r, False, exc.detail)
+            return
         except (ValueError, TypeError) as exc:
             self._reject("bad_request", r, "UNLEARN_REQUEST", str(exc))
             self._reply_unlearn(r, False, str(exc))
@@ -599,17 +632,19 @@ class EdgeServer:
         self._prev_broadcast = self.global_np
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while time.monotonic() < rs.deadline:
-            if rs.scheduled and set(rs.updates) >= rs.scheduled - self._forgotten_ids():
+            waiting = rs.scheduled - self._forgotten_ids() - rs.refused
+            if rs.scheduled and set(rs.updates) >= waiting:
                 break
             self.poll(0.2)
             # robots that joined, re-registered or lost their model get it (again)
             for robot in self._active():
-                if robot.robot_id not in rs.updates and self._needs(robot, src):
+                busy = robot.robot_id in rs.updates or robot.robot_id in rs.refused
+                if not busy and self._needs(robot, src):
                     rs.scheduled.add(robot.robot_id)
                     self._send_model(robot, self.global_np, "train", t, src_sha=src)
         self.round = None
         self.closed_rounds[t] = set(rs.updates)
-        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids())
+        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids() - rs.refused)
         if missing:
             log.warning(
                 "round %d closed with robots %s missing (deadline %.0fs)",
@@ -620,11 +655,24 @@ class EdgeServer:
             self._event("round_missing", round=t, robots=missing)
         if not rs.updates:
             log.warning("round %d: no update accepted", t)
+            self._event("round_failed", round=t, reason="no valid update")
             return None
-        clients = sorted(r - 1 for r in rs.updates)
-        sizes = {r - 1: self.setup.data_sizes[r - 1] for r in rs.updates}
-        states = {r - 1: to_torch(s) for r, s in rs.updates.items()}
-        new_global = aggregate(states, sizes)
+        sizes_all = {r: self.setup.data_sizes[r - 1] for r in rs.updates}
+        try:
+            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg)
+        except NoUpdateAcceptedError as exc:
+            log.warning("round %d: %s", t, exc)
+            self._event("round_failed", round=t, reason=str(exc)[:200])
+            for r, why in exc.refused.items():
+                self._refuse_update(rs, r, t, why.split(":")[0], why)
+            return None
+        for r, why in res.refused.items():
+            self._refuse_update(rs, r, t, why.split(":")[0], why)
+        accepted = sorted(res.accepted)
+        clients = [r - 1 for r in accepted]
+        sizes = {r - 1: sizes_all[r] for r in accepted}
+        states = {r - 1: to_torch(rs.updates[r]) for r in accepted}
+        new_global = to_torch(res.state)
         self.model.load_state_dict(new_global)
         ev = evaluate(self.model, self.setup.test, int(self.cfg["fl"]["eval_batch_size"]))
         metrics: dict[str, Any] = {"test_acc": ev["acc"], "test_loss": ev["loss"]}
@@ -642,6 +690,8 @@ class EdgeServer:
             "participants": [c + 1 for c in clients],
             "missing": missing,
             "rejected": sum(1 for x in self.rejections if x["round"] == t),
+            "aggregation": self.agg_cfg.strategy,
+            "update_norms": {r: round(v, 6) for r, v in res.norms.items()},
             "air_bytes": self._air_bytes() - bytes0,
             "aoi_s": self.aoi_seconds(),
             "wall_s": wall,
@@ -701,10 +751,19 @@ class EdgeServer:
         while t <= T:
             self.wait_for_robots(int(tb["min_robots"]), float(tb["register_timeout_s"]))
             row = self.run_round(t)
-            if row is None:
+            if row is None:  # a failed round is logged and retried; the federation goes on
                 retries += 1
                 if retries > int(tb["max_round_retries"]):
-                    raise RuntimeError(f"round {t} failed {retries} times")
+                    log.error(
+                        "round %d failed %d times: training stops after round %d; requests "
+                        "are still served and the report written (resume retries round %d)",
+                        t,
+                        retries,
+                        t - 1,
+                        t,
+                    )
+                    self._event("training_stopped", round=t, failures=retries)
+                    break
                 continue
             retries = 0
             t += 1
@@ -713,12 +772,18 @@ class EdgeServer:
         wait_end = time.monotonic() + float(tb["unlearn"]["wait_s"])
         while not self.requests and time.monotonic() < wait_end:
             self.poll(0.2)
-        if self.requests:
+        # every accepted request is served, in order, even when an earlier one fails
+        served: list[dict[str, Any]] = []
+        for req in list(self.requests):
             try:
-                report["unlearning"] = self.serve_unlearning(self.requests[0])
-            except Exception as exc:  # keep the rounds' report and release the robots
-                log.exception("unlearning failed")
-                report["unlearning"] = {"request": self.requests[0], "error": repr(exc)}
+                served.append(self.serve_unlearning(req))
+            except Exception as exc:  # keep the rounds' report, go on with the next request
+                log.exception("unlearning request %s failed", req.get("text"))
+                self._event("unlearn_failed", request=req.get("text"), error=repr(exc)[:200])
+                served.append({"request": req, "error": repr(exc)})
+        if served:
+            report["unlearning"] = served[0]
+            report["unlearning_all"] = served
         self.finish()
         report.update(self._report_common(time.monotonic() - started))
         return report
