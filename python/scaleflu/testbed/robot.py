@@ -187,24 +187,35 @@ class RobotClient:
         self.registrations = 0
         self.done = False
         self._pending_nonce: str | None = None
+        self._challenge: int | None = None  # the session the server announced (SERVER_HELLO)
         self._last_heard = time.monotonic()
         self._requested = False
 
     # -- registration ----------------------------------------------------------------------
 
+    def _send_register(self, timeout: float) -> None:
+        """REGISTER under the server's challenge (its announced session); 0 asks for one."""
+        meta = {
+            "nonce": self._pending_nonce,
+            "num_samples": len(self.data),
+            "model": self.data.model_args[0],
+            "version": 2,
+        }
+        s = self._challenge or 0
+        self.ep.send(MsgType.REGISTER, SERVER_ID, self.key, s, 0, meta, timeout=timeout)
+
     def register(self, timeout: float = 60.0) -> bool:
-        """Send REGISTER until a REGISTER_ACK with our nonce arrives (or ``timeout``)."""
+        """Send REGISTER until a REGISTER_ACK with our nonce arrives (or ``timeout``).
+
+        Registration answers the server's challenge: the REGISTER carries the session the
+        server announced in its SERVER_HELLO (fresh per server start). Without one the robot
+        sends session 0, which the server answers with a SERVER_HELLO only.
+        """
         end = time.monotonic() + timeout
         wait = 1.0
         while time.monotonic() < end and not self.done:
             self._pending_nonce = secrets.token_hex(8)
-            meta = {
-                "nonce": self._pending_nonce,
-                "num_samples": len(self.data),
-                "model": self.data.model_args[0],
-                "version": 1,
-            }
-            self.ep.send(MsgType.REGISTER, SERVER_ID, self.key, 0, 0, meta, timeout=wait * 4)
+            self._send_register(wait * 4)
             until = time.monotonic() + wait * 4
             while time.monotonic() < until and self._pending_nonce is not None:
                 self.poll(0.2)
@@ -255,14 +266,19 @@ class RobotClient:
             log.info("robot %d registered, session %08x", self.robot_id, env.session)
             return
         if env.type is MsgType.SERVER_HELLO:
-            if env.session != self.session and self._pending_nonce is None:
-                log.info(
-                    "robot %d: server session %08x announced; registering",
-                    self.robot_id,
-                    env.session,
-                )
-                self.session = None
-                self.register(timeout=30.0)
+            if env.session == self.session:
+                return
+            self._challenge = env.session
+            if self._pending_nonce is not None:  # registering: answer the challenge now
+                self._send_register(4.0)
+                return
+            log.info(
+                "robot %d: server session %08x announced; registering",
+                self.robot_id,
+                env.session,
+            )
+            self.session = None
+            self.register(timeout=30.0)
             return
         if self.session is None or env.session != self.session:
             log.warning("robot %d: %s outside a session", self.robot_id, env.type.name)

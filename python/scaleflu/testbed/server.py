@@ -55,7 +55,7 @@ from scaleflu.testbed.protocol import (
     validate_update,
 )
 from scaleflu.testbed.transport import link_stats
-from scaleflu.testbed.validation import RateLimiter, RegisterMeta, UnlearnMeta, UpdateMeta
+from scaleflu.testbed.validation import EvalMeta, RateLimiter, RegisterMeta, UnlearnMeta, UpdateMeta
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,13 @@ class RoundState:
     deadline: float
     scheduled: set[int] = field(default_factory=set)
     updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
-    refused: set[int] = field(default_factory=set)  # robots whose upload was refused: not awaited
+    refused: dict[int, float] = field(default_factory=dict)  # robot -> when its upload was refused
+
+    def not_awaited(self, grace_s: float) -> set[int]:
+        """Robots refused more than ``grace_s`` ago: the round no longer waits for them."""
+        now = time.monotonic()
+        return {r for r, at in self.refused.items() if now - at > grace_s}
+
     reported: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -180,6 +186,7 @@ class EdgeServer:
             {
                 "resync": float(tb.get("resync_min_interval_s", 0.0)),
                 "request": float(tb.get("request_min_interval_s", 0.0)),
+                "hello": 0.5,  # answers to session-0 REGISTERs (challenge requests)
             }
         )
         self.ep = Endpoint(link, SERVER_ID)
@@ -341,6 +348,13 @@ class EdgeServer:
         )
         r = env.sender
         if env.type is MsgType.REGISTER:
+            if env.session == 0:  # the robot asks for this server's challenge (its session)
+                if not self.limits.allow(r, "hello"):
+                    raise ProtocolError("rate_limited", "challenge requests too often")
+                self.ep.send(
+                    MsgType.SERVER_HELLO, r, self.keys[r], self.session, 0, {}, timeout=5.0
+                )
+                return
             self._on_register(r, env.meta)
             return
         robot = self.robots.get(r)
@@ -351,9 +365,10 @@ class EdgeServer:
         elif env.type is MsgType.UNLEARN_REQUEST:
             self._on_unlearn_request(robot, env.meta)
         elif env.type is MsgType.EVAL_REPORT:
-            purpose = str(env.meta.get("purpose", ""))
+            em = EvalMeta.parse(env.meta)
+            purpose = em.purpose
             self.eval_reports.setdefault(purpose, {})[r] = dict(env.meta)
-            robot.link_bytes_tx = int(env.meta.get("link_bytes_tx", robot.link_bytes_tx))
+            robot.link_bytes_tx = em.link_bytes_tx
             log.info("robot %d evaluated the %s model: %s", r, purpose, env.meta.get("metrics"))
         elif env.type is MsgType.RESYNC:
             if not self.limits.allow(r, "resync"):
@@ -442,7 +457,7 @@ class EdgeServer:
 
     def _refuse_update(self, rs: RoundState, r: int, t: int, reason: str, detail: str) -> None:
         """Refuse a robot's upload of the open round; the round stops waiting for it."""
-        rs.refused.add(r)
+        rs.refused.setdefault(r, time.monotonic())
         self._reject(reason, r, f"UPDATE r{t}", detail, round_=t)
         self._notify_reject(r, t, f"{reason}: {detail}"[:200])
 
@@ -632,7 +647,8 @@ class EdgeServer:
         self._prev_broadcast = self.global_np
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while time.monotonic() < rs.deadline:
-            waiting = rs.scheduled - self._forgotten_ids() - rs.refused
+            grace = float(tb.get("refused_grace_s", 0.0))
+            waiting = rs.scheduled - self._forgotten_ids() - rs.not_awaited(grace)
             if rs.scheduled and set(rs.updates) >= waiting:
                 break
             self.poll(0.2)
@@ -644,7 +660,7 @@ class EdgeServer:
                     self._send_model(robot, self.global_np, "train", t, src_sha=src)
         self.round = None
         self.closed_rounds[t] = set(rs.updates)
-        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids() - rs.refused)
+        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids() - set(rs.refused))
         if missing:
             log.warning(
                 "round %d closed with robots %s missing (deadline %.0fs)",

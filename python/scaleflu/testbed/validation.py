@@ -75,6 +75,32 @@ class UpdateMeta:
 
 
 @dataclass(frozen=True)
+class EvalMeta:
+    """Meta of an EVAL_REPORT (the metrics are kept as sent, for the report only)."""
+
+    purpose: str
+    sha256: str | None
+    metrics: dict[str, Any]
+    link_bytes_tx: int
+
+    @classmethod
+    def parse(cls, meta: Mapping[str, Any]) -> EvalMeta:
+        """Typed fields or ProtocolError('bad_meta', ...)."""
+        purpose = meta.get("purpose")
+        if not isinstance(purpose, str) or not 1 <= len(purpose) <= 32:
+            raise ProtocolError("bad_meta", "purpose: expected a string of 1..32 characters")
+        metrics = meta.get("metrics", {})
+        if not isinstance(metrics, dict):
+            raise ProtocolError("bad_meta", "metrics: expected an object")
+        return cls(
+            purpose=purpose,
+            sha256=_sha_or_none(meta, "sha256"),
+            metrics=metrics,
+            link_bytes_tx=_int(meta, "link_bytes_tx", 0, default=0),
+        )
+
+
+@dataclass(frozen=True)
 class RegisterMeta:
     """Meta of a REGISTER."""
 
