@@ -20,7 +20,7 @@ from scaleflu.cli import add_config_args
 from scaleflu.config import load_config
 from scaleflu.link import Link
 from scaleflu.log import setup_logging
-from scaleflu.testbed.protocol import SERVER_ID, load_keys
+from scaleflu.testbed.protocol import SERVER_ID
 from scaleflu.testbed.transport import LINK_KINDS, make_testbed_link
 
 log = logging.getLogger(__name__)
@@ -147,14 +147,28 @@ def server_main(argv: Sequence[str] | None = None) -> int:
     from scaleflu.testbed.server import EdgeServer
 
     cfg = load_config(args.config, args.overrides)
-    keys = load_keys(args.keys)
+    from scaleflu.testbed.keys import KeyStore
+
+    try:  # the server store: robots' keys (allow-list) and the server's signing identity
+        store = KeyStore.load(args.keys)
+    except (OSError, ValueError) as exc:
+        log.error("cannot use the key store: %s", exc)
+        return 2
+    keys = store.robots
     try:
         link = build_link(args, cfg, SERVER_ID, sorted(keys), args.tx_args, args.rx_args)
     except Exception as exc:  # no radio, port in use, ...: one line, not a traceback
         log.error("cannot open the link: %s", exc)
         return 2
     try:
-        server = EdgeServer(link, keys, cfg, args.run_dir, progress=not args.no_progress)
+        server = EdgeServer(
+            link,
+            keys,
+            cfg,
+            args.run_dir,
+            progress=not args.no_progress,
+            signing_key=store.signing_key,
+        )
         report = server.run()
         out = write_report(report, args.run_dir, plots=not args.no_plots)
         print_summary(report, sys.stdout)
@@ -210,9 +224,12 @@ def robot_main(argv: Sequence[str] | None = None) -> int:
     from scaleflu.testbed.robot import RobotClient
 
     cfg = load_config(args.config, args.overrides)
-    keys = load_keys(args.keys)
-    if args.robot_id not in keys:
-        p.error(f"no key for robot {args.robot_id} in {args.keys}")
+    from scaleflu.testbed.keys import Enrolment
+
+    try:  # this robot's enrolment file: its own key and the server's public key
+        enrol = Enrolment.load(args.keys, args.robot_id)
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
     unlearn = None
     if args.unlearn:
         unlearn = {"kind": args.unlearn}
@@ -230,12 +247,13 @@ def robot_main(argv: Sequence[str] | None = None) -> int:
         robot = RobotClient(
             link,
             args.robot_id,
-            keys[args.robot_id],
+            enrol.key,
             cfg,
             unlearn,
             args.unlearn_after_round,
             tuple(f for f in args.faults.split(",") if f),
             args.fault_round,
+            server_public_key=enrol.server_public_key,
         )
         summary = robot.run(args.max_runtime)
     except KeyboardInterrupt:

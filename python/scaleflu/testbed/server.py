@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from scaleflu.config import ConfigError, save_config
 from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, robust_aggregate
@@ -45,6 +46,7 @@ from scaleflu.testbed.common import (
     to_numpy,
     to_torch,
 )
+from scaleflu.testbed.keys import public_bytes, sign
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
@@ -76,6 +78,7 @@ class RobotInfo:
     link_bytes_tx: int = 0  # the robot's own ARQ byte counter, as it last reported it
     held_src: str | None = None  # SHA-256 of the server-side state it was encoded from
     resync_at: float = 0.0  # when the robot last said it does not hold what we think
+    last_nonce: str | None = None  # nonce of its last REGISTER (a retry is not a new one)
 
 
 @dataclass
@@ -170,9 +173,17 @@ class EdgeServer:
         progress: bool = True,
         unlearn_fn: UnlearnFn | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
-        """Open (or resume) the run in ``run_dir``; ``keys`` maps robot id -> pre-shared key."""
+        """Open (or resume) the run in ``run_dir``; ``keys`` maps robot id -> K_r (allow-list).
+
+        ``signing_key``: the server's Ed25519 identity (``scaleflu.testbed.keys.KeyStore``);
+        models and grants are signed with it. None: a fresh one (robots must then be given
+        ``server.public_key``).
+        """
         self.link = link
+        self.signing_key = signing_key or Ed25519PrivateKey.generate()
+        self.public_key = public_bytes(self.signing_key)
         self.keys = dict(keys)
         self.run_dir = Path(run_dir)
         self.progress = progress
@@ -383,6 +394,10 @@ class EdgeServer:
         rm = RegisterMeta.parse(meta)
         nonce, num = rm.nonce, rm.num_samples
         info = self.robots.get(r) or RobotInfo(r)
+        if info.last_nonce == nonce:  # the same REGISTER again (retry): acknowledge, keep state
+            self._send_register_ack(info, nonce)
+            return
+        info.last_nonce = nonce
         info.num_samples = num
         info.registered_at = time.monotonic()
         info.registrations += 1
@@ -394,15 +409,19 @@ class EdgeServer:
             log.warning("robot %d reports %d samples, the partition has %d", r, num, expected)
         if r in self._forgotten_before:
             info.forgotten = True  # registered to evaluate the unlearned model, not to train
+        self._send_register_ack(info, nonce)
+        self._event("register", robot=r, registrations=info.registrations)
+        log.info("robot %d registered (%d samples, registration %d)", r, num, info.registrations)
+
+    def _send_register_ack(self, info: RobotInfo, nonce: str) -> None:
         reply = {
             "nonce": nonce,
             "accepted": True,
             "reason": "forgotten: no training" if info.forgotten else "",
             "next_round": self.history.last_completed_round() + 1,
         }
+        r = info.robot_id
         self.ep.send(MsgType.REGISTER_ACK, r, self.keys[r], self.session, 0, reply, timeout=20.0)
-        self._event("register", robot=r, registrations=info.registrations)
-        log.info("robot %d registered (%d samples, registration %d)", r, num, info.registrations)
 
     def _on_update(self, robot: RobotInfo, t: int, meta: Mapping[str, Any], body: bytes) -> None:
         r = robot.robot_id
@@ -510,7 +529,10 @@ class EdgeServer:
         log.info("unlearning request from robot %d accepted: %s", r, text)
 
     def _reply_unlearn(self, r: int, ok: bool, reason: str) -> None:
-        meta = {"accepted": ok, "reason": reason}
+        meta: dict[str, Any] = {"accepted": ok, "reason": reason}
+        meta["sig"] = sign(
+            self.signing_key, "unlearn_ack", session=self.session, robot=r, accepted=ok
+        )
         self.ep.send(MsgType.UNLEARN_ACK, r, self.keys[r], self.session, 0, meta, timeout=10.0)
 
     # -- sending models --------------------------------------------------------------------
@@ -541,6 +563,15 @@ class EdgeServer:
             "deadline_s": max(0.0, (self.round.deadline - time.monotonic()) if self.round else 0),
             **(extra or {}),
         }
+        meta["sig"] = sign(
+            self.signing_key,
+            "model",
+            session=self.session,
+            robot=robot.robot_id,
+            round=t,
+            purpose=purpose,
+            sha256=sha,
+        )
         h = self.ep.send(
             MsgType.MODEL,
             robot.robot_id,
@@ -788,9 +819,13 @@ class EdgeServer:
         wait_end = time.monotonic() + float(tb["unlearn"]["wait_s"])
         while not self.requests and time.monotonic() < wait_end:
             self.poll(0.2)
-        # every accepted request is served, in order, even when an earlier one fails
+        # every accepted request is served, in order, even when an earlier one fails; requests
+        # that arrive while one is served are served after it
         served: list[dict[str, Any]] = []
-        for req in list(self.requests):
+        i = 0
+        while i < len(self.requests):
+            req = self.requests[i]
+            i += 1
             try:
                 served.append(self.serve_unlearning(req))
             except Exception as exc:  # keep the rounds' report, go on with the next request
