@@ -27,6 +27,7 @@ SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
     ("scaleflu.fl.cli", "add_train_parser"),
     ("scaleflu.unlearn.cli", "add_unlearn_parser"),
     ("scaleflu.experiments.cli", "add_experiment_parser"),
+    ("scaleflu.testbed.keys_cli", "add_keys_parser"),
 ]
 
 

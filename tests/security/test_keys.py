@@ -87,3 +87,27 @@ def test_per_direction_keys_and_confidentiality():
     assert b'"a":1' not in data  # meta is encrypted
     with pytest.raises(ProtocolError):
         open_envelope(data, SERVER_ID, {1: k}, 1, 5, ReplayGuard(), peer_of=1)
+
+
+def test_keys_command_enrol_rotate_revoke_list(tmp_path, capsys):
+    from scaleflu.cli import main
+
+    store = tmp_path / "keys.json"
+    out = tmp_path / "enr"
+    assert (
+        main(["keys", "enrol", "--store", str(store), "--robot", "1,2", "--out-dir", str(out)]) == 0
+    )
+    first = Enrolment.load(out / "robot1.json", 1).key
+    assert (
+        main(["keys", "rotate", "--store", str(store), "--robot", "1", "--out-dir", str(out)]) == 0
+    )
+    assert Enrolment.load(out / "robot1.json", 1).key != first
+    assert main(["keys", "revoke", "--store", str(store), "--robot", "2"]) == 0
+    loaded = KeyStore.load(store)
+    assert set(loaded.robots) == {1} and loaded.revoked == [2]
+    assert KeyStore.load(store).robots[1] == Enrolment.load(out / "robot1.json", 1).key
+    printed = capsys.readouterr().out
+    assert "robot 2: revoked" in printed and loaded.robots[1].hex() not in printed
+    assert main(["keys", "rotate", "--store", str(store), "--robot", "9"]) == 2  # not enrolled
+    store.chmod(0o644)
+    assert main(["keys", "list", "--store", str(store)]) == 2  # loose mode refused
