@@ -422,7 +422,7 @@ class ZmqOfdmLink(GrLink):
         node_id: int,
         peers: Mapping[int, str] | Iterable[int | str],
         base_port: int = DEFAULT_ZMQ_BASE_PORT,
-        bind: str = "*",
+        bind: str = "127.0.0.1",  # local simulations; "*" or an interface address across hosts
         phy: PhyConfig | None = None,
         channel: ChannelConfig | None = None,
         hwm: int = -1,
@@ -576,8 +576,8 @@ def make_link(kind: str, node_id: int, **opts: Any) -> Link:
       ``drop_rate``, ``seed``; PHY ``fft_len``, ``cp_len``, ``bps_header``, ``bps_payload``,
       ``scramble_bits``, ``mtu``, ``post_padding``, ``min_output_buffer``.
     * ``"zmq"``: one process per node; ``peers`` ({id: host}, [ids] or ["id@host"]),
-      ``base_port`` (52000), ``bind`` ("*"), ``hwm``; channel and PHY options as above
-      (channel off unless given).
+      ``base_port`` (52000), ``bind`` ("127.0.0.1"; "*" across hosts), ``hwm``; channel, PHY options
+      as above (channel off unless given).
     * ``"uhd"``: ``tx_args``, ``rx_args``, ``freq``, ``tx_freq``, ``rx_freq``, ``samp_rate``,
       ``tx_gain``, ``rx_gain``, ``tx_antenna``, ``rx_antenna``, ``tx_subdev``, ``rx_subdev``,
       ``clock_source``, ``time_source``, ``lo_offset``, ``tx_rms``, ``pacing``; PHY options. Raises
@@ -614,7 +614,7 @@ def make_link(kind: str, node_id: int, **opts: Any) -> Link:
     if kind == "zmq":
         peers = opts.pop("peers", None)
         base_port = opts.pop("base_port", DEFAULT_ZMQ_BASE_PORT)
-        bind = opts.pop("bind", "*")
+        bind = opts.pop("bind", "127.0.0.1")
         hwm = opts.pop("hwm", -1)
         phy, channel, arq_opts = _split(opts)
         return ZmqOfdmLink(node_id, peers or {}, base_port, bind, phy, channel, hwm, **arq_opts)

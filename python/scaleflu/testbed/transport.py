@@ -50,7 +50,8 @@ class FrameHub:
         self.rng = random.Random(seed)
         self._ctx = zmq.Context.instance()
         self._router = self._ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        # no handover: a second connection claiming a node's identity cannot take its frames
+        self._router.setsockopt(zmq.ROUTER_HANDOVER, 0)
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.bind(address)
         self.address = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()
