@@ -111,3 +111,26 @@ def test_keys_command_enrol_rotate_revoke_list(tmp_path, capsys):
     assert main(["keys", "rotate", "--store", str(store), "--robot", "9"]) == 2  # not enrolled
     store.chmod(0o644)
     assert main(["keys", "list", "--store", str(store)]) == 2  # loose mode refused
+
+
+class _KeyedLink:
+    def __init__(self):
+        self.keys = {}
+
+    def set_peer_key(self, peer, key):
+        self.keys[peer] = key
+
+
+def test_link_keys_match_between_server_and_robot_and_differ_per_robot():
+    from scaleflu.testbed.common import install_link_keys
+
+    store = KeyStore.create([1, 2, 3])
+    srv = _KeyedLink()
+    assert install_link_keys(srv, store.robots, SERVER_ID)
+    for r in (1, 2, 3):
+        rob = _KeyedLink()
+        assert install_link_keys(rob, {r: store.robots[r]}, r)
+        assert rob.keys == {SERVER_ID: srv.keys[r]}
+        assert srv.keys[r] not in (store.robots[r], derive_key(store.robots[r], "up", r))
+    assert len(set(srv.keys.values())) == 3
+    assert not install_link_keys(object(), store.robots, SERVER_ID)  # no API: above-link only

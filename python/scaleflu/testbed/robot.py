@@ -31,7 +31,14 @@ from scaleflu.fl.data import ImageData, add_trigger, apply_poison, load_datasets
 from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
 from scaleflu.fl.models import build_model
 from scaleflu.link import Link
-from scaleflu.testbed.common import Endpoint, cast_like, decode_state, encode_state, to_numpy
+from scaleflu.testbed.common import (
+    Endpoint,
+    cast_like,
+    decode_state,
+    encode_state,
+    install_link_keys,
+    to_numpy,
+)
 from scaleflu.testbed.keys import verify
 from scaleflu.testbed.protocol import (
     SERVER_ID,
@@ -184,6 +191,7 @@ class RobotClient:
         self.fault_round = fault_round
         self.forge_as = forge_as
         self.ep = Endpoint(link, robot_id)
+        install_link_keys(link, {robot_id: key}, robot_id)
         self.guard = ReplayGuard()
         self.session: int | None = None
         self.keys = {robot_id: key}

@@ -43,6 +43,7 @@ from scaleflu.testbed.common import (
     cast_like,
     decode_state,
     encode_state,
+    install_link_keys,
     to_numpy,
     to_torch,
 )
@@ -201,6 +202,7 @@ class EdgeServer:
             }
         )
         self.ep = Endpoint(link, SERVER_ID)
+        install_link_keys(link, self.keys, SERVER_ID)
         self.session = secrets.randbits(32) | 1
         self.guard = ReplayGuard()
         self.robots: dict[int, RobotInfo] = {}
