@@ -15,7 +15,7 @@ import pytest
 
 from scaleflu.config import load_config
 from scaleflu.link import MemoryChannel
-from scaleflu.testbed.common import Endpoint, encode_state
+from scaleflu.testbed.common import Endpoint, encode_state, install_link_keys
 from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID, MsgType
 from scaleflu.testbed.robot import RobotClient, RobotData
@@ -190,6 +190,9 @@ def test_recorded_register_useless_after_restart_and_resync_rate_limited(cfg, ro
         server, robot = _registered(cfg, robot_data, tmp_path / "a", store, ch)
         # what an eavesdropper records: the robot's REGISTER under the first server's challenge
         ep = Endpoint(ch.attach(3), 3)
+        # replayed through a node holding robot 3's link key (links with per-peer keys would
+        # otherwise drop it before the envelope checks; here the session check must refuse it)
+        install_link_keys(ep.link, store.robots, 3)
         meta = {"nonce": "abcd", "num_samples": 10}
         recorded = ep.build(MsgType.REGISTER, SERVER_ID, store.robots[3], server.session, 0, meta)
         # amplification: ten RESYNCs re-send the model at most once

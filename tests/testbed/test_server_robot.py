@@ -171,7 +171,9 @@ def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
     with MemoryChannel(seed=2) as ch:
         server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
         evil = ch.attach(2)
-        from scaleflu.testbed.common import Endpoint
+        from scaleflu.testbed.common import Endpoint, install_link_keys
+
+        install_link_keys(evil, keys, 2)  # authenticated at the link (when it has link keys)
 
         ep = Endpoint(evil, 2)
         junk = [rng.bytes(int(n)) for n in rng.integers(0, 3000, 20)]
