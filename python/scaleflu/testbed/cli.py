@@ -11,6 +11,7 @@ import argparse
 import json
 import logging
 import signal
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -176,6 +177,14 @@ def server_main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted; the history store keeps every completed round")
         return 130
+    except (OSError, sqlite3.Error) as exc:  # disk full, read-only folder: a local fault
+        log.error(
+            "edge server stopped: %s (%s); the history store keeps every completed round: "
+            "free space / fix the folder and start it again with the same --run-dir",
+            getattr(exc, "strerror", None) or exc,
+            getattr(exc, "filename", None) or args.run_dir,
+        )
+        return 3
     finally:
         link.close()
     return 0
