@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from scaleflu.config import load_config
 from scaleflu.link import MemoryChannel
@@ -35,6 +36,9 @@ OVERRIDES = [
 ]
 
 
+SIGNING_KEY = Ed25519PrivateKey.generate()
+
+
 def fake_unlearn(run_dir, request, method, mode, overrides, progress):
     """Stand-in for SCALE (tested elsewhere): halve the final model, say which request ran."""
     from scaleflu.fl.run import load_run
@@ -57,7 +61,10 @@ def robot_data(cfg) -> dict[int, RobotData]:
 def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], channel_kw=None):
     keys = generate_keys([1, 2, 3])
     ch = MemoryChannel(seed=3, **(channel_kw or {"loss": 0.02}))
-    server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, run_dir, False, fake_unlearn)
+    # one server identity for the module: a resumed run needs the key of its history digests
+    server = EdgeServer(
+        ch.attach(SERVER_ID), keys, cfg, run_dir, False, fake_unlearn, signing_key=SIGNING_KEY
+    )
     robots = [
         RobotClient(ch.attach(r), r, keys[r], cfg, data=robot_data[r], **robot_kw.get(r, {}))
         for r in (1, 2, 3)

@@ -177,6 +177,13 @@ def server_main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted; the history store keeps every completed round")
         return 130
+    except RuntimeError as exc:
+        from scaleflu.fl.history import HistoryIntegrityError
+
+        if not isinstance(exc, HistoryIntegrityError):
+            raise
+        log.error("edge server refuses the run folder: %s", exc)
+        return 2
     except (OSError, sqlite3.Error) as exc:  # disk full, read-only folder: a local fault
         log.error(
             "edge server stopped: %s (%s); the history store keeps every completed round: "

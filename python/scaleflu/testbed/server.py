@@ -47,12 +47,13 @@ from scaleflu.testbed.common import (
     to_numpy,
     to_torch,
 )
-from scaleflu.testbed.keys import public_bytes, sign
+from scaleflu.testbed.keys import private_bytes, public_bytes, sign
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
     ProtocolError,
     ReplayGuard,
+    derive_key,
     open_envelope,
     state_sha256,
     validate_update,
@@ -222,6 +223,8 @@ class EdgeServer:
         self.setup = build_setup(self.cfg)
         self.model = self.setup.new_model()
         self.history = open_history(self.cfg, self.run_dir, self.model)
+        # tensor files carry an authenticated digest under a key only this server holds
+        self.history.integrity_key = derive_key(private_bytes(self.signing_key), "history", 0)
         last = self.history.last_completed_round()
         if last == 0:
             self.history.record_initial(self.model.state_dict())
