@@ -51,3 +51,31 @@ def test_loose_key_store_refused_by_the_server_app(tmp_path, capfd):
     rc = cli.server_main(["--keys", str(keys), "--run-dir", str(tmp_path / "run")])
     out = capfd.readouterr()
     assert rc == 2 and "chmod 600" in out.out + out.err
+
+
+def test_failed_rounds_do_not_end_the_federation(tmp_path):
+    """Rounds with no valid update are logged and retried; then the server reports, no exit."""
+    from scaleflu.config import load_config
+    from scaleflu.link import MemoryChannel
+    from scaleflu.testbed.protocol import SERVER_ID
+    from scaleflu.testbed.server import EdgeServer
+
+    cfg = load_config(
+        None,
+        [
+            "data.num_clients=3", "fl.clients_per_round=3", "data.train_subset=600",
+            "data.test_subset=100", "testbed.rounds=2", "testbed.round_deadline_s=0.5",
+            "testbed.max_round_retries=2", "testbed.unlearn.wait_s=0",
+        ],
+    )  # fmt: skip
+    store = KeyStore.create([1, 2, 3])
+    with MemoryChannel(seed=0) as ch:
+        server = EdgeServer(
+            ch.attach(SERVER_ID), store.robots, cfg, tmp_path, False, signing_key=store.signing_key
+        )
+        server.wait_for_robots = lambda n, timeout: True  # nobody uploads anything
+        report = server.run()
+    failed = [e for e in report["events"] if e["event"] == "round_failed"]
+    assert len(failed) == 3 and all(e["round"] == 1 for e in failed)
+    assert any(e["event"] == "training_stopped" for e in report["events"])
+    assert report["history_rounds"] == 0 and report["rounds"] == []
