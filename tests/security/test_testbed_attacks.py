@@ -246,3 +246,21 @@ def test_model_not_signed_by_the_server_is_refused(cfg, robot_data, tmp_path):
         )  # fmt: skip
         robot._on_model(0, meta, encode_state(state))
         assert robot.state_sha == meta["sha256"] and len(robot.rejects) == 2
+
+
+def test_robot_enrolled_with_another_server_key_does_not_register(cfg, robot_data, tmp_path):
+    store = KeyStore.create([1, 2, 3])
+    impostor = KeyStore.create([2])  # the robot trusts another server identity
+    with MemoryChannel(seed=5) as ch:
+        server = EdgeServer(
+            ch.attach(SERVER_ID), store.robots, cfg, tmp_path, False, signing_key=store.signing_key
+        )
+        robot = RobotClient(
+            ch.attach(2), 2, store.robots[2], cfg, data=robot_data[2],
+            server_public_key=impostor.public_key,
+        )  # fmt: skip
+        th = threading.Thread(target=server.wait_for_robots, args=(1, 6.0))
+        th.start()
+        assert not robot.register(timeout=5.0)  # the grant's signature does not verify
+        th.join()
+        assert robot.session is None and robot.registrations == 0

@@ -284,6 +284,16 @@ class RobotClient:
             if env.meta.get("nonce") != self._pending_nonce or self._pending_nonce is None:
                 log.warning("robot %d: REGISTER_ACK with a stale nonce", self.robot_id)
                 return
+            if self.server_public_key is not None and not verify(
+                self.server_public_key,
+                env.meta.get("sig"),
+                "register_ack",
+                session=env.session,
+                robot=self.robot_id,
+                nonce=self._pending_nonce,
+            ):
+                log.warning("robot %d: REGISTER_ACK not signed by the server", self.robot_id)
+                return
             if not env.meta.get("accepted", False):
                 log.warning(
                     "robot %d: registration refused: %s", self.robot_id, env.meta.get("reason")

@@ -426,6 +426,9 @@ class EdgeServer:
             "next_round": self.history.last_completed_round() + 1,
         }
         r = info.robot_id
+        reply["sig"] = sign(
+            self.signing_key, "register_ack", session=self.session, robot=r, nonce=nonce
+        )
         self.ep.send(MsgType.REGISTER_ACK, r, self.keys[r], self.session, 0, reply, timeout=20.0)
 
     def _on_update(self, robot: RobotInfo, t: int, meta: Mapping[str, Any], body: bytes) -> None:
