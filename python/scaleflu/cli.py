@@ -31,6 +31,7 @@ SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
     ("scaleflu.unlearn.cli", "add_unlearn_parser"),
     ("scaleflu.experiments.cli", "add_experiment_parser"),
     ("scaleflu.testbed.cli", "add_testbed_parser"),
+    ("scaleflu.testbed.keys_cli", "add_keys_parser"),
 ]
 
 

@@ -65,10 +65,10 @@ def test_rounds_recorded_and_killed_robot_did_not_stall(run):
 def test_forged_and_invalid_updates_rejected(run):
     report, _, _ = run
     counts = report["rejection_counts"]
-    for reason in ("bad_hmac", "non_finite", "wrong_shape", "replay", "malformed"):
+    for reason in ("bad_auth", "non_finite", "wrong_shape", "replay", "malformed"):
         assert counts.get(reason, 0) >= 1, counts
     assert counts.get("duplicate", 0) >= 1, counts
-    forged = [x for x in report["rejections"] if x["reason"] == "bad_hmac"]
+    forged = [x for x in report["rejections"] if x["reason"] == "bad_auth"]
     assert forged and all(x["robot"] == 3 for x in forged)
     assert rows_participants(report, 1) == [1, 2, 3]  # robot 3's genuine update still counted
 

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from scaleflu.config import load_config
 from scaleflu.link import MemoryChannel
@@ -36,6 +37,9 @@ OVERRIDES = [
 ]
 
 
+SIGNING_KEY = Ed25519PrivateKey.generate()
+
+
 def fake_unlearn(run_dir, request, method, mode, overrides, progress):
     """Stand-in for SCALE (tested elsewhere): halve the final model, say which request ran."""
     from scaleflu.fl.run import load_run
@@ -58,7 +62,10 @@ def robot_data(cfg) -> dict[int, RobotData]:
 def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], channel_kw=None):
     keys = generate_keys([1, 2, 3])
     ch = MemoryChannel(seed=3, **(channel_kw or {"loss": 0.02}))
-    server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, run_dir, False, fake_unlearn)
+    # one server identity for the module: a resumed run needs the key of its history digests
+    server = EdgeServer(
+        ch.attach(SERVER_ID), keys, cfg, run_dir, False, fake_unlearn, signing_key=SIGNING_KEY
+    )
     robots = [
         RobotClient(ch.attach(r), r, keys[r], cfg, data=robot_data[r], **robot_kw.get(r, {}))
         for r in (1, 2, 3)
@@ -90,7 +97,7 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
     }
     report, outs, server, _ = run_testbed(cfg, robot_data, tmp_path, kw)
     counts = report["rejection_counts"]
-    for reason in ("non_finite", "wrong_shape", "duplicate", "replay", "bad_hmac", "malformed"):
+    for reason in ("non_finite", "wrong_shape", "duplicate", "replay", "bad_auth", "malformed"):
         assert counts.get(reason, 0) >= 1, (reason, counts)
     # robot 2's genuine update was still aggregated in round 1
     assert report["rounds"][0]["participants"] == [1, 2, 3]
@@ -182,14 +189,27 @@ def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
     with MemoryChannel(seed=2) as ch:
         server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
         evil = ch.attach(2)
-        from scaleflu.testbed.common import Endpoint
+        from scaleflu.testbed.common import Endpoint, install_link_keys
+
+        install_link_keys(evil, keys, 2)  # authenticated at the link (when it has link keys)
 
         ep = Endpoint(evil, 2)
         junk = [rng.bytes(int(n)) for n in rng.integers(0, 3000, 20)]
         # authenticated but nonsensical: before REGISTER, bad meta types, bad tensors
         junk.append(ep.build(MsgType.UPDATE, SERVER_ID, keys[2], server.session, 1, {}, b"x"))
-        junk.append(ep.build(MsgType.REGISTER, SERVER_ID, keys[2], 0, 0, {"num_samples": "x"}))
-        junk.append(ep.build(MsgType.REGISTER, SERVER_ID, keys[2], 0, 0, {"num_samples": 5}))
+        junk.append(
+            ep.build(MsgType.REGISTER, SERVER_ID, keys[2], server.session, 0, {"num_samples": "x"})
+        )
+        junk.append(
+            ep.build(
+                MsgType.REGISTER,
+                SERVER_ID,
+                keys[2],
+                server.session,
+                0,
+                {"num_samples": 5, "nonce": "n1"},
+            )
+        )
         junk.append(
             ep.build(MsgType.EVAL_REPORT, SERVER_ID, keys[2], server.session, 0,
                      {"purpose": [], "link_bytes_tx": "many"})

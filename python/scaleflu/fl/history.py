@@ -36,6 +36,8 @@ as ``derived_kept_rounds``.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
 import sqlite3
@@ -112,6 +114,19 @@ class DivergedError(RuntimeError):
     """Training produced a non-finite global model; the round is not recorded."""
 
 
+class HistoryIntegrityError(RuntimeError):
+    """A tensor file of the store fails its authenticated digest (tampered or foreign)."""
+
+
+def _file_mac(key: bytes, path: Path, name: str) -> str:
+    """HMAC-SHA256 under ``key`` of a file's name and bytes (hex)."""
+    h = hmac.new(key, name.encode() + b"\0", hashlib.sha256)
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 class HistoryStore:
     """SQLite + safetensors record of a FedAvg run (see the module docstring for the layout)."""
 
@@ -128,6 +143,9 @@ class HistoryStore:
         if keep_rounds is not None and keep_rounds < 1:
             raise ValueError(f"keep_rounds must be >= 1 or None, got {keep_rounds}")
         self.dir = Path(run_dir) / "history"
+        # HMAC key of the tensor files' authenticated digests (``<file>.mac``); None: none
+        # written or checked. The testbed's edge server sets it (HKDF of its signing key).
+        self.integrity_key: bytes | None = None
         self.dir.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.dir / "history.sqlite")
         self._db.executescript(_SCHEMA)
@@ -175,14 +193,25 @@ class HistoryStore:
     def _updates_path(self, t: int) -> Path:
         return self.dir / f"updates_{t:05d}.safetensors"
 
-    @staticmethod
-    def _save(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    def _save(self, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
         tmp = path.with_suffix(".tmp")
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
+        if self.integrity_key is not None:  # the authenticated digest first, then the file
+            mac = Path(str(path) + ".mac")
+            mac.write_text(_file_mac(self.integrity_key, tmp, path.name))
         tmp.replace(path)
 
-    @staticmethod
-    def _load(path: Path, prefix: str | None = None) -> dict[str, torch.Tensor]:
+    def _load(self, path: Path, prefix: str | None = None) -> dict[str, torch.Tensor]:
+        if self.integrity_key is not None:
+            mac = Path(str(path) + ".mac")
+            want = mac.read_text().strip() if mac.is_file() else None
+            if want is None or not hmac.compare_digest(
+                want, _file_mac(self.integrity_key, path, path.name)
+            ):
+                raise HistoryIntegrityError(
+                    f"{path}: authenticated digest {'missing' if want is None else 'mismatch'}"
+                    " (the file was modified or written without this run's key); refusing it"
+                )
         out: dict[str, torch.Tensor] = {}
         with safe_open(str(path), framework="pt") as fh:
             for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)

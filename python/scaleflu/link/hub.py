@@ -84,7 +84,7 @@ class FrameHub:
         self.rng = random.Random(seed)
         self._ctx = zmq.Context.instance()
         self._router = self._ctx.socket(zmq.ROUTER)
-        self._router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        self._router.setsockopt(zmq.ROUTER_HANDOVER, 0)  # no identity takeover
         self._router.setsockopt(zmq.LINGER, 0)
         self._router.bind(address)
         self.address = self._router.getsockopt(zmq.LAST_ENDPOINT).decode()

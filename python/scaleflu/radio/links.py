@@ -438,7 +438,7 @@ class ZmqOfdmLink(GrLink):
         node_id: int,
         peers: Mapping[int, str] | Iterable[int | str],
         base_port: int = DEFAULT_ZMQ_BASE_PORT,
-        bind: str = "127.0.0.1",
+        bind: str = "127.0.0.1",  # local simulations; "*" or an interface address across hosts
         phy: PhyConfig | None = None,
         channel: ChannelConfig | None = None,
         hwm: int = -1,

@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import signal
+import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -344,12 +345,19 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 
 def _run_server(args: argparse.Namespace) -> int:
     from scaleflu.config import load_config
-    from scaleflu.testbed.protocol import SERVER_ID, load_keys
+    from scaleflu.testbed.protocol import SERVER_ID
     from scaleflu.testbed.report import print_summary, write_report
     from scaleflu.testbed.server import EdgeServer
 
     cfg = load_config(args.config, args.overrides)
-    keys = load_keys(args.keys)
+    from scaleflu.testbed.keys import KeyStore
+
+    try:  # the server store: robots' keys (allow-list) and the server's signing identity
+        store = KeyStore.load(args.keys)
+    except (OSError, ValueError) as exc:
+        log.error("cannot use the key store: %s", exc)
+        return 2
+    keys = store.robots
     tx_args = args.dev_args if args.dev_args is not None else args.tx_args
     rx_args = args.dev_args if args.dev_args is not None else args.rx_args
     try:
@@ -358,7 +366,14 @@ def _run_server(args: argparse.Namespace) -> int:
         log.error("cannot open the link: %s", exc)
         return 2
     try:
-        server = EdgeServer(link, keys, cfg, args.run_dir, progress=not args.no_progress)
+        server = EdgeServer(
+            link,
+            keys,
+            cfg,
+            args.run_dir,
+            progress=not args.no_progress,
+            signing_key=store.signing_key,
+        )
         report = server.run()
         out = write_report(report, args.run_dir, plots=not args.no_plots)
         print_summary(report, sys.stdout)
@@ -366,6 +381,21 @@ def _run_server(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted; the history store keeps every completed round")
         return 130
+    except RuntimeError as exc:
+        from scaleflu.fl.history import HistoryIntegrityError
+
+        if not isinstance(exc, HistoryIntegrityError):
+            raise
+        log.error("edge server refuses the run folder: %s", exc)
+        return 2
+    except (OSError, sqlite3.Error) as exc:  # disk full, read-only folder: a local fault
+        log.error(
+            "edge server stopped: %s (%s); the history store keeps every completed round: "
+            "free space / fix the folder and start it again with the same --run-dir",
+            getattr(exc, "strerror", None) or exc,
+            getattr(exc, "filename", None) or args.run_dir,
+        )
+        return 3
     finally:
         link.close()
     return 0
@@ -387,13 +417,16 @@ def robot_main(argv: Sequence[str] | None = None) -> int:
 
 def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     from scaleflu.config import load_config
-    from scaleflu.testbed.protocol import SERVER_ID, load_keys
+    from scaleflu.testbed.protocol import SERVER_ID
     from scaleflu.testbed.robot import RobotClient
 
     cfg = load_config(args.config, args.overrides)
-    keys = load_keys(args.keys)
-    if args.robot_id not in keys:
-        p.error(f"no key for robot {args.robot_id} in {args.keys}")
+    from scaleflu.testbed.keys import Enrolment
+
+    try:  # this robot's enrolment file: its own key and the server's public key
+        enrol = Enrolment.load(args.keys, args.robot_id)
+    except (OSError, ValueError) as exc:
+        p.error(str(exc))
     unlearn = None
     if args.unlearn:
         unlearn = {"kind": args.unlearn}
@@ -411,12 +444,13 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
         robot = RobotClient(
             link,
             args.robot_id,
-            keys[args.robot_id],
+            enrol.key,
             cfg,
             unlearn,
             args.unlearn_after_round,
             tuple(f for f in args.faults.split(",") if f),
             args.fault_round,
+            server_public_key=enrol.server_public_key,
         )
         summary = robot.run(args.max_runtime)
     except KeyboardInterrupt:

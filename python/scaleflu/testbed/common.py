@@ -12,7 +12,7 @@ import torch
 from scaleflu.link import Encoding, Link
 from scaleflu.link.arq import SendHandle
 from scaleflu.link.wire import decode_tensors, encode_tensors
-from scaleflu.testbed.protocol import CounterSource, Envelope, MsgType, seal
+from scaleflu.testbed.protocol import SERVER_ID, CounterSource, Envelope, MsgType, derive_key, seal
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,27 @@ def cast_like(
         k: np.asarray(v).astype(like[k].dtype, copy=False) if k in like else v
         for k, v in state.items()
     }
+
+
+def install_link_keys(link: Link, keys: Mapping[int, bytes], node_id: int) -> bool:
+    """Give the link a per-peer key, ``HKDF(K_r, "link", r)``, for each peer it talks to.
+
+    On the server (``node_id`` 0) one key per robot in ``keys``; on robot r the key shared with
+    the server. Links with per-peer keys (``set_peer_key``, the link-hardening work) then tag
+    every DATA/ACK/NACK frame, so keyless nodes cannot forge link control or evict an
+    authenticated robot's partial messages. Returns False when the link has no such API.
+    """
+    setter = getattr(link, "set_peer_key", None)
+    if setter is None:
+        log.info("link %s has no per-peer keys; frames are authenticated above the link only",
+                 type(link).__name__)  # fmt: skip
+        return False
+    if node_id == SERVER_ID:
+        for r, k in keys.items():
+            setter(r, derive_key(k, "link", r))
+    else:
+        setter(SERVER_ID, derive_key(keys[node_id], "link", node_id))
+    return True
 
 
 class Endpoint:

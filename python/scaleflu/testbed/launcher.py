@@ -7,7 +7,7 @@ starts the channel (the frame hub of the ``frames-shared`` (default: one frequen
 ZeroMQ), the edge server and the robots, shows progress,
 and prints the server's summary. The last robot's data carries the backdoor trigger (GUIDE
 3.6) and it asks to be forgotten after ``--unlearn-after-round``. Ctrl-C stops every child.
-Everything lands in ``runs/testbed-<time>/``: config, keys, logs, history, report, plots.
+Everything lands in ``runs/testbed-<time>/``: config, logs, history, report, plots.
 """
 
 from __future__ import annotations
@@ -18,10 +18,12 @@ import logging
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -32,7 +34,7 @@ from scaleflu.config import _read_file, default_config, merge, parse_override, s
 from scaleflu.link import ChannelModel
 from scaleflu.link.kinds import canonical_kind
 from scaleflu.log import setup_logging
-from scaleflu.testbed.protocol import generate_keys, save_keys
+from scaleflu.testbed.keys import KeyStore
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +319,13 @@ def run_testbed(args: argparse.Namespace) -> int:
     (run_dir / "logs").mkdir(exist_ok=True)
     cfg = build_config(args)
     cfg_path = save_config(cfg, run_dir / "testbed.yaml")
-    keys_path = save_keys(generate_keys(list(range(1, args.robots + 1))), run_dir / "keys.json")
+    # Keys live outside the run folder (a private temporary folder, removed at the end): the
+    # server gets the store, each robot only its own enrolment file.
+    key_dir = Path(tempfile.mkdtemp(prefix="scaleflu-keys-"))
+    store = KeyStore.create(list(range(1, args.robots + 1)))
+    keys_path = store.save(key_dir / "server.json")
+    robot_keys = {r: store.write_enrolment(r, key_dir / f"robot{r}.json") for r in store.robots}
+    del store
     echo = None if args.quiet else sys.stdout
     out = sys.stdout
     tb = cfg["testbed"]
@@ -363,10 +371,11 @@ def run_testbed(args: argparse.Namespace) -> int:
             f"channel: OFDM over ZeroMQ ports {base}.., SNR {args.snr_db} dB, "
             f"frame drop {args.drop_rate}\n"
         )
-    common = ["--config", str(cfg_path), "--keys", str(keys_path), *link_args]
+    common = ["--config", str(cfg_path), *link_args]  # keys: the server's store, each robot its own
+    server_cmd = [*app_command("edge_server"), *common, "--keys", str(keys_path)]
     server = Child(
         "server",
-        [*app_command("edge_server"), *common, "--run-dir", str(run_dir), "--no-progress"],
+        [*server_cmd, "--run-dir", str(run_dir), "--no-progress"],
         run_dir / "logs" / "server.log",
         echo,
     )
@@ -376,6 +385,8 @@ def run_testbed(args: argparse.Namespace) -> int:
         cmd = [
             *app_command("robot_client"),
             *common,
+            "--keys",
+            str(robot_keys[r]),
             "--robot-id",
             str(r),
             "--summary",
@@ -454,6 +465,7 @@ def run_testbed(args: argparse.Namespace) -> int:
             ch.stop()
         if hub is not None:
             hub.close()
+        shutil.rmtree(key_dir, ignore_errors=True)
     total = time.monotonic() - t_start
     text = "".join(server.lines)
     if "=== SCALE testbed summary" in text:

@@ -1,10 +1,10 @@
-"""Testbed protocol: authenticated, replay-protected envelopes between the edge server and robots.
+"""Testbed protocol: encrypted, authenticated, replay-protected envelopes (server <-> robots).
 
 Every message on the link is one envelope (big-endian)::
 
     off  size field
     0    4    magic b"SFTB"
-    4    1    version (1)
+    4    1    version (2)
     5    1    type (MsgType)
     6    2    flags (0)
     8    4    session (u32; 0 only in REGISTER)
@@ -12,26 +12,30 @@ Every message on the link is one envelope (big-endian)::
     16   2    sender id (0 = edge server, robots 1..65534)
     18   2    receiver id
     20   8    counter (u64, strictly increasing per sender; starts at the sender's clock in us)
-    28   4    meta length J
-    32   4    body length B
-    36   J    meta: UTF-8 JSON object (control fields)
-    36+J B    body: a scaleflu.link wire message (tensors) or empty
-    ..   32   HMAC-SHA256(key of the robot, bytes 0 .. 36+J+B-1)
+    28   4    meta length J (plaintext)
+    32   4    body length B (plaintext)
+    36   12   AEAD nonce (random)
+    48   J+B+16  ChaCha20-Poly1305(direction key, nonce, meta || body, aad = bytes 0..47)
 
-The key is the robot's pre-shared key in both directions (the server holds every robot's key).
-A receiver accepts an envelope only when: it parses, the HMAC verifies with the key of the
-claimed robot, the link source equals the claimed sender, the session is the current one
-(REGISTER: 0, and its counter is within ``max_skew_s`` of the receiver's clock), and the counter
-is above the last one accepted from that sender (replay and duplicate protection). Counters are
-committed only after the HMAC verified, so forged traffic cannot advance them. Nothing is ever
-unpickled: meta is JSON, tensors use the versioned wire format.
+meta is a UTF-8 JSON object (control fields), body a scaleflu.link wire message (tensors) or
+empty; both are encrypted, the header is authenticated as associated data. The robot's
+enrolment key ``K_r`` (32 random bytes, held by the server and by robot r only) is never used
+directly: :func:`derive_key` (HKDF-SHA256) gives one key per direction (``up``: robot -> server,
+``down``: server -> robot) and one for the link layer (``link``). A receiver accepts an envelope
+only when: it parses, the AEAD tag verifies under the direction key of the robot the message
+concerns (the claimed sender on the server, itself on a robot), the link source equals the
+claimed sender, the session is the current one (REGISTER: the session the server announced, so
+a REGISTER recorded before a restart is refused as ``bad_session``), and the counter has not
+been accepted before (replay window). Counters are committed only after the tag verified, so
+forged traffic cannot advance them. Nothing is ever unpickled: meta is JSON, tensors use the
+versioned wire format.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
-import hmac
 import json
 import logging
 import os
@@ -45,14 +49,21 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"SFTB"
-VERSION = 1
+VERSION = 2
 HEADER = struct.Struct(">4sBBHIIHHQII")
 HEADER_SIZE = HEADER.size  # 36
-MAC_SIZE = 32
+NONCE_SIZE = 12
+TAG_SIZE = 16
+MAC_SIZE = NONCE_SIZE + TAG_SIZE  # bytes an envelope adds to meta + body besides the header
+HKDF_SALT = b"scaleflu-testbed-v2"
 MAX_META = 64 * 1024
 SERVER_ID = 0
 MAX_ROBOT_ID = 0xFFFE
@@ -117,8 +128,18 @@ def save_keys(keys: Mapping[int, bytes], path: str | Path) -> Path:
     return path
 
 
+def check_key_file_mode(path: str | Path) -> None:
+    """Refuse a key file readable or writable by others than its owner (PermissionError)."""
+    mode = os.stat(path).st_mode & 0o777
+    if mode & 0o077:
+        raise PermissionError(
+            f"{path}: key file has mode {mode:04o}; run chmod 600 {path} (owner only)"
+        )
+
+
 def load_keys(path: str | Path) -> dict[int, bytes]:
-    """Read a key file written by :func:`save_keys` (or by hand); keys must be >= 16 bytes."""
+    """Read a key file written by :func:`save_keys`; keys must be >= 16 bytes, mode 0600."""
+    check_key_file_mode(path)
     raw = json.loads(Path(path).read_text())
     robots = raw.get("robots") if isinstance(raw, dict) else None
     if not isinstance(robots, dict) or not robots:
@@ -135,11 +156,23 @@ def load_keys(path: str | Path) -> dict[int, bytes]:
     return out
 
 
+@functools.lru_cache(maxsize=4096)
+def derive_key(master: bytes, purpose: str, robot: int) -> bytes:
+    """HKDF-SHA256 key for ``purpose`` (``up``, ``down``, ``link``) of robot ``robot``."""
+    hk = HKDF(hashes.SHA256(), 32, HKDF_SALT, f"scaleflu/{purpose}/{int(robot)}".encode())
+    return hk.derive(bytes(master))
+
+
+def direction_of(sender: int, receiver: int) -> tuple[str, int]:
+    """(direction, robot) of a message: ``down`` from the server, ``up`` from a robot."""
+    return ("down", receiver) if sender == SERVER_ID else ("up", sender)
+
+
 # ----------------------------------------------------------------------------- encoding
 
 
 def seal(env: Envelope, key: bytes) -> bytes:
-    """Serialise and authenticate an envelope with HMAC-SHA256 under ``key``."""
+    """Serialise and encrypt an envelope under the direction key derived from ``key`` (K_r)."""
     meta = json.dumps(env.meta, separators=(",", ":"), allow_nan=False).encode()
     if len(meta) > MAX_META:
         raise ValueError(f"meta of {len(meta)} bytes exceeds {MAX_META}")
@@ -156,14 +189,16 @@ def seal(env: Envelope, key: bytes) -> bytes:
         len(meta),
         len(env.body),
     )
-    data = head + meta + bytes(env.body)
-    return data + hmac.new(key, data, hashlib.sha256).digest()
+    nonce = secrets.token_bytes(NONCE_SIZE)
+    direction, robot = direction_of(env.sender, env.receiver)
+    aead = ChaCha20Poly1305(derive_key(key, direction, robot))
+    return head + nonce + aead.encrypt(nonce, meta + bytes(env.body), head + nonce)
 
 
 def peek(data: bytes) -> Envelope:
-    """Parse an envelope without checking its HMAC (to find whose key verifies it)."""
+    """Parse an envelope's header without decrypting (meta and body are left empty)."""
     if len(data) < HEADER_SIZE + MAC_SIZE:
-        raise ProtocolError("malformed", f"{len(data)} bytes is shorter than header + MAC")
+        raise ProtocolError("malformed", f"{len(data)} bytes is shorter than header + tag")
     magic, ver, mtype, flags, session, rnd, sender, receiver, counter, jlen, blen = (
         HEADER.unpack_from(data, 0)
     )
@@ -179,22 +214,29 @@ def peek(data: bytes) -> Envelope:
         raise ProtocolError("malformed", f"unknown type {mtype}") from None
     if jlen > MAX_META or HEADER_SIZE + jlen + blen + MAC_SIZE != len(data):
         raise ProtocolError("malformed", "length fields do not match the message size")
+    return Envelope(t, session, rnd, sender, receiver, counter, {}, b"")
+
+
+def decrypt(data: bytes, env: Envelope, key: bytes) -> Envelope:
+    """Decrypt and authenticate ``data`` (header parsed into ``env``) under K_r ``key``."""
+    direction, robot = direction_of(env.sender, env.receiver)
+    aead = ChaCha20Poly1305(derive_key(key, direction, robot))
+    aad = bytes(data[: HEADER_SIZE + NONCE_SIZE])
     try:
-        meta = json.loads(data[HEADER_SIZE : HEADER_SIZE + jlen].decode("utf-8")) if jlen else {}
+        plain = aead.decrypt(aad[HEADER_SIZE:], bytes(data[HEADER_SIZE + NONCE_SIZE :]), aad)
+    except InvalidTag:
+        raise ProtocolError(
+            "bad_auth", f"AEAD tag of a {env.type.name} claiming sender {env.sender}"
+        ) from None
+    jlen = HEADER.unpack_from(data, 0)[9]
+    try:
+        meta = json.loads(plain[:jlen].decode("utf-8")) if jlen else {}
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError("malformed", f"meta is not JSON: {exc}") from None
     if not isinstance(meta, dict):
         raise ProtocolError("malformed", "meta is not a JSON object")
-    body = bytes(data[HEADER_SIZE + jlen : HEADER_SIZE + jlen + blen])
-    return Envelope(t, session, rnd, sender, receiver, counter, meta, body)
-
-
-def verify_mac(data: bytes, key: bytes) -> bool:
-    """Whether the trailing HMAC-SHA256 of ``data`` verifies under ``key`` (constant time)."""
-    if len(data) < MAC_SIZE:
-        return False
-    mac = hmac.new(key, data[:-MAC_SIZE], hashlib.sha256).digest()
-    return hmac.compare_digest(mac, data[-MAC_SIZE:])
+    env.meta, env.body = meta, bytes(plain[jlen:])
+    return env
 
 
 def now_counter() -> int:
@@ -272,15 +314,17 @@ def open_envelope(
     key = key_of.get(robot)
     if key is None:
         raise ProtocolError("unknown_sender", f"no key for robot {robot}")
-    if not verify_mac(data, key):
-        raise ProtocolError("bad_hmac", f"HMAC of a {env.type.name} claiming sender {env.sender}")
+    if (env.sender == SERVER_ID) == (env.receiver == SERVER_ID):
+        raise ProtocolError("malformed", "exactly one end of a message is the server")
+    env = decrypt(data, env, key)
     if env.sender != src:
         raise ProtocolError("sender_mismatch", f"claims {env.sender}, link source is {src}")
     if env.receiver != expect_receiver:
         raise ProtocolError("wrong_receiver", f"for {env.receiver}, this is {expect_receiver}")
-    if env.type is MsgType.REGISTER:
+    if env.type is MsgType.REGISTER and env.session == 0:
+        # a robot without a session asks for the challenge; only SERVER_HELLO answers it
         skew = abs(env.counter / 1e6 - time.time())
-        if env.session != 0 or skew > max_skew_s:
+        if skew > max_skew_s:
             raise ProtocolError("stale_register", f"session {env.session}, clock skew {skew:.0f}s")
     elif session is not None and env.session != session:
         raise ProtocolError("bad_session", f"session {env.session:#x}, current {session:#x}")

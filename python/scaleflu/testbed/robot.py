@@ -10,7 +10,9 @@ server announces a new session (restart) or stays silent for ``testbed.robot_idl
 ``nan`` and ``shape`` (a NaN / wrong-shape upload before the real one), ``duplicate`` and
 ``replay`` (the real upload sent again re-sealed / byte-identical), ``forged`` (an upload
 claiming to be another robot, sealed with this robot's key), ``garbage`` (random bytes) and
-``crash`` (the process exits after receiving the model of ``fault_round``, before uploading).
+``crash`` (the process exits after receiving the model of ``fault_round``, before uploading),
+``bad_meta`` and ``float64`` (type-confused uploads before the real one), ``scaled`` (the real
+upload is replaced by a x100 scaled update) and ``free_ride`` (it uploads the model it got).
 """
 
 from __future__ import annotations
@@ -29,7 +31,15 @@ from scaleflu.fl.data import ImageData, add_trigger, apply_poison, load_datasets
 from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
 from scaleflu.fl.models import build_model
 from scaleflu.link import Link
-from scaleflu.testbed.common import Endpoint, cast_like, decode_state, encode_state, to_numpy
+from scaleflu.testbed.common import (
+    Endpoint,
+    cast_like,
+    decode_state,
+    encode_state,
+    install_link_keys,
+    to_numpy,
+)
+from scaleflu.testbed.keys import verify
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
@@ -43,7 +53,19 @@ from scaleflu.testbed.transport import BodyCache, link_stats, unpack_broadcast_b
 
 log = logging.getLogger(__name__)
 
-FAULTS = ("nan", "shape", "duplicate", "replay", "forged", "garbage", "crash")
+FAULTS = (
+    "nan",
+    "shape",
+    "duplicate",
+    "replay",
+    "forged",
+    "garbage",
+    "crash",
+    "bad_meta",  # an upload whose meta has "x" where an int belongs, before the real one
+    "float64",  # the real upload in float64, before the real one
+    "scaled",  # model poisoning: the real upload is global + 100 x (local - global)
+    "free_ride",  # the real upload is the model it was sent, untouched
+)
 
 
 class RobotData:
@@ -148,8 +170,13 @@ class RobotClient:
         fault_round: int = 1,
         forge_as: int | None = None,
         data: RobotData | None = None,
+        server_public_key: bytes | None = None,
     ) -> None:
-        """``unlearn``: request meta (kind, classes, fraction), sent after that round."""
+        """``unlearn``: request meta (kind, classes, fraction), sent after that round.
+
+        ``server_public_key``: the server's Ed25519 key from the robot's enrolment file; models
+        and grants without the server's signature are then refused (None: not checked).
+        """
         bad = [f for f in faults if f not in FAULTS]
         if bad:
             raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
@@ -166,9 +193,13 @@ class RobotClient:
         self.ep = Endpoint(link, robot_id)
         self._bodies = BodyCache()  # model bodies from the broadcast downlink, by SHA-256
         self._waiting_body: dict[str, tuple[int, Mapping[str, Any], bytes]] = {}
+        install_link_keys(link, {robot_id: key}, robot_id)
         self.guard = ReplayGuard()
         self.session: int | None = None
         self.keys = {robot_id: key}
+        self.server_public_key = server_public_key
+        if server_public_key is None:
+            log.warning("robot %d: no server public key; model signatures unchecked", robot_id)
         fl = cfg["fl"]
         torch.set_num_threads(max(1, int(fl["threads"]) or 1))
         self.local = LocalConfig(
@@ -189,24 +220,35 @@ class RobotClient:
         self.registrations = 0
         self.done = False
         self._pending_nonce: str | None = None
+        self._challenge: int | None = None  # the session the server announced (SERVER_HELLO)
         self._last_heard = time.monotonic()
         self._requested = False
 
     # -- registration ----------------------------------------------------------------------
 
+    def _send_register(self, timeout: float) -> None:
+        """REGISTER under the server's challenge (its announced session); 0 asks for one."""
+        meta = {
+            "nonce": self._pending_nonce,
+            "num_samples": len(self.data),
+            "model": self.data.model_args[0],
+            "version": 2,
+        }
+        s = self._challenge or 0
+        self.ep.send(MsgType.REGISTER, SERVER_ID, self.key, s, 0, meta, timeout=timeout)
+
     def register(self, timeout: float = 60.0) -> bool:
-        """Send REGISTER until a REGISTER_ACK with our nonce arrives (or ``timeout``)."""
+        """Send REGISTER until a REGISTER_ACK with our nonce arrives (or ``timeout``).
+
+        Registration answers the server's challenge: the REGISTER carries the session the
+        server announced in its SERVER_HELLO (fresh per server start). Without one the robot
+        sends session 0, which the server answers with a SERVER_HELLO only.
+        """
         end = time.monotonic() + timeout
         wait = 1.0
         while time.monotonic() < end and not self.done:
             self._pending_nonce = secrets.token_hex(8)
-            meta = {
-                "nonce": self._pending_nonce,
-                "num_samples": len(self.data),
-                "model": self.data.model_args[0],
-                "version": 1,
-            }
-            self.ep.send(MsgType.REGISTER, SERVER_ID, self.key, 0, 0, meta, timeout=wait * 4)
+            self._send_register(wait * 4)
             until = time.monotonic() + wait * 4
             while time.monotonic() < until and self._pending_nonce is not None:
                 self.poll(0.2)
@@ -253,6 +295,16 @@ class RobotClient:
             if env.meta.get("nonce") != self._pending_nonce or self._pending_nonce is None:
                 log.warning("robot %d: REGISTER_ACK with a stale nonce", self.robot_id)
                 return
+            if self.server_public_key is not None and not verify(
+                self.server_public_key,
+                env.meta.get("sig"),
+                "register_ack",
+                session=env.session,
+                robot=self.robot_id,
+                nonce=self._pending_nonce,
+            ):
+                log.warning("robot %d: REGISTER_ACK not signed by the server", self.robot_id)
+                return
             if not env.meta.get("accepted", False):
                 log.warning(
                     "robot %d: registration refused: %s", self.robot_id, env.meta.get("reason")
@@ -266,14 +318,21 @@ class RobotClient:
             log.info("robot %d registered, session %08x", self.robot_id, env.session)
             return
         if env.type is MsgType.SERVER_HELLO:
-            if env.session != self.session and self._pending_nonce is None:
-                log.info(
-                    "robot %d: server session %08x announced; registering",
-                    self.robot_id,
-                    env.session,
-                )
-                self.session = None
-                self.register(timeout=30.0)
+            if env.session == self.session:
+                return
+            if self._pending_nonce is not None:  # registering: answer a new challenge now
+                if env.session != self._challenge:
+                    self._challenge = env.session
+                    self._send_register(4.0)
+                return
+            self._challenge = env.session
+            log.info(
+                "robot %d: server session %08x announced; registering",
+                self.robot_id,
+                env.session,
+            )
+            self.session = None
+            self.register(timeout=30.0)
             return
         if self.session is None or env.session != self.session:
             log.warning("robot %d: %s outside a session", self.robot_id, env.type.name)
@@ -281,6 +340,16 @@ class RobotClient:
         if env.type is MsgType.MODEL:
             self._on_model(env.round, env.meta, env.body)
         elif env.type is MsgType.UNLEARN_ACK:
+            if self.server_public_key is not None and not verify(
+                self.server_public_key,
+                env.meta.get("sig"),
+                "unlearn_ack",
+                session=self.session,
+                robot=self.robot_id,
+                accepted=env.meta.get("accepted"),
+            ):
+                log.warning("robot %d: UNLEARN_ACK not signed by the server", self.robot_id)
+                return
             self.unlearn_ack = dict(env.meta)
             log.info(
                 "robot %d: unlearning request %s (%s)",
@@ -329,8 +398,23 @@ class RobotClient:
             log.warning("robot %d: model hash mismatch; resync", self.robot_id)
             self.ep.send(MsgType.RESYNC, SERVER_ID, self.key, self.session or 0, t, {})
             return
-        self.state, self.state_sha = state, sha
         purpose = str(meta.get("purpose"))
+        if self.server_public_key is not None and not verify(
+            self.server_public_key,
+            meta.get("sig"),
+            "model",
+            session=self.session,
+            robot=self.robot_id,
+            round=t,
+            purpose=purpose,
+            sha256=sha,
+        ):
+            log.warning(
+                "robot %d: %s model r%d not signed by the server", self.robot_id, purpose, t
+            )
+            self.rejects.append({"round": t, "reason": "bad_signature", "purpose": purpose})
+            return
+        self.state, self.state_sha = state, sha
         self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
         if purpose == "train":
             if self._requested and (self.unlearn or {}).get("kind") == "client":
@@ -367,6 +451,13 @@ class RobotClient:
         )
         train_s = time.perf_counter() - t0
         local_np = to_numpy(local)
+        if fault_now and "scaled" in self.faults:
+            local_np = {
+                k: (g + 100.0 * (v - g)).astype(v.dtype) if v.dtype.kind == "f" else v
+                for (k, v), g in ((kv, self.state[kv[0]]) for kv in local_np.items())
+            }
+        if fault_now and "free_ride" in self.faults:
+            local_np = {k: v.copy() for k, v in self.state.items()}
         stats = link_stats(self.link).get("arq", {})
         up_meta = {
             "num_samples": len(self.data),
@@ -423,9 +514,11 @@ class RobotClient:
         t0 = time.perf_counter()
         m = robot_metrics(self.model, self.data, meta.get("request"), self.robot_id)
         stats = link_stats(self.link).get("arq", {})
+        # the bit-exact claim: a digest of the tensors the evaluated model actually holds
+        loaded_sha = state_sha256(to_numpy(self.model.state_dict()))
         rep = {
             "purpose": purpose,
-            "sha256": self.state_sha,
+            "sha256": loaded_sha,
             "metrics": m,
             "eval_s": time.perf_counter() - t0,
             "link_bytes_tx": int(stats.get("bytes_tx", self.ep.sent_bytes)),
@@ -448,6 +541,22 @@ class RobotClient:
             bad[first].reshape(-1)[0] = np.nan
             self.ep.send(
                 MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(bad), timeout=timeout
+            ).wait(timeout)
+        if "bad_meta" in self.faults:
+            self.ep.send(
+                MsgType.UPDATE,
+                SERVER_ID,
+                self.key,
+                s,
+                t,
+                {**meta, "num_samples": "x"},
+                encode_state(local),
+                timeout=timeout,
+            ).wait(timeout)
+        if "float64" in self.faults:
+            wide = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in local.items()}
+            self.ep.send(
+                MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(wide), timeout=timeout
             ).wait(timeout)
         if "shape" in self.faults:
             bad = {k: v.copy() for k, v in local.items()}

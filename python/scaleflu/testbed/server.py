@@ -30,9 +30,11 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from scaleflu.config import ConfigError, save_config
-from scaleflu.fl.fedavg import aggregate, attack_success_rate, evaluate
+from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, robust_aggregate
+from scaleflu.fl.fedavg import attack_success_rate, evaluate
 from scaleflu.fl.run import build_setup, open_history
 from scaleflu.link import Link
 from scaleflu.link.arq import SendHandle
@@ -41,14 +43,17 @@ from scaleflu.testbed.common import (
     cast_like,
     decode_state,
     encode_state,
+    install_link_keys,
     to_numpy,
     to_torch,
 )
+from scaleflu.testbed.keys import private_bytes, public_bytes, sign
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
     ProtocolError,
     ReplayGuard,
+    derive_key,
     open_envelope,
     state_sha256,
     validate_update,
@@ -60,6 +65,7 @@ from scaleflu.testbed.transport import (
     pack_broadcast_body,
     round_link_row,
 )
+from scaleflu.testbed.validation import EvalMeta, RateLimiter, RegisterMeta, UnlearnMeta, UpdateMeta
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +86,7 @@ class RobotInfo:
     link_bytes_tx: int = 0  # the robot's own ARQ byte counter, as it last reported it
     held_src: str | None = None  # SHA-256 of the server-side state it was encoded from
     resync_at: float = 0.0  # when the robot last said it does not hold what we think
+    last_nonce: str | None = None  # nonce of its last REGISTER (a retry is not a new one)
 
 
 @dataclass
@@ -106,6 +113,13 @@ class RoundState:
     deadline: float
     scheduled: set[int] = field(default_factory=set)
     updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    refused: dict[int, float] = field(default_factory=dict)  # robot -> when its upload was refused
+
+    def not_awaited(self, grace_s: float) -> set[int]:
+        """Robots refused more than ``grace_s`` ago: the round no longer waits for them."""
+        now = time.monotonic()
+        return {r for r, at in self.refused.items() if now - at > grace_s}
+
     reported: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -209,9 +223,17 @@ class EdgeServer:
         progress: bool = True,
         unlearn_fn: UnlearnFn | None = None,
         on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
-        """Open (or resume) the run in ``run_dir``; ``keys`` maps robot id -> pre-shared key."""
+        """Open (or resume) the run in ``run_dir``; ``keys`` maps robot id -> K_r (allow-list).
+
+        ``signing_key``: the server's Ed25519 identity (``scaleflu.testbed.keys.KeyStore``);
+        models and grants are signed with it. None: a fresh one (robots must then be given
+        ``server.public_key``).
+        """
         self.link = link
+        self.signing_key = signing_key or Ed25519PrivateKey.generate()
+        self.public_key = public_bytes(self.signing_key)
         self.keys = dict(keys)
         self.run_dir = Path(run_dir)
         self.progress = progress
@@ -221,7 +243,16 @@ class EdgeServer:
         self.cfg = self._resolve_config(dict(cfg))
         tb = self.cfg["testbed"]
         self.tb = tb
+        self.agg_cfg = AggregationConfig.from_dict(dict(tb.get("aggregation") or {}))
+        self.limits = RateLimiter(
+            {
+                "resync": float(tb.get("resync_min_interval_s", 0.0)),
+                "request": float(tb.get("request_min_interval_s", 0.0)),
+                "hello": 0.5,  # answers to session-0 REGISTERs (challenge requests)
+            }
+        )
         self.ep = Endpoint(link, SERVER_ID)
+        install_link_keys(link, self.keys, SERVER_ID)
         self.session = secrets.randbits(32) | 1
         self.guard = ReplayGuard()
         self.robots: dict[int, RobotInfo] = {}
@@ -241,6 +272,8 @@ class EdgeServer:
         self.setup = build_setup(self.cfg)
         self.model = self.setup.new_model()
         self.history = open_history(self.cfg, self.run_dir, self.model)
+        # tensor files carry an authenticated digest under a key only this server holds
+        self.history.integrity_key = derive_key(private_bytes(self.signing_key), "history", 0)
         last = self.history.last_completed_round()
         if last == 0:
             self.history.record_initial(self.model.state_dict())
@@ -333,11 +366,13 @@ class EdgeServer:
         if self.on_event is not None:
             self.on_event(kind, row)
 
-    def _reject(self, reason: str, robot: int | None, what: str, detail: str = "") -> None:
+    def _reject(
+        self, reason: str, robot: int | None, what: str, detail: str = "", round_: int | None = None
+    ) -> None:
         """Log and count a refused message."""
         row = {
             "t": round(time.monotonic() - self.t0, 3),
-            "round": self.round.t if self.round else None,
+            "round": round_ if round_ is not None else (self.round.t if self.round else None),
             "robot": robot,
             "message": what,
             "reason": reason,
@@ -378,6 +413,13 @@ class EdgeServer:
         )
         r = env.sender
         if env.type is MsgType.REGISTER:
+            if env.session == 0:  # the robot asks for this server's challenge (its session)
+                if not self.limits.allow(r, "hello"):
+                    raise ProtocolError("rate_limited", "challenge requests too often")
+                self.ep.send(
+                    MsgType.SERVER_HELLO, r, self.keys[r], self.session, 0, {}, timeout=5.0
+                )
+                return
             self._on_register(r, env.meta)
             return
         robot = self.robots.get(r)
@@ -388,15 +430,18 @@ class EdgeServer:
         elif env.type is MsgType.UNLEARN_REQUEST:
             self._on_unlearn_request(robot, env.meta)
         elif env.type is MsgType.EVAL_REPORT:
-            purpose = str(env.meta.get("purpose", ""))
+            em = EvalMeta.parse(env.meta)
+            purpose = em.purpose
             self.eval_reports.setdefault(purpose, {})[r] = dict(env.meta)
-            robot.link_bytes_tx = int(env.meta.get("link_bytes_tx", robot.link_bytes_tx))
+            robot.link_bytes_tx = em.link_bytes_tx
             from scaleflu.log import fmt
 
             log.info(
                 "robot %d evaluated the %s model: %s", r, purpose, fmt(env.meta.get("metrics"))
             )
         elif env.type is MsgType.RESYNC:
+            if not self.limits.allow(r, "resync"):
+                raise ProtocolError("rate_limited", "RESYNC more often than resync_min_interval_s")
             robot.held, robot.held_sha = None, None
             robot.resync_at = time.monotonic()
             log.info("robot %d asked for a full model next time", r)
@@ -404,9 +449,13 @@ class EdgeServer:
             raise ProtocolError("unexpected_type", env.type.name)
 
     def _on_register(self, r: int, meta: Mapping[str, Any]) -> None:
-        nonce = str(meta.get("nonce", ""))[:64]
-        num = int(meta.get("num_samples", 0))
+        rm = RegisterMeta.parse(meta)
+        nonce, num = rm.nonce, rm.num_samples
         info = self.robots.get(r) or RobotInfo(r)
+        if info.last_nonce == nonce:  # the same REGISTER again (retry): acknowledge, keep state
+            self._send_register_ack(info, nonce)
+            return
+        info.last_nonce = nonce
         info.num_samples = num
         info.registered_at = time.monotonic()
         info.registrations += 1
@@ -418,15 +467,22 @@ class EdgeServer:
             log.warning("robot %d reports %d samples, the partition has %d", r, num, expected)
         if r in self._forgotten_before:
             info.forgotten = True  # registered to evaluate the unlearned model, not to train
+        self._send_register_ack(info, nonce)
+        self._event("register", robot=r, registrations=info.registrations)
+        log.info("robot %d registered (%d samples, registration %d)", r, num, info.registrations)
+
+    def _send_register_ack(self, info: RobotInfo, nonce: str) -> None:
         reply = {
             "nonce": nonce,
             "accepted": True,
             "reason": "forgotten: no training" if info.forgotten else "",
             "next_round": self.history.last_completed_round() + 1,
         }
+        r = info.robot_id
+        reply["sig"] = sign(
+            self.signing_key, "register_ack", session=self.session, robot=r, nonce=nonce
+        )
         self.ep.send(MsgType.REGISTER_ACK, r, self.keys[r], self.session, 0, reply, timeout=20.0)
-        self._event("register", robot=r, registrations=info.registrations)
-        log.info("robot %d registered (%d samples, registration %d)", r, num, info.registrations)
 
     def _on_update(self, robot: RobotInfo, t: int, meta: Mapping[str, Any], body: bytes) -> None:
         r = robot.robot_id
@@ -449,22 +505,28 @@ class EdgeServer:
             self._reject("duplicate", r, f"UPDATE r{t}")
             self._notify_reject(r, t, "duplicate")
             return
+        try:  # typed meta first: nothing is decoded or stored before it parses
+            um = UpdateMeta.parse(meta)
+        except ProtocolError as exc:
+            self._refuse_update(rs, r, t, exc.reason, exc.detail)
+            return
         try:
-            ref = rs.global_np if meta.get("delta") else None
-            state = cast_like(decode_state(body, reference=ref), rs.global_np)
+            ref = rs.global_np if um.delta else None
+            state = decode_state(body, reference=ref)
+            if ref is not None:  # a delta decodes in the reference's dtypes
+                state = cast_like(state, rs.global_np)
         except Exception as exc:
-            self._reject("malformed_tensors", r, f"UPDATE r{t}", repr(exc))
-            self._notify_reject(r, t, "malformed tensors")
+            self._refuse_update(rs, r, t, "malformed_tensors", repr(exc))
             return
         mn = self.tb.get("max_update_norm")
+        # dtypes are compared, not cast: a float64 upload of a float32 model is refused
         reason = validate_update(state, rs.global_np, None if mn is None else float(mn))
         if reason is not None:
-            self._reject(reason.split(":")[0], r, f"UPDATE r{t}", reason)
-            self._notify_reject(r, t, reason)
+            self._refuse_update(rs, r, t, reason.split(":")[0], reason)
             return
         rs.updates[r] = state
-        rs.reported[r] = dict(meta)
-        robot.link_bytes_tx = int(meta.get("link_bytes_tx", robot.link_bytes_tx))
+        rs.reported[r] = {"num_samples": um.num_samples, "train_s": um.train_s}
+        robot.link_bytes_tx = um.link_bytes_tx
         log.info(
             "round %d: update from robot %d accepted (%d/%d)",
             t,
@@ -473,6 +535,12 @@ class EdgeServer:
             len(rs.scheduled),
         )
 
+    def _refuse_update(self, rs: RoundState, r: int, t: int, reason: str, detail: str) -> None:
+        """Refuse a robot's upload of the open round; the round stops waiting for it."""
+        rs.refused.setdefault(r, time.monotonic())
+        self._reject(reason, r, f"UPDATE r{t}", detail, round_=t)
+        self._notify_reject(r, t, f"{reason}: {detail}"[:200])
+
     def _notify_reject(self, r: int, t: int, reason: str) -> None:
         self.ep.send(
             MsgType.REJECT, r, self.keys[r], self.session, t, {"reason": reason}, timeout=10.0
@@ -480,6 +548,8 @@ class EdgeServer:
 
     def _on_unlearn_request(self, robot: RobotInfo, meta: Mapping[str, Any]) -> None:
         r = robot.robot_id
+        if not self.limits.allow(r, "request"):
+            raise ProtocolError("rate_limited", "UNLEARN_REQUEST more often than allowed")
         target = meta.get("robot")
         if target != r:
             self._reject("not_own_request", r, "UNLEARN_REQUEST", f"asks for robot {target}")
@@ -489,8 +559,13 @@ class EdgeServer:
             self._reject("duplicate", r, "UNLEARN_REQUEST")
             self._reply_unlearn(r, False, "already requested")
             return
-        try:
+        try:  # refused at once when the run cannot serve it (e.g. class:99)
+            UnlearnMeta.parse(meta, int(self.setup.train.num_classes))
             text = unlearn_request_text(meta, r)
+        except ProtocolError as exc:
+            self._reject(exc.reason, r, "UNLEARN_REQUEST", exc.detail)
+            self._reply_unlearn(r, False, exc.detail)
+            return
         except (ValueError, TypeError) as exc:
             self._reject("bad_request", r, "UNLEARN_REQUEST", str(exc))
             self._reply_unlearn(r, False, str(exc))
@@ -515,7 +590,10 @@ class EdgeServer:
         log.info("unlearning request from robot %d accepted: %s", r, text)
 
     def _reply_unlearn(self, r: int, ok: bool, reason: str) -> None:
-        meta = {"accepted": ok, "reason": reason}
+        meta: dict[str, Any] = {"accepted": ok, "reason": reason}
+        meta["sig"] = sign(
+            self.signing_key, "unlearn_ack", session=self.session, robot=r, accepted=ok
+        )
         self.ep.send(MsgType.UNLEARN_ACK, r, self.keys[r], self.session, 0, meta, timeout=10.0)
 
     # -- sending models --------------------------------------------------------------------
@@ -546,6 +624,15 @@ class EdgeServer:
             "deadline_s": max(0.0, (self.round.deadline - time.monotonic()) if self.round else 0),
             **(extra or {}),
         }
+        meta["sig"] = sign(
+            self.signing_key,
+            "model",
+            session=self.session,
+            robot=robot.robot_id,
+            round=t,
+            purpose=purpose,
+            sha256=sha,
+        )
         h = self.ep.send(
             MsgType.MODEL,
             robot.robot_id,
@@ -729,17 +816,20 @@ class EdgeServer:
         self._prev_broadcast = self.global_np
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while time.monotonic() < rs.deadline:
-            if rs.scheduled and set(rs.updates) >= rs.scheduled - self._forgotten_ids():
+            grace = float(tb.get("refused_grace_s", 0.0))
+            waiting = rs.scheduled - self._forgotten_ids() - rs.not_awaited(grace)
+            if rs.scheduled and set(rs.updates) >= waiting:
                 break
             self.poll(0.2)
             # robots that joined, re-registered or lost their model get it (again)
             for robot in self._active():
-                if robot.robot_id not in rs.updates and self._needs(robot, src):
+                busy = robot.robot_id in rs.updates or robot.robot_id in rs.refused
+                if not busy and self._needs(robot, src):
                     rs.scheduled.add(robot.robot_id)
                     self._send_model(robot, self.global_np, "train", t, src_sha=src)
         self.round = None
         self.closed_rounds[t] = set(rs.updates)
-        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids())
+        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids() - set(rs.refused))
         if missing:
             log.warning(
                 "round %d closed with robots %s missing (deadline %.0fs)",
@@ -750,11 +840,24 @@ class EdgeServer:
             self._event("round_missing", round=t, robots=missing)
         if not rs.updates:
             log.warning("round %d: no update accepted", t)
+            self._event("round_failed", round=t, reason="no valid update")
             return None
-        clients = sorted(r - 1 for r in rs.updates)
-        sizes = {r - 1: self.setup.data_sizes[r - 1] for r in rs.updates}
-        states = {r - 1: to_torch(s) for r, s in rs.updates.items()}
-        new_global = aggregate(states, sizes)
+        sizes_all = {r: self.setup.data_sizes[r - 1] for r in rs.updates}
+        try:
+            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg)
+        except NoUpdateAcceptedError as exc:
+            log.warning("round %d: %s", t, exc)
+            self._event("round_failed", round=t, reason=str(exc)[:200])
+            for r, why in exc.refused.items():
+                self._refuse_update(rs, r, t, why.split(":")[0], why)
+            return None
+        for r, why in res.refused.items():
+            self._refuse_update(rs, r, t, why.split(":")[0], why)
+        accepted = sorted(res.accepted)
+        clients = [r - 1 for r in accepted]
+        sizes = {r - 1: sizes_all[r] for r in accepted}
+        states = {r - 1: to_torch(rs.updates[r]) for r in accepted}
+        new_global = to_torch(res.state)
         self.model.load_state_dict(new_global)
         ev = evaluate(self.model, self.setup.test, int(self.cfg["fl"]["eval_batch_size"]))
         metrics: dict[str, Any] = {"test_acc": ev["acc"], "test_loss": ev["loss"]}
@@ -772,6 +875,8 @@ class EdgeServer:
             "participants": [c + 1 for c in clients],
             "missing": missing,
             "rejected": sum(1 for x in self.rejections if x["round"] == t),
+            "aggregation": self.agg_cfg.strategy,
+            "update_norms": {r: round(v, 6) for r, v in res.norms.items()},
             "air_bytes": self._air_bytes() - bytes0,
             "aoi_s": self.aoi_seconds(),
             "wall_s": wall,
@@ -832,10 +937,19 @@ class EdgeServer:
         while t <= T:
             self.wait_for_robots(int(tb["min_robots"]), float(tb["register_timeout_s"]))
             row = self.run_round(t)
-            if row is None:
+            if row is None:  # a failed round is logged and retried; the federation goes on
                 retries += 1
                 if retries > int(tb["max_round_retries"]):
-                    raise RuntimeError(f"round {t} failed {retries} times")
+                    log.error(
+                        "round %d failed %d times: training stops after round %d; requests "
+                        "are still served and the report written (resume retries round %d)",
+                        t,
+                        retries,
+                        t - 1,
+                        t,
+                    )
+                    self._event("training_stopped", round=t, failures=retries)
+                    break
                 continue
             retries = 0
             t += 1
@@ -844,12 +958,22 @@ class EdgeServer:
         wait_end = time.monotonic() + float(tb["unlearn"]["wait_s"])
         while not self.requests and time.monotonic() < wait_end:
             self.poll(0.2)
-        if self.requests:
+        # every accepted request is served, in order, even when an earlier one fails; requests
+        # that arrive while one is served are served after it
+        served: list[dict[str, Any]] = []
+        i = 0
+        while i < len(self.requests):
+            req = self.requests[i]
+            i += 1
             try:
-                report["unlearning"] = self.serve_unlearning(self.requests[0])
-            except Exception as exc:  # keep the rounds' report and release the robots
-                log.exception("unlearning failed")
-                report["unlearning"] = {"request": self.requests[0], "error": repr(exc)}
+                served.append(self.serve_unlearning(req))
+            except Exception as exc:  # keep the rounds' report, go on with the next request
+                log.exception("unlearning request %s failed", req.get("text"))
+                self._event("unlearn_failed", request=req.get("text"), error=repr(exc)[:200])
+                served.append({"request": req, "error": repr(exc)})
+        if served:
+            report["unlearning"] = served[0]
+            report["unlearning_all"] = served
         self.finish()
         report.update(self._report_common(time.monotonic() - started))
         return report
