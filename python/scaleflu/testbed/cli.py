@@ -354,6 +354,9 @@ def _run_server(args: argparse.Namespace) -> int:
 
     try:  # the server store: robots' keys (allow-list) and the server's signing identity
         store = KeyStore.load(args.keys)
+    except FileNotFoundError:
+        log.error("key file not found: %s", args.keys)
+        return 2
     except (OSError, ValueError) as exc:
         log.error("cannot use the key store: %s", exc)
         return 2
@@ -425,8 +428,12 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
 
     try:  # this robot's enrolment file: its own key and the server's public key
         enrol = Enrolment.load(args.keys, args.robot_id)
+    except FileNotFoundError:
+        log.error("key file not found: %s", args.keys)
+        return 2
     except (OSError, ValueError) as exc:
-        p.error(str(exc))
+        log.error("cannot use the enrolment file: %s", exc)
+        return 2
     unlearn = None
     if args.unlearn:
         unlearn = {"kind": args.unlearn}
