@@ -128,6 +128,16 @@ def run_config(cfg: Mapping[str, Any], key: RunKey) -> dict[str, Any]:
     so changing them never invalidates a trained run.
     """
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED}
+    per_model = ((cfg.get("experiment") or {}).get("model_settings") or {}).get(key.model)
+    for item in per_model or []:  # e.g. a smaller run for MobileNetV3 on the CPU
+        from scaleflu.config import merge, parse_override
+
+        upd = parse_override(str(item))
+        if set(upd) - {"data", "fl", "model"}:
+            raise ConfigError(
+                f"experiment.model_settings.{key.model}: {item!r} may set data.*, fl.*, model.*"
+            )
+        out = merge(out, upd)
     out["seed"] = key.seed
     out["data"]["dataset"] = key.dataset
     out["data"]["alpha"] = key.alpha
