@@ -31,6 +31,7 @@ from scaleflu.config import _read_file, default_config, merge, parse_override, s
 from scaleflu.link import ChannelModel
 from scaleflu.log import setup_logging
 from scaleflu.testbed.protocol import generate_keys, save_keys
+from scaleflu.unlearn.registry import method_names
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument(
         "--method",
-        choices=("scale", "retrain"),
+        choices=method_names(),  # the unlearning-method registry
         default=None,
         help="unlearning method (default: testbed.unlearn.method)",
     )
