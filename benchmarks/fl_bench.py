@@ -12,7 +12,9 @@ FedAvg strategy (``fraction_train=0.1``) and a ClientApp doing the same local SG
 loop, with two virtual-client actors (one per core).
 
 Run by hand: ``PYTHONPATH=python .venv/bin/python benchmarks/fl_bench.py [--rounds 20]``;
-writes ``benchmarks/results/fl_bench.json``.
+writes ``benchmarks/results/fl_bench.json``. On a GPU, the batched (vmap) trainer against the
+sequential one, interleaved: ``fl_bench.py --device cuda --only vmap sequential --repeat 3
+[--model mobilenetv3]`` (``speedup.vmap_vs_sequential``: per-repeat ratios and their range).
 """
 
 from __future__ import annotations
@@ -67,8 +69,10 @@ def _summary(name: str, stamps: list[float], start: float, test_acc: float) -> d
 # ----------------------------------------------------------------------------- scaleflu
 
 
-def bench_scaleflu(trainer: str, rounds: int, workers: int = 1) -> dict[str, Any]:
-    """Our runtime through the public ``train`` API (history store included)."""
+def bench_scaleflu(
+    trainer: str, rounds: int, workers: int = 1, device: str = "cpu", model: str = "lenet"
+) -> dict[str, Any]:
+    """Our runtime through the public ``train`` API (history store included) on ``device``."""
     cfg = load_config(
         None,
         [
@@ -84,6 +88,8 @@ def bench_scaleflu(trainer: str, rounds: int, workers: int = 1) -> dict[str, Any
             f"fl.trainer={trainer}",
             "fl.threads=1",
             f"fl.workers={workers}",
+            f"fl.device={device}",
+            f"model.name={model}",
         ],
     )
     load_fashion_mnist()  # parse the files before timing (all contenders get data in memory)
@@ -99,7 +105,11 @@ def bench_scaleflu(trainer: str, rounds: int, workers: int = 1) -> dict[str, Any
     # Round 1 began wall_s (its own measured time) before its completion stamp.
     round1_start = stamps[0] - result.metrics[0]["wall_s"]
     name = f"scaleflu-{trainer}" + (f"-{workers}threads" if workers > 1 else "")
-    return _summary(name, [round1_start, *stamps], start, result.final_acc)
+    if device != "cpu" or model != "lenet":
+        name += f"-{model}-{device}"
+    out = _summary(name, [round1_start, *stamps], start, result.final_acc)
+    out.update(device=device, model=model)
+    return out
 
 
 # ----------------------------------------------------------------------------- plain torch
@@ -253,13 +263,19 @@ def main() -> int:
     parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "results" / "fl_bench.json"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="fl.device of the scaleflu contenders (cpu | cuda | auto)"
+    )
+    parser.add_argument("--model", default="lenet", help="model.name of the scaleflu contenders")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("flwr").setLevel(logging.WARNING)
     runners = {
-        "vmap": lambda: bench_scaleflu("vmap", args.rounds),
-        "sequential": lambda: bench_scaleflu("sequential", args.rounds),
-        "sequential2": lambda: bench_scaleflu("sequential", args.rounds, workers=2),
+        "vmap": lambda: bench_scaleflu("vmap", args.rounds, 1, args.device, args.model),
+        "sequential": lambda: bench_scaleflu("sequential", args.rounds, 1, args.device, args.model),
+        "sequential2": lambda: bench_scaleflu(
+            "sequential", args.rounds, 2, args.device, args.model
+        ),
         "plain": lambda: bench_plain(args.rounds),
         "flower": lambda: bench_flower(args.rounds),
     }
@@ -285,6 +301,23 @@ def main() -> int:
                 "steady_vs_flower": r["steady_rounds_per_s"] / flower["steady_rounds_per_s"],
                 "total_vs_flower": r["total_rounds_per_s"] / flower["total_rounds_per_s"],
             }
+    # batched (vmap) vs sequential trainer, per interleaved repetition: ratio and its range
+    vs_seq = [
+        v["steady_rounds_per_s"] / q["steady_rounds_per_s"]
+        for v in runs
+        if v["name"].startswith("scaleflu-vmap")
+        for q in runs
+        if q["name"].startswith("scaleflu-sequential")
+        and "threads" not in q["name"]
+        and q["repeat"] == v["repeat"]
+    ]
+    if vs_seq:
+        speedups["vmap_vs_sequential"] = {
+            "per_repeat": vs_seq,
+            "min": min(vs_seq),
+            "max": max(vs_seq),
+            "median": statistics.median(vs_seq),
+        }
     report = {
         "setup": {
             "model": "lenet",
@@ -297,6 +330,9 @@ def main() -> int:
             "dirichlet_alpha": ALPHA,
             "rounds": args.rounds,
             "torch_threads_per_process": 1,
+            "device": args.device,
+            "scaleflu_model": args.model,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         },
         "machine": {
             "cpus": os.cpu_count(),

@@ -60,6 +60,16 @@ def run_config(cfg: Mapping[str, Any], key: RunKey) -> dict[str, Any]:
     so changing them never invalidates a trained run.
     """
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED}
+    per_model = ((cfg.get("experiment") or {}).get("model_settings") or {}).get(key.model)
+    for item in per_model or []:  # e.g. a smaller run for MobileNetV3 on the CPU
+        from scaleflu.config import merge, parse_override
+
+        upd = parse_override(str(item))
+        if set(upd) - {"data", "fl", "model"}:
+            raise ConfigError(
+                f"experiment.model_settings.{key.model}: {item!r} may set data.*, fl.*, model.*"
+            )
+        out = merge(out, upd)
     out["seed"] = key.seed
     out["data"]["dataset"] = key.dataset
     out["data"]["alpha"] = key.alpha
@@ -74,6 +84,8 @@ def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
     a run was trained without invalidating it.
     """
     view = {k: v for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED and k != "scale"}
+    if isinstance(view.get("fl"), Mapping):  # where a run computed does not define it
+        view["fl"] = {k: v for k, v in view["fl"].items() if k != "device"}
     view["scale.groups_per_layer"] = (cfg.get("scale") or {}).get("groups_per_layer")
     return view
 

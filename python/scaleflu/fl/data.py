@@ -100,8 +100,10 @@ class ImageData:
             raise ValueError("labels must have one entry per image")
         self.labels = self.labels.to(torch.int64)
         c = self.pixels.shape[1]
-        self._mean_t = torch.tensor(self.mean, dtype=torch.float32).view(1, c, 1, 1) * 255.0
-        self._std_t = torch.tensor(self.std, dtype=torch.float32).view(1, c, 1, 1) * 255.0
+        dev = self.pixels.device
+        self._mean_t = torch.tensor(self.mean, dtype=torch.float32, device=dev).view(1, c, 1, 1)
+        self._std_t = torch.tensor(self.std, dtype=torch.float32, device=dev).view(1, c, 1, 1)
+        self._mean_t, self._std_t = self._mean_t * 255.0, self._std_t * 255.0
 
     def __len__(self) -> int:
         return int(self.pixels.shape[0])
@@ -117,9 +119,31 @@ class ImageData:
         return int(self.pixels.shape[2])
 
     def inputs(self, idx: torch.Tensor | np.ndarray | slice | None = None) -> torch.Tensor:
-        """Normalised float32 images at ``idx`` (all when None)."""
+        """Normalised float32 images at ``idx`` (all when None), on the data's device."""
+        if isinstance(idx, torch.Tensor) and idx.device != self.pixels.device:
+            idx = idx.to(self.pixels.device)
         px = self.pixels if idx is None else self.pixels[idx]
         return (px.to(torch.float32) - self._mean_t) / self._std_t
+
+    @property
+    def device(self) -> torch.device:
+        """Where the pixels and labels are held."""
+        return self.pixels.device
+
+    def to(self, device: torch.device | str) -> ImageData:
+        """The same data set on ``device`` (``self`` when it is already there)."""
+        device = torch.device(device)
+        if self.pixels.device == device:
+            return self
+        out = ImageData(
+            self.pixels.to(device),
+            self.labels.to(device),
+            self.mean,
+            self.std,
+            self.num_classes,
+            self.name,
+        )
+        return out
 
     def subset(self, idx: torch.Tensor | np.ndarray) -> ImageData:
         """A new data set holding the samples at ``idx`` (copies)."""

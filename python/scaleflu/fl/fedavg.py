@@ -44,6 +44,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from scaleflu.fl.data import ImageData
+from scaleflu.fl.device import cpu_state, model_device, resolve_device
 from scaleflu.fl.models import has_batchnorm
 
 log = logging.getLogger(__name__)
@@ -112,19 +113,23 @@ def train_client(
     t: int,
     n: int,
 ) -> State:
-    """E local epochs of minibatch SGD for client n (the paper's local update) on ``model``."""
+    """E local epochs of minibatch SGD for client n (the paper's local update) on ``model``.
+
+    Computes on ``model``'s device (``data`` should live there too); returns a CPU state.
+    """
     model.load_state_dict(global_state)
     model.train()
-    torch.manual_seed(derive_seed(seed, 3, t, n))
+    dev = model_device(model)
+    torch.manual_seed(derive_seed(seed, 3, t, n))  # seeds every device's generator
     opt = torch.optim.SGD(model.parameters(), lr=local.lr, momentum=local.momentum)
-    idx_all = torch.as_tensor(indices, dtype=torch.int64)
+    idx_all = torch.as_tensor(indices, dtype=torch.int64, device=data.device)
     for pos in client_batches(len(indices), local.epochs, local.batch_size, seed, t, n):
-        idx = idx_all[torch.as_tensor(pos)]
+        idx = idx_all[torch.as_tensor(pos, device=data.device)]
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(model(data.inputs(idx)), data.labels[idx])
+        loss = F.cross_entropy(model(data.inputs(idx).to(dev)), data.labels[idx].to(dev))
         loss.backward()
         opt.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return cpu_state(model.state_dict())
 
 
 class SequentialTrainer:
@@ -133,7 +138,8 @@ class SequentialTrainer:
     ``workers > 1`` trains clients in that many threads, each with its own model replica
     (torch ops release the GIL, so two threads use two cores). Each client's result does not
     depend on which thread trains it; models with dropout stay on one thread, because dropout
-    draws from torch's process-wide generator.
+    draws from torch's process-wide generator. ``device``: where the replicas and the data
+    live (states in and out stay on the CPU).
     """
 
     def __init__(
@@ -144,7 +150,11 @@ class SequentialTrainer:
         local: LocalConfig,
         seed: int,
         workers: int = 1,
+        device: torch.device | str | None = None,
     ) -> None:
+        self.device = torch.device(device) if device is not None else model_device(model)
+        model.to(self.device)
+        data = data.to(self.device)
         self.model, self.data, self.parts, self.local, self.seed = model, data, parts, local, seed
         has_dropout = any(isinstance(m, nn.modules.dropout._DropoutNd) for m in model.modules())
         if workers > 1 and has_dropout:
@@ -208,9 +218,13 @@ class VmapTrainer:
         parts: Sequence[np.ndarray],
         local: LocalConfig,
         seed: int,
+        device: torch.device | str | None = None,
     ) -> None:
         if has_batchnorm(model):
             raise ValueError("VmapTrainer does not support BatchNorm models; use SequentialTrainer")
+        self.device = torch.device(device) if device is not None else model_device(model)
+        model.to(self.device)
+        data = data.to(self.device)
         self.model, self.data, self.parts, self.local, self.seed = model, data, parts, local, seed
         self._param_names = [k for k, _ in model.named_parameters()]
 
@@ -236,13 +250,19 @@ class VmapTrainer:
         C = len(order)
         B = max(len(b) for n in order for b in batches[n])
         steps = len(batches[order[0]])
+        dev = self.device
         params = {
-            k: global_state[k].detach().float().unsqueeze(0).repeat(C, *[1] * global_state[k].dim())
+            k: global_state[k]
+            .detach()
+            .to(dev)
+            .float()
+            .unsqueeze(0)
+            .repeat(C, *[1] * global_state[k].dim())
             for k in self._param_names
         }
         buffers = {k: v.detach() for k, v in self.model.named_buffers()}
         for k in buffers:
-            buffers[k] = global_state[k].detach()
+            buffers[k] = global_state[k].detach().to(dev)
         momentum = {k: torch.zeros_like(v) for k, v in params.items()} if local.momentum else {}
         parts = [torch.as_tensor(self.parts[n], dtype=torch.int64) for n in order]
         n_batches = [len(batches[n]) for n in order]
@@ -256,9 +276,10 @@ class VmapTrainer:
                 sel = parts[i][torch.as_tensor(batches[order[i]][k])]
                 idx[i, : len(sel)] = sel
                 mask[i, : len(sel)] = 1.0
-            flat = idx.flatten()
-            x = data.inputs(flat).view(a, B, *data.pixels.shape[1:])
-            y = data.labels[flat].view(a, B)
+            flat = idx.flatten().to(data.device)
+            x = data.inputs(flat).view(a, B, *data.pixels.shape[1:]).to(dev)
+            y = data.labels[flat].view(a, B).to(dev)
+            mask = mask.to(dev)
             sub = {name: p[:a] for name, p in params.items()}
             grads = self._step_grad(sub, buffers, x, y, mask)
             with torch.no_grad():
@@ -273,11 +294,17 @@ class VmapTrainer:
                     params[name][:a].sub_(local.lr * g)
         out: dict[int, State] = {}
         for i, n in enumerate(order):
-            state = {k: v.detach().clone() for k, v in global_state.items()}
+            state = cpu_state(global_state)
             for name in self._param_names:
-                state[name] = params[name][i]
+                state[name] = params[name][i].to("cpu", copy=True)
             out[n] = state
         return {n: out[n] for n in clients}
+
+
+def auto_trainer_kind(model: nn.Module, device: torch.device) -> str:
+    """``fl.trainer: auto``: vmap (the round's clients batched) on a GPU unless the model has
+    BatchNorm, else sequential (the faster on CPU, see the module docstring)."""
+    return "vmap" if device.type == "cuda" and not has_batchnorm(model) else "sequential"
 
 
 def make_trainer(
@@ -288,14 +315,20 @@ def make_trainer(
     local: LocalConfig,
     seed: int,
     workers: int = 1,
+    device: torch.device | str | None = "cpu",
 ) -> LocalTrainer:
-    """``auto`` (= sequential on CPU, see the module docstring), ``vmap`` or ``sequential``."""
+    """``auto``, ``vmap`` or ``sequential`` on ``device`` (auto | cpu | cuda, see fl.device).
+
+    ``auto``: on a GPU, vmap (all clients of a round batched) unless the model has BatchNorm;
+    on the CPU, sequential (the faster there, see the module docstring).
+    """
+    dev = resolve_device(device)
     if kind == "auto":
-        kind = "sequential"
+        kind = auto_trainer_kind(model, dev)
     if kind == "vmap":
-        return VmapTrainer(model, data, parts, local, seed)
+        return VmapTrainer(model, data, parts, local, seed, dev)
     if kind == "sequential":
-        return SequentialTrainer(model, data, parts, local, seed, workers)
+        return SequentialTrainer(model, data, parts, local, seed, workers, dev)
     raise ValueError(f"unknown trainer {kind!r}; choose auto, vmap or sequential")
 
 
@@ -322,11 +355,12 @@ def evaluate(model: nn.Module, data: ImageData, batch_size: int = 1000) -> dict[
     """Accuracy and mean cross-entropy of ``model`` on ``data`` (eval mode)."""
     was_training = model.training
     model.eval()
+    dev = model_device(model)
     correct, loss_sum = 0, 0.0
     for start in range(0, len(data), batch_size):
         sl = slice(start, start + batch_size)
-        out = model(data.inputs(sl))
-        y = data.labels[sl]
+        out = model(data.inputs(sl).to(dev))
+        y = data.labels[sl].to(dev)
         loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
         correct += int((out.argmax(1) == y).sum())
     model.train(was_training)
@@ -338,8 +372,9 @@ def evaluate(model: nn.Module, data: ImageData, batch_size: int = 1000) -> dict[
 def attack_success_rate(model: nn.Module, triggered: ImageData, target_label: int) -> float:
     """Fraction of triggered inputs (true label != target) classified as the target label."""
     model.eval()
+    dev = model_device(model)
     hits = 0
     for start in range(0, len(triggered), 1000):
-        out = model(triggered.inputs(slice(start, start + 1000)))
+        out = model(triggered.inputs(slice(start, start + 1000)).to(dev))
         hits += int((out.argmax(1) == target_label).sum())
     return hits / max(len(triggered), 1)

@@ -39,6 +39,7 @@ from scaleflu.fl.data import (
     make_partitions,
     triggered_test_set,
 )
+from scaleflu.fl.device import config_device
 from scaleflu.fl.fedavg import (
     LocalConfig,
     aggregate,
@@ -67,6 +68,7 @@ _RESUME_FREE = {
     ("fl", "eval_batch_size"),
     ("fl", "threads"),
     ("fl", "workers"),
+    ("fl", "device"),
 }
 
 
@@ -157,6 +159,8 @@ def validate_config(cfg: Mapping[str, Any]) -> None:
         raise ConfigError(f"fl.momentum must be in [0, 1), got {mom}")
     _choice(cfg, "fl.backend", ("local", "ray"))
     _choice(cfg, "fl.trainer", ("auto", "vmap", "sequential"))
+    if "device" in cfg["fl"]:
+        config_device(cfg)  # auto | cpu | cuda[:k], and CUDA present when asked for
     _int(cfg, "fl.eval_every", 1)
     _int(cfg, "fl.eval_batch_size", 1)
     _int(cfg, "fl.threads", 0)
@@ -310,7 +314,14 @@ def _make_trainer(setup: FLSetup, model: nn.Module, local: LocalConfig) -> Any:
             cpus_per_client=int(fl["ray_cpus_per_client"]),
         )
     return make_trainer(
-        fl["trainer"], model, setup.train, setup.parts, local, seed, int(fl["workers"])
+        fl["trainer"],
+        model,
+        setup.train,
+        setup.parts,
+        local,
+        seed,
+        int(fl["workers"]),
+        config_device(setup.cfg),
     )
 
 
@@ -362,6 +373,7 @@ def train(
         float(fl["momentum"]),
     )
     trainer = _make_trainer(setup, setup.new_model(), local)
+    eval_model = setup.new_model().to(config_device(cfg))  # fl.device; the states stay on CPU
     sizes = setup.data_sizes
     T = int(fl["rounds"])
     target = setup.poison.target_label
@@ -386,10 +398,11 @@ def train(
             model.load_state_dict(global_state)
             row: dict[str, Any] = {"round": t, "test_acc": None, "test_loss": None}
             if t % int(fl["eval_every"]) == 0 or t == T:
-                ev = evaluate(model, setup.test, int(fl["eval_batch_size"]))
+                eval_model.load_state_dict(global_state)
+                ev = evaluate(eval_model, setup.test, int(fl["eval_batch_size"]))
                 row["test_acc"], row["test_loss"] = ev["acc"], ev["loss"]
                 if setup.triggered_test is not None:
-                    row["asr"] = attack_success_rate(model, setup.triggered_test, target)
+                    row["asr"] = attack_success_rate(eval_model, setup.triggered_test, target)
             wall = time.perf_counter() - t0
             link = history.record_round(
                 t,

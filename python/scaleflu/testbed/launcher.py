@@ -35,6 +35,7 @@ from scaleflu.link import ChannelModel
 from scaleflu.link.kinds import canonical_kind
 from scaleflu.log import setup_logging
 from scaleflu.testbed.keys import KeyStore
+from scaleflu.unlearn.registry import method_names
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--method",
-        choices=("scale", "retrain"),
+        choices=method_names(),  # the unlearning-method registry
         default=None,
         help="unlearning method (default: testbed.unlearn.method)",
     )

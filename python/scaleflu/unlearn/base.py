@@ -360,7 +360,14 @@ class UnlearnContext:
         model = self.new_model()
         kind = fl["trainer"] if fl["backend"] == "local" else "auto"
         trainer = make_trainer(
-            kind, model, self.run.setup.train, parts, local, self.seed, int(fl.get("workers", 1))
+            kind,
+            model,
+            self.run.setup.train,
+            parts,
+            local,
+            self.seed,
+            int(fl.get("workers", 1)),
+            self.device,
         )
         cur = {k: v.detach().clone() for k, v in state.items()}
         cost = RoundsCost()
@@ -394,6 +401,13 @@ class UnlearnContext:
         if hasattr(trainer, "shutdown"):
             trainer.shutdown()  # the worker threads of fl.workers > 1
         return cur, cost
+
+    @property
+    def device(self) -> torch.device:
+        """``fl.device`` resolved: where methods compute (states they return stay on the CPU)."""
+        from scaleflu.fl.device import config_device
+
+        return config_device(self.cfg)
 
     @property
     def link_tol(self) -> float:
@@ -455,7 +469,7 @@ class UnlearnContext:
 
     def evaluate(self, state: Mapping[str, torch.Tensor], relearn: bool = True) -> dict[str, Any]:
         """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`)."""
-        model = self.new_model(state)
+        model = self.new_model(state).to(self.device)
         setup = self.run.setup
         out = evaluate_model(
             model,

@@ -48,9 +48,11 @@ def predict(model: nn.Module, data: ImageData, batch_size: int = 1000) -> torch.
     """Softmax probabilities of ``model`` on every sample of ``data`` (eval mode)."""
     was = model.training
     model.eval()
+    dev = next(model.parameters()).device  # fl.device: computed there, returned on the CPU
     out = []
     for start in range(0, len(data), batch_size):
-        out.append(F.softmax(model(data.inputs(slice(start, start + batch_size))), dim=1))
+        x = data.inputs(slice(start, start + batch_size)).to(dev)
+        out.append(F.softmax(model(x), dim=1).cpu())
     model.train(was)
     if not out:
         return torch.empty(0, data.num_classes)

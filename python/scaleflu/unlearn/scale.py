@@ -99,11 +99,11 @@ def phase_one(
         # contribution C_l is nearly the whole model and not class-specific. Sparsify by a
         # class-specific saliency on the server's validation set instead (GUIDE 3.4, 3.5).
         ts = time.perf_counter()
-        model = ctx.new_model(ctx.original_state())
+        model = ctx.new_model(ctx.original_state()).to(ctx.device)  # fl.device
         sal, info = class_saliency(
             model,
-            ctx.val.inputs(),
-            ctx.val.labels,
+            ctx.val.inputs().to(ctx.device),
+            ctx.val.labels.to(ctx.device),
             list(req.classes),
             layers,
             float(sc.get("class_saliency_contrast", 1.0)),
@@ -170,21 +170,29 @@ class _Utility:
         data: ImageData | None = None,
     ) -> None:
         """``samples``: a seeded subset of that many samples (None: all); ``data``: another set."""
-        self.model = ctx.new_model(base)
+        self.model = ctx.new_model(base).to(ctx.device)  # fl.device
         self.model.eval()
         self.params = dict(self.model.named_parameters())
         data = ctx.val_retain if data is None else data
         if samples is not None and samples < len(data):
             rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 45]))
             data = data.subset(np.sort(rng.choice(len(data), size=samples, replace=False)))
-        self.x = data.inputs()
-        self.y = data.labels
+        self.x = data.inputs().to(ctx.device)
+        self.y = data.labels.to(ctx.device)
 
     @torch.no_grad()
     def __call__(self, layers: Mapping[str, torch.Tensor]) -> float:
         for k, v in layers.items():
             self.params[k].copy_(v)
         return float((self.model(self.x).argmax(1) == self.y).float().mean())
+
+
+def _ppo_device(ctx: UnlearnContext) -> str:
+    """``scale.ppo.device``: cpu (SB3's advice for an MlpPolicy) or fl (= ``fl.device``)."""
+    choice = str(ctx.scale_cfg["ppo"].get("device", "cpu"))
+    if choice not in ("cpu", "fl"):
+        raise ConfigError(f"scale.ppo.device must be cpu or fl, got {choice!r}")
+    return str(ctx.device) if choice == "fl" else "cpu"
 
 
 def _ppo(env: SparsifyEnv, ctx: UnlearnContext, total_steps: int) -> Any:
@@ -224,7 +232,7 @@ def _ppo(env: SparsifyEnv, ctx: UnlearnContext, total_steps: int) -> Any:
         clip_range=float(p["clip_range"]),
         ent_coef=float(p["ent_coef"]),
         seed=ctx.seed,
-        device="cpu",
+        device=_ppo_device(ctx),
         verbose=0,
     )
     # torch.distributions re-checks every logit and sample of the ten categoricals per step;

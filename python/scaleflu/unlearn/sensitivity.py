@@ -316,7 +316,7 @@ def class_saliency(
     counts for the report.
     """
     params = dict(model.named_parameters())
-    mask = torch.zeros(len(labels), dtype=torch.bool)
+    mask = torch.zeros(len(labels), dtype=torch.bool, device=labels.device)
     for c in classes:
         mask |= labels == int(c)
     acc = {
@@ -344,7 +344,8 @@ def class_saliency(
     for k in layers:
         s_f = acc["forget"][k] / tot_f
         s_r = acc["rest"][k] / tot_r if n_r else torch.zeros_like(s_f)
-        out[k] = (s_f - contrast * s_r).clamp_min(0.0).to(params[k].dtype)
+        # computed on the model's device (fl.device); the map is returned on the CPU
+        out[k] = (s_f - contrast * s_r).clamp_min(0.0).to("cpu", params[k].dtype)
     info = {"forget_val_samples": n_f, "rest_val_samples": n_r, "contrast": contrast}
     return out, info
 

@@ -93,7 +93,9 @@ class FedEraserUnlearner:
         sizes = {n: len(p) for n, p in enumerate(parts)}
         fl = ctx.cfg["fl"]
         kind = fl["trainer"] if fl["backend"] == "local" else "auto"
-        trainer = make_trainer(kind, ctx.new_model(), ctx.run.setup.train, parts, local, ctx.seed)
+        trainer = make_trainer(
+            kind, ctx.new_model(), ctx.run.setup.train, parts, local, ctx.seed, device=ctx.device
+        )
         params = param_names(ctx)
         aoi, init_s, init_bytes = fresh_aoi(ctx)
         cur = ctx.initial_state()

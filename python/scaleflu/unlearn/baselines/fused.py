@@ -142,8 +142,8 @@ class Adapters(nn.Module):
         """Adapter tensors keyed ``<layer>.lora_A`` / ``<layer>.lora_B`` (what goes on the link)."""
         out: State = {}
         for i, name in enumerate(self.names):
-            out[f"{name}.lora_A"] = self.A[str(i)].detach().clone()
-            out[f"{name}.lora_B"] = self.B[str(i)].detach().clone()
+            out[f"{name}.lora_A"] = self.A[str(i)].detach().to("cpu", copy=True)
+            out[f"{name}.lora_B"] = self.B[str(i)].detach().to("cpu", copy=True)
         return out
 
     def load_tensors(self, tensors: Mapping[str, torch.Tensor]) -> None:
@@ -163,7 +163,7 @@ def merge_adapters(base: Mapping[str, torch.Tensor], adapters: Adapters) -> Stat
     out = {k: v.detach().clone() for k, v in base.items()}
     with torch.no_grad():
         for name in adapters.names:
-            out[name] = base[name] + adapters.delta(name).to(base[name].dtype)
+            out[name] = base[name] + adapters.delta(name).to(base[name].device, base[name].dtype)
     return out
 
 
@@ -172,7 +172,9 @@ def drop_adapters(merged: Mapping[str, torch.Tensor], adapters: Adapters) -> Sta
     out = {k: v.detach().clone() for k, v in merged.items()}
     with torch.no_grad():
         for name in adapters.names:
-            out[name] = merged[name] - adapters.delta(name).to(merged[name].dtype)
+            out[name] = merged[name] - adapters.delta(name).to(
+                merged[name].device, merged[name].dtype
+            )
     return out
 
 
@@ -192,7 +194,8 @@ def _train_adapters(
     fl = ctx.cfg["fl"]
     opt = torch.optim.SGD(adapters.parameters(), lr=lr, momentum=float(fl["momentum"]))
     idx_all = torch.as_tensor(indices, dtype=torch.int64)
-    frozen = {k: v.detach() for k, v in base.items()}
+    dev = next(model.parameters()).device  # fl.device (the model, adapters and base live there)
+    frozen = {k: v.detach().to(dev) for k, v in base.items()}
     model.eval()
     torch.manual_seed(derive_seed(ctx.seed, 82, t, n))
     for pos in client_batches(len(indices), epochs, fl["batch_size"], ctx.seed, t, n):
@@ -202,7 +205,7 @@ def _train_adapters(
             params[name] = frozen[name] + adapters.delta(name)
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(
-            functional_call(model, params, (data.inputs(idx),)), data.labels[idx]
+            functional_call(model, params, (data.inputs(idx).to(dev),)), data.labels[idx].to(dev)
         )
         loss.backward()
         opt.step()
@@ -240,7 +243,9 @@ class FusedUnlearner:
         lr = float(hp["lr"] if hp.get("lr") is not None else fl["lr"])
         parts = ctx.request.remaining
         sizes = {n: len(p) for n, p in enumerate(parts)}
-        model = ctx.new_model(base)
+        dev = ctx.device  # fl.device: adapters train there; merged states stay on the CPU
+        adapters.to(dev)
+        model = ctx.new_model(base).to(dev)
         for p in model.parameters():
             p.requires_grad_(False)
         aoi = RecordingAoITracker.wrap(AoITracker.from_history(ctx.run.history))

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch.nn.utils import clip_grad_norm_, parameters_to_vector, vector_to_parameters
 from tqdm import tqdm
 
+from scaleflu.fl.device import cpu_state
 from scaleflu.fl.fedavg import aggregate, client_batches, derive_seed
 from scaleflu.fl.history import state_bytes
 from scaleflu.fl.models import build_model
@@ -133,14 +134,15 @@ class PGAUnlearner:
         hp = baseline_config("pga", self.overrides, ctx.cfg)
         t0 = time.perf_counter()
         ref_state, ref_info = reference_state(ctx)
-        model = ctx.new_model(ref_state)
+        dev = ctx.device  # fl.device: the ascent runs there; states come back to the CPU
+        model = ctx.new_model(ref_state).to(dev)
         ref_model = ctx.new_model(ref_state)
         radius = (
             float(hp["radius"])
             if hp.get("radius") is not None
             else pga_radius(ctx, ref_model, int(hp["radius_models"]), float(hp["radius_fraction"]))
         )
-        center = parameters_to_vector(ref_model.parameters()).detach().clone()
+        center = parameters_to_vector(ref_model.parameters()).detach().to(dev, copy=True)
         data = ctx.run.setup.train
         forget_idx = torch.as_tensor(ctx.forget_idx, dtype=torch.int64)
         check = ctx.forget
@@ -153,7 +155,7 @@ class PGAUnlearner:
         stop_distance = hp.get("stop_distance")
         targets = target_models(ctx) if rule == "reference" else {}
         target_vecs = {
-            n: parameters_to_vector(ctx.new_model(st).parameters()).detach()
+            n: parameters_to_vector(ctx.new_model(st).parameters()).detach().to(dev)
             for n, st in targets.items()
         }
         start_dist = min((float((center - v).norm()) for v in target_vecs.values()), default=None)
@@ -181,7 +183,7 @@ class PGAUnlearner:
         for pos in tqdm(batches, desc="PGA", unit="step", disable=not ctx.progress, leave=False):
             idx = forget_idx[torch.as_tensor(pos)]
             opt.zero_grad(set_to_none=True)
-            loss = -F.cross_entropy(model(data.inputs(idx)), data.labels[idx])
+            loss = -F.cross_entropy(model(data.inputs(idx).to(dev)), data.labels[idx].to(dev))
             loss.backward()
             if clip > 0:
                 clip_grad_norm_(model.parameters(), clip)
@@ -208,7 +210,7 @@ class PGAUnlearner:
             acc = accuracy_from_probs(predict(model, check), check.labels) or 0.0
             acc_trace.append(acc)
         pga_wall = time.perf_counter() - t0
-        unlearned = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        unlearned = cpu_state(model.state_dict())
         theta = ctx.original_state()
         aoi = RecordingAoITracker.wrap(AoITracker.from_history(ctx.run.history))
         mb = state_bytes(unlearned)

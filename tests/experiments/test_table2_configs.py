@@ -1,0 +1,83 @@
+"""The GPU Table II config and the CPU config's MobileNetV3 part: planned and run at toy size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tiny_run_helpers import needs_fmnist
+
+from scaleflu.config import ConfigError, load_config
+from scaleflu.experiments.cli import resolve_config_path
+from scaleflu.experiments.table2 import RunKey, plan_cells, run_config, run_table2
+from scaleflu.fl.run import validate_config
+from scaleflu.unlearn.registry import method_names
+
+
+def test_gpu_config_plans_three_models_six_methods() -> None:
+    """table2_gpu: 3 models x 3 seeds x 3 scenarios x (5 methods + control) on the GPU."""
+    cfg = load_config(resolve_config_path("table2_gpu"))
+    exp = cfg["experiment"]
+    assert exp["models"] == ["lenet", "mobilenetv3", "resnet18"] and exp["seeds"] == [0, 1, 2]
+    assert exp["methods"] == ["retrain", "fedraser", "pga", "fused", "scale", "finetune"]
+    main, sweep = plan_cells(cfg)
+    assert len(main) == 3 * 3 * 3 * 6 and not sweep
+    assert cfg["fl"]["device"] == "cuda" and cfg["fl"]["batch_size"] == 64
+    mnv3 = run_config(cfg, RunKey("fashion_mnist", "mobilenetv3", 0.3, 1))
+    assert mnv3["fl"]["local_epochs"] == 1 and mnv3["model"]["name"] == "mobilenetv3"
+    assert run_config(cfg, RunKey("fashion_mnist", "lenet", 0.3, 1))["fl"]["local_epochs"] == 2
+    validate_config(load_config(resolve_config_path("table2_gpu"), ["fl.device=cpu"]))
+
+
+def test_cpu_config_adds_a_reduced_mobilenetv3() -> None:
+    """table2_cpu: LeNet as before plus MobileNetV3 at a reduced size; the sweep stays LeNet."""
+    cfg = load_config(resolve_config_path("table2_cpu"))
+    assert cfg["experiment"]["models"] == ["lenet", "mobilenetv3"]
+    lenet = run_config(cfg, RunKey("fashion_mnist", "lenet", 0.3, 0))
+    mnv3 = run_config(cfg, RunKey("fashion_mnist", "mobilenetv3", 0.3, 0))
+    assert lenet["fl"] == {**lenet["fl"], "rounds": 20, "local_epochs": 2}
+    assert mnv3["data"]["train_subset"] < lenet["data"]["train_subset"]
+    assert mnv3["fl"]["rounds"] * mnv3["fl"]["local_epochs"] < 40
+    _, sweep = plan_cells(cfg)
+    assert {c.run.model for c in sweep} == {"lenet"}
+
+
+def test_model_settings_are_checked() -> None:
+    """Per-model settings may touch data/fl/model only, and unknown keys are refused."""
+    cfg = load_config(None, ['experiment.model_settings.resnet18=["scale.top_m=2"]'])
+    with pytest.raises(ConfigError, match="may set data"):
+        run_config(cfg, RunKey("fashion_mnist", "resnet18", 0.3, 0))
+    cfg = load_config(None, ['experiment.model_settings.resnet18=["fl.roundz=2"]'])
+    with pytest.raises(ConfigError, match="unknown config key"):
+        run_config(cfg, RunKey("fashion_mnist", "resnet18", 0.3, 0))
+
+
+@needs_fmnist
+@pytest.mark.slow
+def test_gpu_config_runs_at_toy_size(tmp_path: Path) -> None:
+    """The GPU config end to end at toy size on the CPU: all three models, every cell done."""
+    methods = [m for m in ("retrain", "fused", "finetune") if m in method_names()]
+    cfg = load_config(
+        resolve_config_path("table2_gpu"),
+        [
+            "fl.device=cpu",
+            "fl.threads=1",
+            "data.num_clients=3",
+            "data.train_subset=90",
+            "data.test_subset=90",
+            "fl.rounds=1",
+            "fl.clients_per_round=3",
+            "scale.val_size=20",
+            "scale.eval.max_samples=40",
+            "scale.eval.mia_samples=20",
+            "scale.eval.relearn_max_rounds=0",
+            "baselines.fused.rank=2",
+            "experiment.seeds=[0]",
+            f"experiment.methods={methods}",
+        ],
+    )
+    summary = run_table2(cfg, tmp_path / "out", progress=False)
+    assert summary["failed"] == [] and summary["done"] == 3 * 3 * len(methods)
+    assert (tmp_path / "out" / "table2.md").is_file()
+    for model in ("lenet", "mobilenetv3", "resnet18"):
+        assert (tmp_path / "out" / "runs" / f"fashion_mnist-{model}-a0.3-s0").is_dir()
