@@ -89,7 +89,7 @@ class EnvSpec:
     # step that changed something) or ``episode`` (once, at the episode's last step, for the
     # whole episode: the same return, since both terms telescope, at one forward pass per
     # episode instead of one per step)
-    measure_every: str = "step"
+    measure_every: str = "step"  # SCALE passes scale.measure_every (default: episode)
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "default"):

@@ -298,7 +298,7 @@ class ScaleUnlearner:
             # a class removed from the whole federation: the server sees its validation samples,
             # so R_f measures the forgetting instead of a proxy for it
             forget_u = _Utility(ctx, theta, data=ctx.val_forget)
-        if str(sc.get("measure_every", "step")) not in ("step", "episode"):
+        if str(sc.get("measure_every", "episode")) not in ("step", "episode"):
             raise ConfigError(
                 f"scale.measure_every must be step or episode, got {sc['measure_every']!r}"
             )
@@ -324,7 +324,7 @@ class ScaleUnlearner:
             ),
             utility=utility,
             forget_utility=forget_u,
-            measure_every=str(sc.get("measure_every", "step")),
+            measure_every=str(sc.get("measure_every", "episode")),
             aoi_unit=str(sc["aoi_unit"]),
             op=str(sc.get("sparsify_op", "zero")),
         )
