@@ -139,7 +139,15 @@ def phase_one(
         raise ConfigError(
             f"scale.client_attribution must be contrast or contribution, got {client_attr!r}"
         )
-    if req.kind == "client" and client_attr == "contrast" and report.rounds:
+    sample_attr = str(sc.get("sample_attribution", "contribution"))
+    if sample_attr not in ("contrast", "contribution"):
+        raise ConfigError(
+            f"scale.sample_attribution must be contrast or contribution, got {sample_attr!r}"
+        )
+    contrast = (req.kind == "client" and client_attr == "contrast") or (
+        req.kind == "sample" and sample_attr == "contrast"
+    )
+    if contrast and report.rounds:
         # the targets' contribution C_l holds the task every client learns as well; rank the
         # entries by how much more the targets moved them than the other participants did
         tc = time.perf_counter()
