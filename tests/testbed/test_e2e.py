@@ -100,3 +100,15 @@ def test_report_files(run):
     report, _, log = run
     assert "SCALE testbed summary" in log
     assert report["air_bytes_total"] > 0
+
+
+def test_side_by_side_and_erasure(run):
+    report, _, log = run
+    un = report["unlearning"]
+    rows = {r["method"]: r for r in un["side_by_side"]}
+    assert "scale-default" in rows and "retrain" in rows and "finetune" in rows
+    assert rows["retrain"]["fl_rounds"] == 2 and rows["retrain"]["asr"] is not None
+    assert rows["scale-default"]["air_bytes"] > 0  # measured on the air for the deployed one
+    assert "same request, server-side measurements" in log
+    er = un["erasure"]
+    assert er["clients"] == [0] and er["rounds"] == [1, 2] and er["updates"] == 2

@@ -63,3 +63,24 @@ def test_side_by_side_rows_summary_and_plot(tmp_path: Path) -> None:
     paths = plot_report({"unlearning": un}, tmp_path)
     assert tmp_path / "unlearning_side_by_side.png" in paths
     assert (tmp_path / "unlearning_side_by_side.png").stat().st_size > 1000
+
+
+def test_demo_config_compares_retrain_and_control() -> None:
+    import argparse
+
+    from scaleflu.testbed.launcher import build_config
+
+    args = argparse.Namespace(
+        robots=3,
+        rounds=3,
+        link="frames",
+        method=None,
+        config=None,
+        overrides=[],
+        backdoor_robot=1,
+    )
+    u = build_config(args)["testbed"]["unlearn"]
+    assert u["compare"] == ["retrain", "finetune"] and u["method"] == "scale" and u["erase"]
+    args.method, args.overrides = "retrain", ["testbed.unlearn.compare=[]"]
+    u = build_config(args)["testbed"]["unlearn"]
+    assert u["method"] == "retrain" and u["compare"] == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,19 @@ def fake_unlearn(run_dir, request, method, mode, overrides, progress):
     return state, {"protocol": "backdoor", "request": request}
 
 
+def fake_compare(run_dir, request, method, overrides, progress):
+    """Stand-in for a comparison method: it sees the history before the erasure."""
+    from scaleflu.fl.history import HistoryStore
+
+    with HistoryStore(run_dir) as h:
+        seen = h.client_rounds(0)
+    return {
+        "method": method,
+        "metrics": {"backdoor_asr": 0.1, "test_acc": 0.5, "ra": 0.5},
+        "cost": {"wall_s": 1.0, "cpu_s": 1.0, "bytes": 10, "fl_rounds": len(seen)},
+    }
+
+
 @pytest.fixture(scope="module")
 def cfg() -> dict[str, Any]:
     return load_config(None, OVERRIDES)
@@ -66,6 +80,7 @@ def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], chann
     server = EdgeServer(
         ch.attach(SERVER_ID), keys, cfg, run_dir, False, fake_unlearn, signing_key=SIGNING_KEY
     )
+    server.compare_fn = fake_compare
     robots = [
         RobotClient(ch.attach(r), r, keys[r], cfg, data=robot_data[r], **robot_kw.get(r, {}))
         for r in (1, 2, 3)
@@ -95,6 +110,8 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
         1: {"unlearn": {"kind": "client"}, "unlearn_after_round": 2},
         2: {"faults": ("nan", "shape", "duplicate", "replay", "forged", "garbage")},
     }
+    cfg = copy.deepcopy(cfg)
+    cfg["testbed"]["unlearn"]["compare"] = ["retrain"]
     report, outs, server, _ = run_testbed(cfg, robot_data, tmp_path, kw)
     counts = report["rejection_counts"]
     for reason in ("non_finite", "wrong_shape", "duplicate", "replay", "bad_auth", "malformed"):
@@ -118,7 +135,9 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
     assert h.client_rounds(0) == [] and h.erased_clients() == {0}
     assert all(set(h.client_updates(t)) == {1, 2} for t in (1, 2))
     assert state_sha256(to_numpy(h.final_model())) == un["model_sha256"]
-    assert [row["method"] for row in un["side_by_side"]] == [None]  # fake result, no compare
+    # the comparison ran on the history before the erasure (client 0 still in rounds 1, 2)
+    assert [row["method"] for row in un["side_by_side"]] == [None, "retrain"]
+    assert un["side_by_side"][1]["fl_rounds"] == 2 and un["side_by_side"][1]["asr"] == 0.1
 
 
 def test_request_for_another_robot_refused(cfg, robot_data, tmp_path):

@@ -203,3 +203,23 @@ def test_cli_erase_deletes_targets_updates_and_later_requests_work(
     assert "not expected to forget" in caplog.text
     res2 = json.loads((out2 / "result.json").read_text())
     assert res2["request"]["targets"] == [4] and res2.get("erasure") is None
+
+
+def test_sample_attribution_option(loaded_run: LoadedRun) -> None:
+    from scaleflu.config import ConfigError
+    from scaleflu.unlearn.scale import phase_one
+
+    def ctx(value: str) -> UnlearnContext:
+        over = [*FAST_SCALE, f"scale.sample_attribution={value}"]
+        return UnlearnContext.from_run_dir(
+            None, "sample:2:0.3", "default", None, over, progress=False, run=loaded_run
+        )
+
+    plain = phase_one(ctx("contribution"), "default")
+    contrast = phase_one(ctx("contrast"), "default")
+    assert not any("contrasted" in n for n in plain.notes)
+    assert any("contrasted" in n for n in contrast.notes)
+    k = contrast.top[0]
+    assert not torch.equal(plain.attribution[k], contrast.attribution[k])
+    with pytest.raises(ConfigError, match="sample_attribution"):
+        phase_one(ctx("bogus"), "default")

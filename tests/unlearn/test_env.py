@@ -186,3 +186,23 @@ def test_measured_forgetting_replaces_the_attribution_reward() -> None:
     assert info["forget_acc"] == pytest.approx(0.7)
     _, r, _, _, info = env.step([1, 1, 0, 0, 0, 3])  # layer y: the class accuracy is unchanged
     assert info["r_f"] == 0.0 and r == 0.0
+
+
+def test_measure_every_episode_same_return_fewer_passes() -> None:
+    def utility(layers: dict[str, torch.Tensor]) -> float:
+        return 1.0 - 0.01 * int((layers["x"] == 0).sum()) + 0.003 * int((layers["y"] == 0).sum())
+
+    actions = [[0, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 1], [0, 0, 1, 1, 0, 2]]
+    out = {}
+    for every in ("step", "episode"):
+        env = SparsifyEnv(_spec("default", utility=utility, w_u=1.0, measure_every=every))
+        env.reset()
+        rs = [env.step(a) for a in actions]
+        out[every] = (env, [r[4]["r_u"] for r in rs])
+    (es, us), (ee, ue) = out["step"], out["episode"]
+    assert es.episode_returns[0] == pytest.approx(ee.episode_returns[0], abs=1e-12)
+    assert sum(us) == pytest.approx(ue[-1]) and ue[:-1] == [0.0, 0.0] and ue[-1] != 0.0
+    assert torch.equal(es.layer_state()["x"], ee.layer_state()["x"])
+    assert es.utility_evals == 4 and ee.utility_evals == 2  # reset + steps / reset + last
+    with pytest.raises(ValueError, match="measure_every"):
+        _spec("default", measure_every="sometimes")

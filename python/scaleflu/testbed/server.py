@@ -239,6 +239,7 @@ class EdgeServer:
         self.progress = progress
         self.unlearn_fn = unlearn_fn or default_unlearn
         self.compare_fn = compare_unlearn  # testbed.unlearn.compare: the side-by-side methods
+        self._served: tuple[dict[str, Any], Mapping[str, Any], Any] | None = None
         self.on_event = on_event
         self.cfg = self._resolve_config(dict(cfg))
         tb = self.cfg["testbed"]
@@ -975,6 +976,13 @@ class EdgeServer:
             report["unlearning"] = served[0]
             report["unlearning_all"] = served
         self.finish()
+        un = report.get("unlearning")
+        if un is not None and not un.get("error") and self._served is not None:
+            try:
+                self.after_serving(un)
+            except Exception as exc:  # the served request stands; say what did not happen
+                log.exception("comparison / erasure after unlearning failed")
+                un["after_serving_error"] = repr(exc)
         report.update(self._report_common(time.monotonic() - started))
         return report
 
@@ -1012,23 +1020,9 @@ class EdgeServer:
         self._check_sends()
         exact = {r: rep.get("sha256") == sha for r, rep in after.items()}
         deploy_air = self._air_bytes() - bytes0
-        # the same request by other methods (Retrain, the fine-tune control), on the history as
-        # it was: side by side with the deployed method, before anything is erased
         side = [side_by_side_row(result, deploy_air)]
-        for other in [str(m) for m in u.get("compare") or []]:
-            if other == str(u["method"]):
-                continue
-            self._event("unlearn_compare", method=other)
-            side.append(
-                side_by_side_row(
-                    self.compare_fn(
-                        self.run_dir, req["text"], other, list(u["overrides"]), self.progress
-                    )
-                )
-            )
-        erasure = None
-        if u.get("erase", True):
-            erasure = self._erase(req, result, state)
+        # comparison methods and the erasure run after the robots are released (after_serving)
+        self._served = (req, result, state)
         with (self.run_dir / "unlearn_served.jsonl").open("a") as fh:
             fh.write(req["text"] + "\n")
         return {
@@ -1040,7 +1034,7 @@ class EdgeServer:
             "deploy_s": deploy_s,
             "deploy_air_bytes": deploy_air,
             "side_by_side": side,
-            "erasure": erasure,
+            "erasure": None,
             "aoi_after_deploy_s": self.aoi_seconds(),
             "model_sha256": sha,
             "before_sha256": before_sha,
@@ -1052,6 +1046,27 @@ class EdgeServer:
             "cost": result.get("cost"),
             "aoi": result.get("aoi"),
         }
+
+    def after_serving(self, un: dict[str, Any]) -> None:
+        """The same request by ``testbed.unlearn.compare`` (Retrain, the fine-tune control) on
+        the history as it was, side by side with the deployed method; then the erasure."""
+        assert self._served is not None
+        req, result, state = self._served
+        u = self.tb["unlearn"]
+        for other in [str(m) for m in u.get("compare") or []]:
+            if other == str(u["method"]):
+                continue
+            self._event("unlearn_compare", method=other)
+            un["side_by_side"].append(
+                side_by_side_row(
+                    self.compare_fn(
+                        self.run_dir, req["text"], other, list(u["overrides"]), self.progress
+                    )
+                )
+            )
+        if u.get("erase", True):
+            un["erasure"] = self._erase(req, result, state)
+        self._served = None
 
     def _erase(
         self, req: Mapping[str, Any], result: Mapping[str, Any], state: Mapping[str, torch.Tensor]

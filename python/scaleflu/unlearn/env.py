@@ -30,7 +30,9 @@ Rewards, with A read before the step:
   dz_lj the newly zeroed fraction of the group; a per-episode budget caps the zeroed share of the
   top-M layers (the step is cut to what fits, the episode ends when it is spent); and a utility
   term R_u = (acc_t - acc_{t-1}) / acc_0 on the server's validation set, weight w_u.
-  R = w_f R_f + w_c R_c + w_u R_u.
+  R = w_f R_f + w_c R_c + w_u R_u. With ``measure_every: episode`` the measured terms (R_u and
+  a measured R_f) are paid once at the episode's last step for the whole episode (they
+  telescope, so the return is the same) at one validation pass per episode.
 
 AoI: every step advances the round clock by one and the link clock by the time to broadcast the
 changed groups; changed groups get T_lj = now (:class:`scaleflu.unlearn.aoi.AoITracker`).
@@ -83,6 +85,11 @@ class EnvSpec:
     # default mode: accuracy on the server's validation samples of a forgotten class; when set,
     # R_f is the measured drop of it (the class requests' forgetting is observable there)
     forget_utility: Utility | None = None
+    # default mode: when the measured terms (R_u, measured R_f) are paid: ``step`` (after every
+    # step that changed something) or ``episode`` (once, at the episode's last step, for the
+    # whole episode: the same return, since both terms telescope, at one forward pass per
+    # episode instead of one per step)
+    measure_every: str = "step"  # SCALE passes scale.measure_every (default: episode)
 
     def __post_init__(self) -> None:
         if self.mode not in ("paper", "default"):
@@ -91,6 +98,8 @@ class EnvSpec:
             raise ValueError("default mode needs the attribution map C_l")
         if self.op not in ("zero", "subtract"):
             raise ValueError(f"sparsify op must be zero or subtract, got {self.op!r}")
+        if self.measure_every not in ("step", "episode"):
+            raise ValueError(f"measure_every must be step or episode, got {self.measure_every!r}")
         if self.s_levels < 1 or self.episode_steps < 1 or not self.layers:
             raise ValueError("s_levels, episode_steps and the layer list must be positive")
 
@@ -225,6 +234,7 @@ class SparsifyEnv(gym.Env):
             self.fu0 = self.fu_prev = max(self._utility(forget=True), 1e-6)
         self.sum_aoi_trace: list[float] = []
         self.step_infos: list[dict[str, Any]] = []
+        self.dirty = False  # whether a step of this episode changed the layers
         return self._obs(), {}
 
     def state_key(self) -> bytes:
@@ -335,23 +345,27 @@ class SparsifyEnv(gym.Env):
                 if did:
                     changed.append((layer, j))
             r_c /= len(chosen)
-            if self.default and self.spec.forget_utility is not None:
-                r_f = 0.0  # measured instead: the share of the class's accuracy this step removed
-                if changed:
-                    fu = self._utility(forget=True)
-                    r_f = (self.fu_prev - fu) / self.fu0
-                    self.fu_prev = fu
-            if self.default and changed and self.spec.utility is not None and self.spec.w_u:
-                util = self._utility()
-                r_u = (util - self.util_prev) / self.util0
-                self.util_prev = util
+        exhausted = self.default and self.budget_total > 0 and self.budget_left <= 0
+        last = bool(exhausted) or self.t + 1 >= self.spec.episode_steps
+        self.dirty = self.dirty or bool(changed)
+        # the measured terms: after a step that changed something, or once at the episode's end
+        measure = changed if self.spec.measure_every == "step" else (last and self.dirty)
+        if self.default and self.spec.forget_utility is not None:
+            r_f = 0.0  # measured instead: the share of the class's accuracy removed
+            if measure:
+                fu = self._utility(forget=True)
+                r_f = (self.fu_prev - fu) / self.fu0
+                self.fu_prev = fu
+        if self.default and measure and self.spec.utility is not None and self.spec.w_u:
+            util = self._utility()
+            r_u = (util - self.util_prev) / self.util0
+            self.util_prev = util
         link_s = self.aoi.step(changed)
         reward = self.spec.w_f * r_f + self.spec.w_c * r_c + self.spec.w_u * r_u
         self.t += 1
         self.ret += reward
         sum_aoi = float(np.sum(list(self._aoi_of(self.aoi.aoi_seconds()).values())))
         self.sum_aoi_trace.append(sum_aoi)
-        exhausted = self.default and self.budget_total > 0 and self.budget_left <= 0
         terminated = bool(exhausted)
         truncated = self.t >= self.spec.episode_steps and not terminated
         info = {

@@ -138,7 +138,15 @@ def phase_one(
         raise ConfigError(
             f"scale.client_attribution must be contrast or contribution, got {client_attr!r}"
         )
-    if req.kind == "client" and client_attr == "contrast" and report.rounds:
+    sample_attr = str(sc.get("sample_attribution", "contribution"))
+    if sample_attr not in ("contrast", "contribution"):
+        raise ConfigError(
+            f"scale.sample_attribution must be contrast or contribution, got {sample_attr!r}"
+        )
+    contrast = (req.kind == "client" and client_attr == "contrast") or (
+        req.kind == "sample" and sample_attr == "contrast"
+    )
+    if contrast and report.rounds:
         # the targets' contribution C_l holds the task every client learns as well; rank the
         # entries by how much more the targets moved them than the other participants did
         tc = time.perf_counter()
@@ -305,6 +313,10 @@ class ScaleUnlearner:
             # a class removed from the whole federation: the server sees its validation samples,
             # so R_f measures the forgetting instead of a proxy for it
             forget_u = _Utility(ctx, theta, data=ctx.val_forget)
+        if str(sc.get("measure_every", "episode")) not in ("step", "episode"):
+            raise ConfigError(
+                f"scale.measure_every must be step or episode, got {sc['measure_every']!r}"
+            )
         spec = EnvSpec(
             mode=mode,
             layers=report.top,
@@ -327,6 +339,7 @@ class ScaleUnlearner:
             ),
             utility=utility,
             forget_utility=forget_u,
+            measure_every=str(sc.get("measure_every", "episode")),
             aoi_unit=str(sc["aoi_unit"]),
             op=str(sc.get("sparsify_op", "zero")),
         )
