@@ -216,13 +216,11 @@ def _demo_config(seed: int) -> tuple[dict[str, Any], list[tuple[str, str]], dict
 
 
 def _method(name: str, mode: str, cfg: dict[str, Any]) -> Any:
-    if name == "retrain":
-        return RetrainUnlearner()
-    if name.startswith("scale"):
-        return ScaleUnlearner(mode)
-    from scaleflu.unlearn.cli import make_unlearner
+    from scaleflu.unlearn.registry import make_method
 
-    return make_unlearner(name, mode, cfg)
+    if name.startswith("scale"):
+        return make_method("scale", cfg, mode=mode)
+    return make_method(name, cfg)
 
 
 def _sweep_row(res: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
