@@ -45,6 +45,11 @@ if importlib.util.find_spec("gnuradio.uhd") is not None:
 
     __all__ += ["RadioNotFound", "usrp_rx", "usrp_tx"]
 
+# GRC's "Shared Medium Node" (one node on the simulated shared frequency, scaleflu.radio.medium)
+from .medium import medium_node  # noqa: E402
+
+__all__ += ["medium_node"]
+
 logger = logging.getLogger(__name__)
 
 _HEADER_KEYS = ("type", "src", "dst", "msg_id", "seq", "count")
