@@ -45,18 +45,7 @@ from typing import Any
 import numpy as np
 
 RESULTS = Path(__file__).resolve().parent / "results"
-LENET_SHAPES = {
-    "conv1.weight": (6, 1, 5, 5),
-    "conv1.bias": (6,),
-    "conv2.weight": (16, 6, 5, 5),
-    "conv2.bias": (16,),
-    "fc1.weight": (120, 400),
-    "fc1.bias": (120,),
-    "fc2.weight": (84, 120),
-    "fc2.bias": (84,),
-    "fc3.weight": (10, 84),
-    "fc3.bias": (10,),
-}
+from mac_bench import LENET_SHAPES  # noqa: E402 - one table of the LeNet tensors (script dir)
 
 
 def lenet_message(robot: int) -> bytes:
