@@ -42,6 +42,7 @@ import pmt  # noqa: E402
 from gnuradio import blocks, channels, digital, gr, pdu  # noqa: E402
 
 from scaleflu.link.frame import FRAME_OVERHEAD, max_payload  # noqa: E402
+from scaleflu.link.samples import lenet_like  # noqa: E402
 from scaleflu.link.wire import Encoding, Message, MessageType, encode_message  # noqa: E402
 from scaleflu.radio.links import (  # noqa: E402
     ChannelConfig,
@@ -273,20 +274,7 @@ def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int, **arq: 
 
 # -- 3b. tail latency under heavy loss ------------------------------------------------------
 def _lenet_message(seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    shapes = {
-        "conv1.weight": (6, 1, 5, 5),
-        "conv1.bias": (6,),
-        "conv2.weight": (16, 6, 5, 5),
-        "conv2.bias": (16,),
-        "fc1.weight": (120, 400),
-        "fc1.bias": (120,),
-        "fc2.weight": (84, 120),
-        "fc2.bias": (84,),
-        "fc3.weight": (10, 84),
-        "fc3.bias": (10,),
-    }
-    tensors = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+    tensors = lenet_like(seed)
     return encode_message(Message(type=MessageType.MODEL, tensors=tensors))
 
 

@@ -35,7 +35,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -64,6 +64,17 @@ class LocalConfig:
     lr: float
     batch_size: int | None
     momentum: float = 0.0
+
+    @classmethod
+    def from_config(cls, fl: Mapping[str, Any], epochs: int | None = None) -> LocalConfig:
+        """The config's ``fl`` section as local settings (another epoch count if given)."""
+        bs = fl["batch_size"]
+        return cls(
+            int(fl["local_epochs"] if epochs is None else epochs),
+            float(fl["lr"]),
+            None if bs is None else int(bs),  # None: full batch
+            float(fl["momentum"]),
+        )
 
 
 def derive_seed(*keys: int) -> int:

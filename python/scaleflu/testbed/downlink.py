@@ -66,9 +66,9 @@ class DownlinkMixin:
         """Start sending ``state`` to a robot, as a delta against what it holds when allowed."""
         tb = self.tb
         src_sha = src_sha or state_sha256(state)
-        ref = robot.held if tb["broadcast"] == "delta" and robot.held is not None else None
-        enc = str(tb["broadcast_encoding"])
-        G = int(self.cfg["scale"]["groups_per_layer"])
+        ref = robot.held if tb.broadcast == "delta" and robot.held is not None else None
+        enc = str(tb.broadcast_encoding)
+        G = int(self.cfg.scale.groups_per_layer)
         body = encode_state(state, enc, ref, G)
         # What the robot will hold: decode our own bytes (lossy encodings included).
         held = cast_like(decode_state(body, reference=ref), state)
@@ -97,7 +97,7 @@ class DownlinkMixin:
             t,
             meta,
             body,
-            timeout=float(tb["send_timeout_s"]),
+            timeout=float(tb.send_timeout_s),
         )
         changed = {
             g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
@@ -138,16 +138,16 @@ class DownlinkMixin:
                 log.warning("testbed.downlink=broadcast but the link cannot broadcast: unicast")
             return [self._send_model(rb, state, purpose, t, extra, src_sha) for rb in robots]
         src_sha = src_sha or state_sha256(state)
-        enc = str(tb["broadcast_encoding"])
-        G = int(self.cfg["scale"]["groups_per_layer"])
+        enc = str(tb.broadcast_encoding)
+        G = int(self.cfg.scale.groups_per_layer)
         groups: dict[str | None, list[RobotInfo]] = {}
         for rb in robots:
-            delta = tb["broadcast"] == "delta" and rb.held is not None
+            delta = tb.broadcast == "delta" and rb.held is not None
             groups.setdefault(rb.held_sha if delta else None, []).append(rb)
         changed = {
             g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
         }
-        timeout = float(tb["send_timeout_s"])
+        timeout = float(tb.send_timeout_s)
         outs: list[Outgoing] = []
         for base, members in groups.items():
             ref = members[0].held if base is not None else None

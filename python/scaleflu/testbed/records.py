@@ -9,6 +9,7 @@ import logging
 import time
 from typing import Any
 
+from scaleflu.fl.run import append_jsonl
 from scaleflu.testbed.transport import (
     link_stats,
 )
@@ -59,8 +60,7 @@ class RecordsMixin:
             "detail": detail[:200],
         }
         self.rejections.append(row)
-        with (self.run_dir / "rejections.jsonl").open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_jsonl(self.run_dir / "rejections.jsonl", row)
         log.warning("rejected %s from robot %s: %s %s", what, robot, reason, detail)
 
     def _report_common(self, total_s: float) -> dict[str, Any]:
@@ -87,7 +87,7 @@ class RecordsMixin:
             "air_bytes_total": self._air_bytes(),
             "history_rounds": self.history.last_completed_round(),
             "poison": {
-                "backdoor_clients": self.cfg["data"]["poison"]["backdoor_clients"],
+                "backdoor_clients": self.cfg.data.poison.backdoor_clients,
                 "target_label": self.setup.poison.target_label,
             },
         }

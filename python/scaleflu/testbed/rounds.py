@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Mapping
@@ -12,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from scaleflu.fl.aggregation import NoUpdateAcceptedError, robust_aggregate
-from scaleflu.fl.fedavg import attack_success_rate, evaluate
+from scaleflu.fl.run import append_jsonl, close_round
 from scaleflu.testbed.common import (
     cast_like,
     decode_state,
@@ -22,6 +21,8 @@ from scaleflu.testbed.common import (
 from scaleflu.testbed.protocol import (
     MsgType,
     ProtocolError,
+    client_of,
+    robot_of,
     state_sha256,
     validate_update,
 )
@@ -125,7 +126,7 @@ class RoundsMixin:
         w0 = time.perf_counter()
         bytes0 = self._air_bytes()
         link0 = link_counters(self.link)
-        rs = RoundState(t, self.global_np, time.monotonic() + float(tb["round_deadline_s"]))
+        rs = RoundState(t, self.global_np, time.monotonic() + float(tb.round_deadline_s))
         self.round = rs
         src = state_sha256(self.global_np)
         rs.scheduled.update(robot.robot_id for robot in self._active())
@@ -152,14 +153,14 @@ class RoundsMixin:
                 "round %d closed with robots %s missing (deadline %.0fs)",
                 t,
                 missing,
-                float(tb["round_deadline_s"]),
+                float(tb.round_deadline_s),
             )
             self._event("round_missing", round=t, robots=missing)
         if not rs.updates:
             log.warning("round %d: no update accepted", t)
             self._event("round_failed", round=t, reason="no valid update")
             return None
-        sizes_all = {r: self.setup.data_sizes[r - 1] for r in rs.updates}
+        sizes_all = {r: self.setup.data_sizes[client_of(r)] for r in rs.updates}
         try:
             res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg)
         except NoUpdateAcceptedError as exc:
@@ -171,25 +172,28 @@ class RoundsMixin:
         for r, why in res.refused.items():
             self._refuse_update(rs, r, t, why.split(":")[0], why)
         accepted = sorted(res.accepted)
-        clients = [r - 1 for r in accepted]
-        sizes = {r - 1: sizes_all[r] for r in accepted}
-        states = {r - 1: to_torch(rs.updates[r]) for r in accepted}
+        clients = [client_of(r) for r in accepted]
+        sizes = {client_of(r): sizes_all[r] for r in accepted}
+        states = {client_of(r): to_torch(rs.updates[r]) for r in accepted}
         new_global = to_torch(res.state)
-        self.model.load_state_dict(new_global)
-        ev = evaluate(self.model, self.setup.test, int(self.cfg["fl"]["eval_batch_size"]))
-        metrics: dict[str, Any] = {"test_acc": ev["acc"], "test_loss": ev["loss"]}
-        if self.setup.triggered_test is not None:
-            metrics["asr"] = attack_success_rate(
-                self.model, self.setup.triggered_test, self.setup.poison.target_label
-            )
-        wall = time.perf_counter() - w0
-        self.history.record_round(t, clients, sizes, states, new_global, metrics, wall)
+        metrics, wall, _ = close_round(
+            self.history,
+            self.setup,
+            self.model,
+            t,
+            clients,
+            sizes,
+            states,
+            new_global,
+            w0,
+            int(self.cfg.fl.eval_batch_size),
+        )
         self.global_state = {k: v.clone() for k, v in new_global.items()}
         self.global_np = to_numpy(self.global_state)
         row = {
             "round": t,
             **metrics,
-            "participants": [c + 1 for c in clients],
+            "participants": [robot_of(c) for c in clients],
             "missing": missing,
             "rejected": sum(1 for x in self.rejections if x["round"] == t),
             "aggregation": self.agg_cfg.strategy,
@@ -201,10 +205,13 @@ class RoundsMixin:
         }
         row["link"] = round_link_row(link0, link_counters(self.link), row["air_bytes"])
         self.rounds_log.append(row)
-        with (self.run_dir / "rounds.jsonl").open("a") as fh:
-            fh.write(json.dumps(row) + "\n")
+        append_jsonl(self.run_dir / "rounds.jsonl", row)
         self._event("round_end", **{k: row[k] for k in ("round", "test_acc", "participants")})
         log.info(
-            "round %d done: acc %.3f, robots %s, %.1fs", t, ev["acc"], row["participants"], wall
+            "round %d done: acc %.3f, robots %s, %.1fs",
+            t,
+            metrics["test_acc"],
+            row["participants"],
+            wall,
         )
         return row

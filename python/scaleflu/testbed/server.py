@@ -29,9 +29,9 @@ import torch
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from scaleflu.config import ConfigError, save_config
+from scaleflu.config import Config, ConfigError, as_config, save_config
 from scaleflu.fl.aggregation import AggregationConfig
-from scaleflu.fl.run import build_setup, open_history
+from scaleflu.fl.run import build_setup, open_history, write_training_outputs
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
@@ -45,6 +45,7 @@ from scaleflu.testbed.protocol import (
     MsgType,
     ProtocolError,
     ReplayGuard,
+    client_of,
     derive_key,
     open_envelope,
 )
@@ -63,6 +64,10 @@ from scaleflu.testbed.unlearn_service import (
 from scaleflu.testbed.validation import EvalMeta, RateLimiter
 
 log = logging.getLogger(__name__)
+
+# rounds.jsonl's columns in the run's metrics.csv (robot ids in participants and missing)
+ROUNDS_CSV_COLUMNS = ("round", "test_acc", "test_loss", "asr", "participants", "missing")
+ROUNDS_CSV_COLUMNS += ("rejected", "aggregation", "air_bytes", "aoi_s", "wall_s")
 
 __all__ = [  # the parts, importable from here as before the split
     "UNLEARN_KINDS",
@@ -114,8 +119,8 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.compare_fn = compare_unlearn  # testbed.unlearn.compare: the side-by-side methods
         self._served: tuple[dict[str, Any], Mapping[str, Any], Any] | None = None
         self.on_event = on_event
-        self.cfg = self._resolve_config(dict(cfg))
-        tb = self.cfg["testbed"]
+        self.cfg = self._resolve_config(cfg)
+        tb = self.cfg.testbed
         self.tb = tb
         self.agg_cfg = AggregationConfig.from_dict(dict(tb.get("aggregation") or {}))
         self.limits = RateLimiter(
@@ -142,7 +147,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.t0 = time.monotonic()
         self.group_time: dict[tuple[str, int], float] = {}
         self.bytes_rx = 0
-        torch.set_num_threads(max(1, int(self.cfg["fl"]["threads"]) or 1))
+        torch.set_num_threads(max(1, int(self.cfg.fl.threads) or 1))
         self.setup = build_setup(self.cfg)
         self.model = self.setup.new_model()
         self.history = open_history(self.cfg, self.run_dir, self.model)
@@ -163,8 +168,11 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.group_time = {g: 0.0 for g in self._all_groups()}
         self._prev_broadcast = self.global_np
 
-    def _resolve_config(self, cfg: dict[str, Any]) -> dict[str, Any]:
-        """Use the run's saved config when resuming; check robot ids against the clients."""
+    def _resolve_config(self, cfg: dict[str, Any]) -> Config:
+        """Use the run's saved config when resuming; check robot ids against the clients.
+
+        Returns the checked :class:`~scaleflu.config.Config` (fl.rounds := testbed.rounds).
+        """
         self.run_dir.mkdir(parents=True, exist_ok=True)
         saved = self.run_dir / "config.yaml"
         if saved.is_file() and (self.run_dir / "history").is_dir():
@@ -176,10 +184,11 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
                         "use another --run-dir"
                     )
             cfg = {**old, "testbed": cfg.get("testbed", old.get("testbed"))}
-        cfg["fl"] = dict(cfg["fl"])
+        cfg = as_config(cfg).to_dict()  # a copy: the caller's config is not changed
         cfg["fl"]["rounds"] = int(cfg["testbed"]["rounds"])
-        n = int(cfg["data"]["num_clients"])
-        bad = [r for r in self.keys if not 1 <= r <= n]
+        cfg = as_config(cfg)
+        n = int(cfg.data.num_clients)
+        bad = [r for r in self.keys if not 0 <= client_of(r) < n]
         if bad:
             raise ConfigError(f"robot ids {bad} have no FL client (data.num_clients = {n})")
         save_config(cfg, saved)
@@ -209,7 +218,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
             SERVER_ID,
             self.session,
             self.guard,
-            max_skew_s=float(self.tb["max_skew_s"]),
+            max_skew_s=float(self.tb.max_skew_s),
         )
         r = env.sender
         if env.type is MsgType.REGISTER:
@@ -253,17 +262,17 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         tb = self.tb
         started = time.monotonic()
         self.announce()
-        if not self.wait_for_robots(int(tb["min_robots"]), float(tb["register_timeout_s"])):
-            raise RuntimeError(f"fewer than {tb['min_robots']} robots registered in time")
-        T = int(tb["rounds"])
+        if not self.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s)):
+            raise RuntimeError(f"fewer than {tb.min_robots} robots registered in time")
+        T = int(tb.rounds)
         t = self.history.last_completed_round() + 1
         retries = 0
         while t <= T:
-            self.wait_for_robots(int(tb["min_robots"]), float(tb["register_timeout_s"]))
+            self.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s))
             row = self.run_round(t)
             if row is None:  # a failed round is logged and retried; the federation goes on
                 retries += 1
-                if retries > int(tb["max_round_retries"]):
+                if retries > int(tb.max_round_retries):
                     log.error(
                         "round %d failed %d times: training stops after round %d; requests "
                         "are still served and the report written (resume retries round %d)",
@@ -278,8 +287,14 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
             retries = 0
             t += 1
         fl_s = time.monotonic() - started
+        write_training_outputs(  # metrics.csv, training.png: as every FedAvg run writes them
+            self.rounds_log,
+            self.run_dir,
+            ROUNDS_CSV_COLUMNS,
+            f"testbed FedAvg: {self.run_dir.name}",
+        )
         report: dict[str, Any] = {"rounds": self.rounds_log, "fl_s": fl_s}
-        wait_end = time.monotonic() + float(tb["unlearn"]["wait_s"])
+        wait_end = time.monotonic() + float(tb.unlearn.wait_s)
         while not self.requests and time.monotonic() < wait_end:
             self.poll(0.2)
         # every accepted request is served, in order, even when an earlier one fails; requests

@@ -13,6 +13,7 @@ import numpy as np
 from scaleflu.testbed.keys import sign
 from scaleflu.testbed.protocol import (
     MsgType,
+    client_of,
 )
 from scaleflu.testbed.validation import RegisterMeta
 
@@ -53,7 +54,7 @@ class SessionsMixin:
         info.held, info.held_sha = None, None
         info.resync_at = time.monotonic()
         self.robots[r] = info
-        expected = self.setup.data_sizes[r - 1]
+        expected = self.setup.data_sizes[client_of(r)]
         if num != expected:
             log.warning("robot %d reports %d samples, the partition has %d", r, num, expected)
         if r in self._forgotten_before:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from scaleflu.fl.run import append_jsonl
 from scaleflu.testbed.common import (
     cast_like,
     to_numpy,
@@ -21,6 +22,7 @@ from scaleflu.testbed.keys import sign
 from scaleflu.testbed.protocol import (
     MsgType,
     ProtocolError,
+    client_of,
     state_sha256,
 )
 from scaleflu.testbed.sessions import RobotInfo
@@ -33,9 +35,9 @@ UNLEARN_KINDS = ("client", "class", "sample")
 
 
 def unlearn_request_text(meta: Mapping[str, Any], robot: int) -> str:
-    """The scaleflu.unlearn request text for a robot's request (client index = robot - 1)."""
+    """The scaleflu.unlearn request text for a robot's request (its FL client: client_of)."""
     kind = meta.get("kind")
-    n = robot - 1
+    n = client_of(robot)
     if kind == "client":
         return f"client:{n}"
     if kind == "class":
@@ -179,8 +181,7 @@ class UnlearningMixin:
             "received_s": round(time.monotonic() - self.t0, 3),
         }
         self.requests.append(req)
-        with (self.run_dir / "requests.jsonl").open("a") as fh:
-            fh.write(json.dumps(req) + "\n")
+        append_jsonl(self.run_dir / "requests.jsonl", req)
         if req["kind"] == "client":
             robot.forgotten = True  # it leaves the federation now: no further rounds
             if self.round is not None and r not in self.round.updates:
@@ -199,7 +200,7 @@ class UnlearningMixin:
     def serve_unlearning(self, req: dict[str, Any]) -> dict[str, Any]:
         """Evaluate the final model on the robots, unlearn, deploy Theta', evaluate again."""
         tb = self.tb
-        timeout = float(tb["round_deadline_s"])
+        timeout = float(tb.round_deadline_s)
         info = {
             "robot": req["robot"],
             "kind": req["kind"],
@@ -209,14 +210,14 @@ class UnlearningMixin:
         before_sha = state_sha256(self.global_np)
         before = self.deploy(self.global_np, "before", {"request": info}, timeout)
         self._event("unlearn_start", request=req["text"])
-        u = tb["unlearn"]
+        u = tb.unlearn
         t0 = time.perf_counter()
         state, result = self.unlearn_fn(
             self.run_dir,
             req["text"],
-            str(u["method"]),
-            str(u["mode"]),
-            list(u["overrides"]),
+            str(u.method),
+            str(u.mode),
+            list(u.overrides),
             self.progress,
         )
         unlearn_s = time.perf_counter() - t0
@@ -237,8 +238,8 @@ class UnlearningMixin:
             fh.write(req["text"] + "\n")
         return {
             "request": req,
-            "method": u["method"],
-            "mode": u["mode"],
+            "method": u.method,
+            "mode": u.mode,
             "protocol": result.get("protocol"),
             "unlearn_s": unlearn_s,
             "deploy_s": deploy_s,
@@ -262,15 +263,15 @@ class UnlearningMixin:
         the history as it was, side by side with the deployed method; then the erasure."""
         assert self._served is not None
         req, result, state = self._served
-        u = self.tb["unlearn"]
+        u = self.tb.unlearn
         for other in [str(m) for m in u.get("compare") or []]:
-            if other == str(u["method"]):
+            if other == str(u.method):
                 continue
             self._event("unlearn_compare", method=other)
             un["side_by_side"].append(
                 side_by_side_row(
                     self.compare_fn(
-                        self.run_dir, req["text"], other, list(u["overrides"]), self.progress
+                        self.run_dir, req["text"], other, list(u.overrides), self.progress
                     )
                 )
             )
@@ -290,7 +291,7 @@ class UnlearningMixin:
 
         rq = result.get("request")
         targets = (rq.get("targets") if isinstance(rq, Mapping) else None) or [
-            int(req["robot"]) - 1
+            client_of(req["robot"])
         ]
         erasure = erase_history(self.history, [int(n) for n in targets], req["text"], state)
         self._event("erased", clients=erasure["clients"], updates=erasure["updates"])

@@ -327,13 +327,7 @@ class UnlearnContext:
 
     def local_config(self, epochs: int | None = None) -> LocalConfig:
         """The run's local SGD settings (optionally another epoch count)."""
-        fl = self.cfg["fl"]
-        return LocalConfig(
-            int(epochs if epochs is not None else fl["local_epochs"]),
-            float(fl["lr"]),
-            None if fl["batch_size"] is None else int(fl["batch_size"]),  # None: full batch
-            float(fl["momentum"]),
-        )
+        return LocalConfig.from_config(self.cfg["fl"], epochs)
 
     # -- FedAvg with the remaining clients -----------------------------------------------
 
