@@ -152,3 +152,11 @@ def test_no_dead_link_section():
     assert "link" not in default_config()  # nothing read link.fft_len/cp_len/samp_rate/mtu
     with pytest.raises(ConfigError, match="unknown config key: link"):
         load_config(None, ["link.mtu=1500"])
+
+
+def test_safe_dump_writes_a_config_as_plain_yaml():
+    import yaml
+
+    cfg = load_config(None, ["fl.rounds=5"])
+    text = yaml.safe_dump(dict(cfg), sort_keys=False)  # a plain top level, Section children
+    assert "!!python" not in text and yaml.safe_load(text) == cfg.to_dict()

@@ -107,8 +107,17 @@ def _typed(value: Any) -> Any:
     return value
 
 
+@functools.cache
+def _yaml_knows_sections() -> None:
+    """``yaml.safe_dump`` writes a Section as the plain mapping it is (registered on first use)."""
+    import yaml
+
+    yaml.SafeDumper.add_multi_representer(Section, yaml.SafeDumper.represent_dict)
+
+
 def as_config(cfg: Mapping[str, Any]) -> Config:
     """Check a full config mapping (e.g. a run's saved config.yaml) and return it as a Config."""
+    _yaml_knows_sections()
     check_config(cfg)
     if isinstance(cfg, Config):
         return cfg
