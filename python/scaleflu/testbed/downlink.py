@@ -73,13 +73,7 @@ class DownlinkMixin:
         # What the robot will hold: decode our own bytes (lossy encodings included).
         held = cast_like(decode_state(body, reference=ref), state)
         sha = state_sha256(held)
-        meta = {
-            "purpose": purpose,
-            "sha256": sha,
-            "base_sha256": robot.held_sha if ref is not None else None,
-            "deadline_s": max(0.0, (self.round.deadline - time.monotonic()) if self.round else 0),
-            **(extra or {}),
-        }
+        meta = self._model_meta(purpose, sha, robot.held_sha if ref is not None else None, extra)
         meta["sig"] = sign(
             self.signing_key,
             "model",
@@ -165,16 +159,7 @@ class DownlinkMixin:
                 "delta" if ref is not None else "full",
             )
             for rb in members:
-                meta = {
-                    "purpose": purpose,
-                    "sha256": sha,
-                    "base_sha256": base,
-                    "deadline_s": max(
-                        0.0, (self.round.deadline - time.monotonic()) if self.round else 0
-                    ),
-                    "body_sha256": body_sha,
-                    **(extra or {}),
-                }
+                meta = self._model_meta(purpose, sha, base, extra, body_sha256=body_sha)
                 h = self.ep.send(
                     MsgType.MODEL,
                     rb.robot_id,
@@ -190,6 +175,21 @@ class DownlinkMixin:
                 self.outgoing.append(out)
                 outs.append(out)
         return outs
+
+    def _model_meta(
+        self,
+        purpose: str,
+        sha: str,
+        base: str | None,
+        extra: dict[str, Any] | None,
+        **more: Any,
+    ) -> dict[str, Any]:
+        """A MODEL envelope's meta: purpose, the SHA-256 the robot will hold, the delta's base,
+        the open round's remaining time, then ``more`` (broadcast: the body's SHA) and ``extra``.
+        """
+        deadline = max(0.0, (self.round.deadline - time.monotonic()) if self.round else 0)
+        meta = {"purpose": purpose, "sha256": sha, "base_sha256": base, "deadline_s": deadline}
+        return {**meta, **more, **(extra or {})}
 
     def _group_changed(
         self, g: tuple[str, int], new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]
