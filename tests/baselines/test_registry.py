@@ -124,3 +124,12 @@ def test_retrain_is_one_class_in_cli_table2_and_testbed(tiny_run: Any, tmp_path:
     assert done.result.method == "retrain" and torch.equal(
         done.state["fc3.weight"], unl.state["fc3.weight"]
     )
+    # the testbed's comparison: the same in-memory run, its outputs written beside the run
+    from scaleflu.testbed.server import compare_unlearn
+
+    row = compare_unlearn(run_dir, req, "retrain", over, False)
+    on_disk = json.loads((run_dir / "unlearn_compare" / "retrain" / "result.json").read_text())
+    assert row["method"] == "retrain" and row["details"]["rounds"] == 2
+    assert row["metrics"] == on_disk["metrics"] and row["cost"]["fl_rounds"] == 2
+    bad = compare_unlearn(run_dir, req, "retrian", over, False)
+    assert bad["method"] == "retrian" and "did you mean 'retrain'" in bad["error"]

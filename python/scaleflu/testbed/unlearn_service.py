@@ -70,24 +70,22 @@ def compare_unlearn(
 ) -> dict[str, Any]:
     """Run another method on the same request for the side-by-side table (not deployed).
 
-    Writes to ``run_dir/unlearn_compare/<method>``; returns its result dict, or
-    ``{"method", "error"}`` when the method cannot run (e.g. not in this build).
+    The method registry's in-memory run; its outputs are also written to
+    ``run_dir/unlearn_compare/<method>``. Returns its result dict, or ``{"method", "error"}``
+    when the method cannot run (e.g. not in this build).
     """
-    from scaleflu.unlearn.cli import run_unlearn
+    from scaleflu.unlearn.outputs import write_unlearning
+    from scaleflu.unlearn.registry import run_unlearning
 
     try:
-        out = run_unlearn(
-            run_dir,
-            request,
-            method=method,
-            out=run_dir / "unlearn_compare" / method,
-            overrides=list(overrides),
-            progress=progress,
+        done = run_unlearning(
+            run_dir, request, method, overrides=list(overrides), progress=progress
         )
+        write_unlearning(done, request, method, Path(run_dir) / "unlearn_compare" / method)
     except (ValueError, KeyError, ImportError) as exc:
         log.warning("comparison method %s on %s not run: %s", method, request, exc)
         return {"method": method, "error": str(exc)}
-    return json.loads((out / "result.json").read_text())
+    return done.result.to_dict()
 
 
 def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) -> dict[str, Any]:
@@ -287,7 +285,7 @@ class UnlearningMixin:
         The targets are the clients holding forgotten data (the robot's client index for the
         testbed's requests); recorded in the report and in the served result's JSON.
         """
-        from scaleflu.unlearn.cli import erase_history
+        from scaleflu.unlearn.outputs import erase_history
 
         rq = result.get("request")
         targets = (rq.get("targets") if isinstance(rq, Mapping) else None) or [

@@ -14,11 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from scaleflu.cliargs import add_config_args
+from scaleflu.unlearn.outputs import erase_history, write_unlearning
 from scaleflu.unlearn.registry import canonical_name, method_names, run_unlearning
 
 log = logging.getLogger(__name__)
 
 METHODS = method_names()  # the one registry (scaleflu.unlearn.registry)
+__all__ = ["METHODS", "add_unlearn_parser", "erase_history", "run_unlearn"]
 
 
 def run_unlearn(
@@ -39,63 +41,9 @@ def run_unlearn(
     history store and make the unlearned model its final model (:func:`erase_history`); the
     result JSON records what was erased under ``erasure``.
     """
-    from safetensors.torch import save_file
-
-    from scaleflu.config import save_config
-    from scaleflu.log import fmt
-    from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
-    from scaleflu.unlearn.base import resolve_unlearn_config
-
     method = canonical_name(method)
     done = run_unlearning(run_dir, request, method, mode, config, overrides, progress)
-    ctx, result, unlearner, state = done.ctx, done.result, done.unlearner, done.state
-    slug = ctx.request.request.slug
-    tag = ctx.mode if method == "scale" else method
-    out_dir = Path(out) if out else Path(run_dir) / "unlearn" / f"{slug}-{tag}"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    save_config(resolve_unlearn_config(ctx.cfg), out_dir / "config.yaml")
-    model_path = out_dir / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in state.items()}, str(model_path))
-    result.model_path = str(model_path)
-    if erase:
-        result.erasure = erase_history(ctx.run.history, ctx.request.targets, request, state)
-    result.save(out_dir / "result.json")
-    if method == "scale":
-        unlearner.report.save(out_dir / "sensitivity.json")
-        plot_sensitivity(unlearner.report, out_dir / "sensitivity.png")
-        plot_rewards(result.details["episode_returns"], out_dir / "ppo_reward.png")
-        plot_sum_aoi(result.aoi["sum_s_trace"], out_dir / "sum_aoi.png")
-    m = result.metrics
-    log.info(
-        "%s %s: test %.3f RA %.3f FA %.3f FA(protocol %s) %s, wall %.1fs -> %s",
-        result.method,
-        request,
-        m["test_acc"] or 0.0,
-        m["ra"] or 0.0,
-        m["fa"] or 0.0,
-        result.protocol,
-        fmt(m["fa_protocol"]),
-        result.cost["wall_s"],
-        out_dir,
-    )
-    return out_dir
-
-
-def erase_history(
-    history: Any, targets: list[int], request: str, state: dict[str, Any] | None
-) -> dict[str, Any]:
-    """Erase what the history store holds of a served request; return what was erased.
-
-    Every stored update of the request's target clients is deleted: for a client request they
-    are the forgotten robot's own updates; for a class or sample request each target's updates
-    were computed on the forgotten data as well, and the store cannot separate the parts, so
-    they go as a whole. With ``state`` the final global model becomes the unlearned model.
-    """
-    summary = history.erase_clients(targets, reason=request)
-    if state is not None:
-        history.replace_final(state)
-    summary["final_model_replaced"] = state is not None
-    return summary
+    return write_unlearning(done, request, method, out, erase)
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
