@@ -457,10 +457,9 @@ def _isolated(fn, *args, **kw):
 
 
 def _plot(res: dict, path: Path) -> None:
-    import matplotlib
+    from scaleflu.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(1, 2, figsize=(12, 4.5))
     for mp, style in ((False, "o-"), (True, "s--")):

@@ -197,10 +197,9 @@ def targets(summary: dict[str, Any], ns: tuple[int, ...]) -> dict[str, Any]:
 
 def plot(out: dict[str, Any], ns: tuple[int, ...], path: Path) -> None:
     """Airtime per round (stacked downlink/uplink/control) and round duration vs N."""
-    import matplotlib
+    from scaleflu.plots import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     modes = ("scheduled", "unscheduled", "per-pair")
