@@ -74,6 +74,10 @@ def plot_training(rows: Sequence[Mapping[str, Any]], path: str | Path, title: st
     )
     ax_loss.set_xlabel("round")
     ax_loss.set_ylabel("test loss")
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in (ax_acc, ax_loss):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
     fig.suptitle(title or "FedAvg training")
     return _save(fig, path)
 
