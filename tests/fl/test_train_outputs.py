@@ -78,6 +78,12 @@ def test_every_train_call_writes_csv_and_png(tmp_path: Path) -> None:
     table = list(csv.DictReader((tmp_path / "a" / "metrics.csv").open()))
     assert [r["test_acc"] for r in table] == ["", str(res.metrics[1]["test_acc"])]
     assert (tmp_path / "a" / "training.png").read_bytes()[:8] == PNG_MAGIC
+    from scaleflu.config import Config
+    from scaleflu.fl.run import load_run
+
+    loaded = load_run(tmp_path / "a")  # the saved plain YAML comes back as the typed object
+    assert isinstance(res.cfg, Config) and isinstance(loaded.cfg, Config)
+    assert loaded.cfg.fl.eval_every == 2 and loaded.cfg == res.cfg
     train(cfg, tmp_path / "b", progress=False, outputs=False)
     assert not (tmp_path / "b" / "metrics.csv").exists()
     assert not (tmp_path / "b" / "training.png").exists()

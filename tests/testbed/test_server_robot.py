@@ -13,7 +13,7 @@ import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from scaleflu.config import load_config
+from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
 from scaleflu.testbed.common import to_numpy
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, generate_keys, state_sha256
@@ -120,6 +120,7 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
     # robot 2's genuine update was still aggregated in round 1
     assert report["rounds"][0]["participants"] == [1, 2, 3]
     assert server.history.last_completed_round() == 2
+    assert isinstance(server.cfg, Config) and server.cfg.fl.rounds == server.tb.rounds == 2
     # the rounds as every FedAvg run writes them: metrics.csv (robot ids) and training.png
     table = list(csv.DictReader((server.run_dir / "metrics.csv").open()))
     assert [int(r["round"]) for r in table] == [1, 2]
