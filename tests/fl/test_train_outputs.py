@@ -92,9 +92,8 @@ def test_every_train_call_writes_csv_and_png(tmp_path: Path) -> None:
 def test_local_config_from_the_fl_section() -> None:
     from scaleflu.fl.fedavg import LocalConfig
 
-    def core(lc: LocalConfig) -> tuple:
-        return lc.epochs, lc.lr, lc.batch_size, lc.momentum
-
-    fl = {"rounds": 5, "local_epochs": 3, "lr": 0.01, "batch_size": None, "momentum": 0.5}
-    assert core(LocalConfig.from_fl(fl)) == (3, 0.01, None, 0.5)  # null: full batch
-    assert core(LocalConfig.from_fl({**fl, "batch_size": 64}, epochs=1)) == (1, 0.01, 64, 0.5)
+    fl = {"local_epochs": 3, "lr": 0.01, "batch_size": None, "momentum": 0.5}
+    assert LocalConfig.from_config(fl) == LocalConfig(3, 0.01, None, 0.5)  # null: full batch
+    assert LocalConfig.from_config({**fl, "batch_size": 64}, epochs=1) == LocalConfig(
+        1, 0.01, 64, 0.5
+    )

@@ -66,7 +66,7 @@ class LocalConfig:
     momentum: float = 0.0
 
     @classmethod
-    def from_fl(cls, fl: Mapping[str, Any], epochs: int | None = None) -> LocalConfig:
+    def from_config(cls, fl: Mapping[str, Any], epochs: int | None = None) -> LocalConfig:
         """The config's ``fl`` section as local settings (another epoch count if given)."""
         bs = fl["batch_size"]
         return cls(

@@ -311,7 +311,7 @@ def train(
     metrics = metrics_from_history(history, last)
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in metrics))
 
-    local = LocalConfig.from_fl(fl)
+    local = LocalConfig.from_config(fl)
     trainer = _make_trainer(setup, setup.new_model(), local)
     eval_model = setup.new_model().to(config_device(cfg))  # fl.device; the states stay on CPU
     sizes = setup.data_sizes

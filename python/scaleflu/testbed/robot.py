@@ -205,7 +205,7 @@ class RobotClient:
             log.warning("robot %d: no server public key; model signatures unchecked", robot_id)
         fl = cfg.fl
         torch.set_num_threads(max(1, int(fl.threads) or 1))
-        self.local = LocalConfig.from_fl(fl)  # batch_size null: full batch, as in train()
+        self.local = LocalConfig.from_config(fl)  # batch_size null: full batch, as in train()
         self.seed = int(cfg.seed)
         t0 = time.perf_counter()
         self.data = data or RobotData(cfg, robot_id)

@@ -327,7 +327,7 @@ class UnlearnContext:
 
     def local_config(self, epochs: int | None = None) -> LocalConfig:
         """The run's local SGD settings (optionally another epoch count)."""
-        return LocalConfig.from_fl(self.cfg["fl"], epochs)
+        return LocalConfig.from_config(self.cfg["fl"], epochs)
 
     # -- FedAvg with the remaining clients -----------------------------------------------
 
