@@ -35,6 +35,7 @@ from scaleflu.fl.data import (
     ImageData,
     PoisonInfo,
     apply_poison,
+    insert_canaries,
     load_datasets,
     make_partitions,
     triggered_test_set,
@@ -147,6 +148,16 @@ def validate_config(cfg: Mapping[str, Any]) -> None:
     _int(cfg, "fl.local_epochs", 1)
     if _num(cfg, "fl.lr") <= 0:
         raise ConfigError(f"fl.lr (learning rate eta) must be > 0, got {cfg['fl']['lr']}")
+    if "lr_schedule" in cfg["fl"]:  # runs saved before the schedule existed are constant
+        from scaleflu.fl.fedavg import LR_SCHEDULES
+
+        _choice(cfg, "fl.lr_schedule", LR_SCHEDULES)
+        dec = _num(cfg, "fl.lr_decay")
+        if not 0.0 < dec <= 1.0:
+            raise ConfigError(f"fl.lr_decay must be in (0, 1], got {dec}")
+        lo = _num(cfg, "fl.lr_min_ratio")
+        if not 0.0 <= lo <= 1.0:
+            raise ConfigError(f"fl.lr_min_ratio must be in [0, 1], got {lo}")
     _int(cfg, "fl.batch_size", 1, none_ok=True)
     _int(cfg, "fl.clients_per_round", 1)
     if cfg["fl"]["clients_per_round"] > n_clients:
@@ -224,6 +235,9 @@ def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
     clean, test = load_datasets(cfg["data"], seed)
     parts = make_partitions(cfg["data"], clean.labels, seed)
     train, poison = apply_poison(clean, parts, cfg["data"].get("poison"), seed)
+    clean, train, parts, poison = insert_canaries(
+        clean, train, parts, cfg["data"].get("poison"), poison, seed
+    )
     triggered = None
     if len(poison.backdoor_indices):
         triggered = triggered_test_set(test, poison.target_label, poison.trigger_size)
@@ -366,12 +380,7 @@ def train(
     metrics = metrics_from_history(history, last)
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in metrics))
 
-    local = LocalConfig(
-        int(fl["local_epochs"]),
-        float(fl["lr"]),
-        None if fl["batch_size"] is None else int(fl["batch_size"]),
-        float(fl["momentum"]),
-    )
+    local = LocalConfig.from_fl(fl)  # with fl.lr_schedule
     trainer = _make_trainer(setup, setup.new_model(), local)
     eval_model = setup.new_model().to(config_device(cfg))  # fl.device; the states stay on CPU
     sizes = setup.data_sizes
