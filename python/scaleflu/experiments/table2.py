@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -319,7 +320,9 @@ def run_table2(
         except ValueError:
             pass
     summary["total_wall_s"] = wall + float(summary.get("previous_wall_s") or 0.0)
-    prev.write_text(json.dumps(summary, indent=2))
+    tmp = out / f"summary.json.{os.getpid()}.tmp"  # processes sharing --out: never a torn file
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(prev)
     if report:
         from scaleflu.experiments.report import write_report
 
