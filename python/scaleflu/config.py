@@ -264,9 +264,13 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "data.poison.label_flip_fraction": (0, 1),
     "data.poison.target_label": (0, None),
     "data.poison.trigger_size": (1, None),
+    "data.poison.canaries": (0, None),
+    "data.poison.canary_copies": (1, None),
     "fl.rounds": (1, None),
     "fl.local_epochs": (1, None),
     "fl.lr": (0, None),
+    "fl.lr_decay": (0, 1),
+    "fl.lr_min_ratio": (0, 1),
     "fl.batch_size": (1, None),
     "fl.clients_per_round": (1, None),
     "fl.momentum": (0, 1),
@@ -290,7 +294,13 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.rounds": (1, None),
     "testbed.min_robots": (1, None),
 }
-RANGE_OPEN: set[str] = {"data.alpha<", "fl.lr<", "fl.momentum>", "history.link_goodput<"}
+RANGE_OPEN: set[str] = {
+    "data.alpha<",
+    "fl.lr<",
+    "fl.lr_decay<",
+    "fl.momentum>",
+    "history.link_goodput<",
+}
 
 # Nullable keys whose comment does not say so (null switches the feature off).
 NULLABLE_EXTRA: frozenset[str] = frozenset({"scale.budget"})
@@ -301,6 +311,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "data.partition": ("iid", "dirichlet"),
     "fl.backend": ("local", "ray"),
     "fl.trainer": ("auto", "vmap", "sequential"),
+    "fl.lr_schedule": ("constant", "exponential", "cosine"),
     "scale.mode": ("default", "paper"),
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),

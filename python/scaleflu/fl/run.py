@@ -35,6 +35,7 @@ from scaleflu.fl.data import (
     ImageData,
     PoisonInfo,
     apply_poison,
+    insert_canaries,
     load_datasets,
     make_partitions,
     triggered_test_set,
@@ -127,6 +128,9 @@ def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
     clean, test = load_datasets(cfg.data, seed)
     parts = make_partitions(cfg.data, clean.labels, seed)
     train, poison = apply_poison(clean, parts, cfg.data.poison, seed)
+    clean, train, parts, poison = insert_canaries(
+        clean, train, parts, cfg.data.poison, poison, seed
+    )
     triggered = None
     if len(poison.backdoor_indices):
         triggered = triggered_test_set(test, poison.target_label, poison.trigger_size)
