@@ -287,12 +287,6 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
             retries = 0
             t += 1
         fl_s = time.monotonic() - started
-        write_training_outputs(  # metrics.csv, training.png: as every FedAvg run writes them
-            self.rounds_log,
-            self.run_dir,
-            ROUNDS_CSV_COLUMNS,
-            f"testbed FedAvg: {self.run_dir.name}",
-        )
         report: dict[str, Any] = {"rounds": self.rounds_log, "fl_s": fl_s}
         wait_end = time.monotonic() + float(tb.unlearn.wait_s)
         while not self.requests and time.monotonic() < wait_end:
@@ -314,6 +308,14 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
             report["unlearning"] = served[0]
             report["unlearning_all"] = served
         self.finish()
+        # metrics.csv, training.png as every FedAvg run writes them; drawn once the robots are
+        # released (BYE): plotting in this process must not delay the link while they are on air
+        write_training_outputs(
+            self.rounds_log,
+            self.run_dir,
+            ROUNDS_CSV_COLUMNS,
+            f"testbed FedAvg: {self.run_dir.name}",
+        )
         un = report.get("unlearning")
         if un is not None and not un.get("error") and self._served is not None:
             try:
