@@ -715,8 +715,8 @@ def insert_canaries(
     Sharer and the mislabelled canaries of Steinke et al. 2023); the other gets *the same*
     wrong label and leaves the client's partition: trained on by nobody, it is the canary's
     matched non-member (same true class, same label: a model that saw neither scores the two
-    alike, so the audit's null is tight). Returns (clean, train, parts, poison) extended; ``canaries: 0``
-    returns the inputs unchanged (bit-exact runs without canaries).
+    alike, so the audit's null is tight). Returns (clean, train, parts, poison) extended;
+    ``canaries: 0`` returns the inputs unchanged (bit-exact runs without canaries).
     """
     cfg = dict(poison_cfg or {})
     k = int(cfg.get("canaries") or 0)
