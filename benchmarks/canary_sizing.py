@@ -88,7 +88,7 @@ def main() -> None:
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--requests", nargs="+", default=["client:0", "sample:1:poisoned"])
     ap.add_argument(
-        "--set", nargs="+", action="extend", default=[], help="config overrides (key=value)"
+        "--set", nargs="*", action="extend", default=[], help="config overrides (key=value)"
     )
     ap.add_argument("--tag", default="")
     ap.add_argument("--jobs", type=int, default=1)
