@@ -87,7 +87,9 @@ def main() -> None:
     ap.add_argument("--grid", nargs="+", default=["50x4", "50x8"], help="KxR points")
     ap.add_argument("--seeds", nargs="+", type=int, default=[0])
     ap.add_argument("--requests", nargs="+", default=["client:0", "sample:1:poisoned"])
-    ap.add_argument("--set", nargs="*", default=[], help="config overrides (key=value)")
+    ap.add_argument(
+        "--set", nargs="*", action="extend", default=[], help="config overrides (key=value)"
+    )
     ap.add_argument("--tag", default="")
     ap.add_argument("--jobs", type=int, default=1)
     ap.add_argument("--out", default="benchmarks/results")
@@ -110,7 +112,8 @@ def main() -> None:
     todo = [j for j in jobs if not (folder / f"{j.replace(':', '-s')}.json").is_file()]
     logging.info("%d jobs, %d to run, %d at a time", len(jobs), len(todo), args.jobs)
     base = [sys.executable, __file__, "--config", args.config, "--out", args.out]
-    base += ["--tag", args.tag, "--requests", *args.requests, "--set", *args.set]
+    base += ["--tag", args.tag, "--requests", *args.requests]
+    base += ["--set", *args.set] if args.set else []
     running: list[subprocess.Popen] = []
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     for j in todo:

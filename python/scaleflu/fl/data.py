@@ -712,10 +712,11 @@ def insert_canaries(
     flipped) samples *of the same true class* are drawn (seeded). One of each pair becomes a
     canary: a uniformly random wrong label, held ``canary_copies`` times by the client (copies
     appended to the training set, so the model memorises it, as in Carlini et al.'s Secret
-    Sharer and the mislabelled canaries of Steinke et al. 2023); the other gets its own random
-    wrong label and leaves the client's partition: it is trained on by nobody, the canary's
-    class-matched non-member. Returns (clean, train, parts, poison) extended; ``canaries: 0``
-    returns the inputs unchanged (bit-exact runs without canaries).
+    Sharer and the mislabelled canaries of Steinke et al. 2023); the other gets *the same*
+    wrong label and leaves the client's partition: trained on by nobody, it is the canary's
+    matched non-member (same true class, same label: a model that saw neither scores the two
+    alike, so the audit's null is tight). Returns (clean, train, parts, poison) extended;
+    ``canaries: 0`` returns the inputs unchanged (bit-exact runs without canaries).
     """
     cfg = dict(poison_cfg or {})
     k = int(cfg.get("canaries") or 0)
@@ -760,10 +761,11 @@ def insert_canaries(
     h_idx = np.asarray(held, np.int64)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 24]))
     both = np.concatenate([m_idx, h_idx])
-    shift = torch.as_tensor(rng.integers(1, C, size=len(both)))
+    shift = torch.as_tensor(rng.integers(1, C, size=len(both))[: len(m_idx)])
     train = train.copy()
-    bt = torch.as_tensor(both)
-    train.labels[bt] = (clean.labels[bt] + shift) % C
+    mt, ht = torch.as_tensor(m_idx), torch.as_tensor(h_idx)
+    train.labels[mt] = (clean.labels[mt] + shift) % C
+    train.labels[ht] = train.labels[mt]  # the twin: same true class, same wrong label
     # the copies: appended to both sets (clean keeps the true label)
     M = len(train)
     extra = np.repeat(m_idx, copies - 1)
