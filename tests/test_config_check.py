@@ -160,3 +160,16 @@ def test_safe_dump_writes_a_config_as_plain_yaml():
     cfg = load_config(None, ["fl.rounds=5"])
     text = yaml.safe_dump(dict(cfg), sort_keys=False)  # a plain top level, Section children
     assert "!!python" not in text and yaml.safe_load(text) == cfg.to_dict()
+
+
+def test_config_survives_pickle_and_deepcopy():
+    """Ray workers and resumed runs get a pickled / copied config: still typed, still equal."""
+    import copy
+    import pickle
+
+    from scaleflu.config import Config, Section
+
+    cfg = load_config(None, ["fl.rounds=4"])
+    for other in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg)):
+        assert isinstance(other, Config) and isinstance(other.fl, Section)
+        assert other == cfg and other.fl.rounds == 4
