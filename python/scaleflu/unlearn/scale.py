@@ -33,6 +33,7 @@ from scaleflu.unlearn.sensitivity import (
     SensitivityReport,
     class_saliency,
     contrastive_contribution,
+    forget_saliency,
     historical_sensitivity,
     paper_sensitivity,
     top_layers,
@@ -134,15 +135,23 @@ def phase_one(
                         + "), not by S_l"
                     )
     client_attr = str(sc.get("client_attribution", "contribution"))
-    if client_attr not in ("contrast", "contribution"):
+    if client_attr not in ("contrast", "contribution", "saliency"):
         raise ConfigError(
-            f"scale.client_attribution must be contrast or contribution, got {client_attr!r}"
+            "scale.client_attribution must be contrast, contribution or saliency, "
+            f"got {client_attr!r}"
         )
     sample_attr = str(sc.get("sample_attribution", "contribution"))
-    if sample_attr not in ("contrast", "contribution"):
+    if sample_attr not in ("contrast", "contribution", "saliency"):
         raise ConfigError(
-            f"scale.sample_attribution must be contrast or contribution, got {sample_attr!r}"
+            "scale.sample_attribution must be contrast, contribution or saliency, "
+            f"got {sample_attr!r}"
         )
+    local_class = req.kind == "class" and bool(req.clients)
+    chosen = client_attr if req.kind == "client" else sample_attr
+    if req.kind in ("client", "sample") or local_class:
+        if chosen == "saliency":
+            _forget_saliency(ctx, report, layers, top_m, timing)
+            return report
     contrast = (req.kind == "client" and client_attr == "contrast") or (
         req.kind == "sample" and sample_attr == "contrast"
     )
@@ -161,6 +170,112 @@ def phase_one(
                 f"participants' ({info['other_updates']} updates, contrast {info['contrast']})"
             )
     return report
+
+
+def _forget_saliency(
+    ctx: UnlearnContext,
+    report: SensitivityReport,
+    layers: list[str],
+    top_m: int,
+    timing: dict[str, float],
+) -> None:
+    """Sparsify (and, by default, the top-M layers) by the forget set's own saliency.
+
+    The requesting client holds D_u: it computes ``|w * dL/dw|`` on (at most
+    ``scale.forget_saliency_samples`` of) its forget samples at Theta and sends that one
+    tensor; the server contrasts it with the same saliency on its retained validation set
+    (:func:`~scaleflu.unlearn.sensitivity.forget_saliency`). Both parts are timed as Phase I.
+    """
+    sc = ctx.scale_cfg
+    ts = time.perf_counter()
+    n = sc.get("forget_saliency_samples")
+    data = ctx.forget
+    if n is not None:
+        if int(n) < 1:
+            raise ConfigError(f"scale.forget_saliency_samples must be positive, got {n}")
+        if int(n) < len(data):
+            rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 46]))
+            data = data.subset(np.sort(rng.choice(len(data), size=int(n), replace=False)))
+    model = ctx.new_model(ctx.original_state()).to(ctx.device)
+    sal, info = forget_saliency(
+        model,
+        data.inputs().to(ctx.device),
+        data.labels.to(ctx.device),
+        ctx.val_retain.inputs().to(ctx.device),
+        ctx.val_retain.labels.to(ctx.device),
+        layers,
+        float(sc.get("forget_saliency_contrast", 1.0)),
+    )
+    timing["saliency_s"] = time.perf_counter() - ts
+    if not any(float(v.sum()) > 0 for v in sal.values()):
+        report.notes.append("forget-set saliency is zero everywhere; Sparsify keeps C_l")
+        return
+    report.attribution = sal
+    report.notes.append(
+        "Sparsify ranks parameters by the forget set's own saliency, computed by the client "
+        f"holding it ({info['forget_samples']} samples), contrasted with the retained "
+        f"validation set's ({info['rest_samples']} samples, contrast {info['contrast']})"
+    )
+    layer_rule = str(sc.get("forget_layers", "saliency"))
+    if layer_rule not in ("saliency", "score"):
+        raise ConfigError(f"scale.forget_layers must be saliency or score, got {layer_rule!r}")
+    if layer_rule == "saliency":
+        density = {k: float(sal[k].sum()) / max(sal[k].numel(), 1) for k in layers}
+        report.top = top_layers(density, layers, top_m)
+        report.notes.append(
+            "top-M layers by forget-set saliency per parameter ("
+            + ", ".join(f"{k} {density[k]:.3g}" for k in report.top)
+            + "), not by S_l"
+        )
+
+
+def _selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
+    """The retained validation set split into a selection part and a disjoint healing part.
+
+    With ``scale.heal_epochs`` > 0 a seeded ``scale.heal_share`` of the retained validation
+    samples fine-tunes Theta' (healing) and only the rest scores PPO's utility and the
+    re-check, so the episode is never chosen on the samples that then heal it.
+    """
+    sc = ctx.scale_cfg
+    epochs = int(sc.get("heal_epochs") or 0)
+    data = ctx.val_retain
+    if epochs <= 0 or len(data) < 2:
+        return data, None
+    share = float(sc.get("heal_share", 0.5))
+    if not 0.0 < share < 1.0:
+        raise ConfigError(f"scale.heal_share must be in (0, 1), got {share}")
+    rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 47]))
+    perm = rng.permutation(len(data))
+    n_heal = max(1, min(len(data) - 1, int(round(share * len(data)))))
+    return data.subset(np.sort(perm[n_heal:])), data.subset(np.sort(perm[:n_heal]))
+
+
+def heal(
+    ctx: UnlearnContext, state: Mapping[str, torch.Tensor], data: ImageData
+) -> dict[str, torch.Tensor]:
+    """Fine-pruning's healing (Liu et al. 2018): a few epochs of SGD on the server's clean data.
+
+    ``scale.heal_epochs`` passes over ``data`` (the healing part of the retained validation
+    set) with the run's batch size and momentum and ``scale.heal_lr`` (null: ``fl.lr``), all
+    parameters trained, seeded. Costs no client and no link time.
+    """
+    sc = ctx.scale_cfg
+    fl = ctx.cfg["fl"]
+    lr = float(sc.get("heal_lr") or fl["lr"])
+    model = ctx.new_model(state).to(ctx.device)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(fl.get("momentum") or 0.0))
+    x, y = data.inputs().to(ctx.device), data.labels.to(ctx.device)
+    bs = int(fl["batch_size"])
+    gen = torch.Generator().manual_seed(int(ctx.seed) * 1000 + 48)
+    for _ in range(int(sc["heal_epochs"])):
+        perm = torch.randperm(len(y), generator=gen).to(ctx.device)
+        for i in range(0, len(y), bs):
+            idx = perm[i : i + bs]
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
 
 
 class _Utility:
@@ -294,14 +409,17 @@ class ScaleUnlearner:
         default = mode == "default"
         # no utility term without retained validation samples (e.g. every class forgotten)
         keep_val = len(ctx.val_retain) > 0
-        exact = _Utility(ctx, theta) if default and float(sc["w_u"]) and keep_val else None
+        select, heal_set = _selection_and_heal(ctx) if default else (ctx.val_retain, None)
+        exact = (
+            _Utility(ctx, theta, data=select) if default and float(sc["w_u"]) and keep_val else None
+        )
         utility = exact
         n_search = sc.get("utility_samples")
         if exact is not None and n_search is not None and int(n_search) < len(exact.y):
             if int(n_search) < 1:
                 raise ConfigError(f"scale.utility_samples must be positive, got {n_search}")
             # PPO's reward on a subset (cheaper); the best episodes are re-scored on all of it
-            utility = _Utility(ctx, theta, int(n_search))
+            utility = _Utility(ctx, theta, int(n_search), data=select)
         budget = sc["budget"] if default else None
         forget_u = None
         if sc["class_forget_reward"] not in ("measured", "attribution"):
@@ -419,6 +537,22 @@ class ScaleUnlearner:
                 "wall_s": cost.wall_s,
             }
             trace.append(float(aoi.total(report.top)["aoi_s"]))
+        t4 = time.perf_counter()
+        healing = None
+        if heal_set is not None:
+            # fine-pruning's healing on the server's own clean samples (no client, no link);
+            # validation accuracy before and after, measured on the selection part
+            val_sel = accuracy_from_probs(predict(ctx.new_model(new_state), select), select.labels)
+            new_state = heal(ctx, new_state, heal_set)
+            healing = {
+                "epochs": int(sc["heal_epochs"]),
+                "samples": len(heal_set),
+                "selection_samples": len(select),
+                "val_acc_before": val_sel,
+                "val_acc_after": accuracy_from_probs(
+                    predict(ctx.new_model(new_state), select), select.labels
+                ),
+            }
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
         timing = {
@@ -428,7 +562,8 @@ class ScaleUnlearner:
             "ppo_s": t2 - t1,
             "ppo_utility_s": ppo_utility_s,  # validation forward passes inside PPO's steps
             "select_s": t3 - t2,  # deterministic rollout, exact re-check of the candidates
-            "recovery_s": wall - (t3 - t0),
+            "recovery_s": t4 - t3,  # FedAvg recovery rounds (and the validation pass before)
+            "heal_s": wall - (t4 - t0),  # healing on the server's validation samples
             "wall_s": wall,
             "cpu_s": cpu,
             "torch_threads": torch.get_num_threads(),
@@ -456,6 +591,7 @@ class ScaleUnlearner:
             "utility_evals": env.utility_evals,
             "utility_cache_hits": env.utility_hits,
             "recovery": recovery,
+            "healing": healing,
             "val_acc_before_recovery": pre_recovery_acc,
             "action_encoding": (
                 f"MultiDiscrete([{len(report.top)}] + [2]*{spec.G} + [{spec.s_levels}])"
