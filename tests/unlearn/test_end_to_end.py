@@ -223,3 +223,43 @@ def test_sample_attribution_option(loaded_run: LoadedRun) -> None:
     assert not torch.equal(plain.attribution[k], contrast.attribution[k])
     with pytest.raises(ConfigError, match="sample_attribution"):
         phase_one(ctx("bogus"), "default")
+
+
+def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
+    """The sample request ranks by the forget set's saliency and heals on a disjoint val part."""
+    from scaleflu.config import ConfigError
+    from scaleflu.unlearn.scale import _selection_and_heal, phase_one
+
+    def ctx(*extra: str) -> UnlearnContext:
+        over = [*FAST_SCALE, "scale.ppo.episodes=10", *extra]
+        return UnlearnContext.from_run_dir(
+            None, "sample:2:0.3", "default", None, over, progress=False, run=loaded_run
+        )
+
+    c = ctx("scale.sample_attribution=saliency", "scale.heal_epochs=3", "scale.recovery_rounds=0")
+    rep = phase_one(c, "default")
+    assert any("forget set's own saliency" in n for n in rep.notes)
+    assert any("forget-set saliency per parameter" in n for n in rep.notes)
+    plain = phase_one(ctx(), "default")
+    k = rep.top[0]
+    assert not torch.equal(rep.attribution[k], plain.attribution[k])
+    select, heal = _selection_and_heal(c)
+    assert heal is not None and len(select) + len(heal) == len(c.val_retain)
+    rows = {tuple(r.tolist()) for r in select.inputs().flatten(1)[:, ::7]}
+    assert not rows & {tuple(r.tolist()) for r in heal.inputs().flatten(1)[:, ::7]}
+    assert _selection_and_heal(ctx())[1] is None  # healing off: every sample selects
+    res = ScaleUnlearner().run(c)
+    h = res.details["healing"]
+    assert h["epochs"] == 3 and h["samples"] == len(heal)
+    assert h["val_acc_after"] != h["val_acc_before"]
+    assert res.details["recovery"]["rounds"] == 0 and res.cost["fl_rounds"] == 0
+    assert res.details["timing"]["heal_s"] > 0
+    for bad, key in (
+        ("scale.heal_share=1.5", "heal_share"),
+        ("scale.forget_layers=bogus", "forget_layers"),
+        ("scale.forget_saliency_samples=0", "forget_saliency_samples"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            x = ctx("scale.sample_attribution=saliency", "scale.heal_epochs=1", bad)
+            phase_one(x, "default")
+            _selection_and_heal(x)
