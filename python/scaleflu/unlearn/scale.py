@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
-from scaleflu.unlearn.aoi import AoITracker
+from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
 from scaleflu.unlearn.env import EnvSpec, EpisodeRecord, SparsifyEnv
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
@@ -227,6 +227,47 @@ def _forget_saliency(
             + ", ".join(f"{k} {density[k]:.3g}" for k in report.top)
             + "), not by S_l"
         )
+
+
+def _greedy(
+    spec: EnvSpec,
+) -> tuple[dict[str, torch.Tensor], AoITracker, list[dict[str, Any]], float]:
+    """Zero ``budget`` x (top-M parameters) entries with the largest attribution, in one step.
+
+    The attribution maps are normalised over the sensitivity layers, so one ranking across the
+    top-M layers is meaningful; only entries with positive attribution are zeroed.
+    """
+    if spec.budget is None:
+        raise ConfigError("scale.search: greedy needs scale.budget")
+    flat = torch.cat([spec.attribution[k].flatten().float() for k in spec.layers])
+    n = min(int(spec.budget * flat.numel()), int((flat > 0).sum()))
+    layers = {k: spec.weights[k].clone() for k in spec.layers}
+    aoi = spec.aoi.copy()
+    if n <= 0:
+        return layers, aoi, [], 0.0
+    thr = torch.topk(flat, n).values.min()
+    zeroed = 0
+    for k in spec.layers:
+        mask = (spec.attribution[k] >= thr) & (spec.attribution[k] > 0)
+        zeroed += int(mask.sum())
+        layers[k][mask.reshape(layers[k].shape)] = 0.0
+    changed = changed_groups(spec.weights, layers, spec.groups)
+    link_s = aoi.step(changed)
+    steps = []
+    for k in spec.layers:
+        js = [j for (lk, j) in changed if lk == k]
+        if js:
+            steps.append(
+                {
+                    "layer": k,
+                    "changed_groups": js,
+                    "link_s": link_s if not steps else 0.0,
+                    "s": None,
+                    "reward": 0.0,
+                    "greedy": True,
+                }
+            )
+    return layers, aoi, steps, zeroed / max(flat.numel(), 1)
 
 
 def _selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
@@ -465,50 +506,68 @@ class ScaleUnlearner:
         env.keep_best = default and bool(sc["keep_best"])
         if utility is not exact:
             env.keep_top = max(1, int(sc.get("utility_recheck", 8)))
-        total = max(1, int(sc["ppo"]["episodes"]) * int(sc["episode_steps"]))
-        policy = _ppo(env, ctx, total)
-        t2 = time.perf_counter()
-        curve = list(env.episode_returns)
-        best = env.best  # the best training episode (default mode with keep_best)
-        ppo_utility_s = env.utility_s
-        steps = rollout(env, policy)
-        rollout_return = float(sum(s["reward"] for s in steps))
-        cands = [
-            EpisodeRecord(
-                rollout_return,
-                env.layer_state(),
-                env.aoi,
-                list(env.sum_aoi_trace),
-                steps,
-                env.zeroed_share(),
-                (env.util_prev - env.util0) / env.util0,
-            ),
-            *env.top,
-        ]
-        names = ["rollout"] + ["best_episode"] * len(env.top)
-        score = [c.ret for c in cands]
-        recheck: list[dict[str, Any]] = []
-        if utility is not exact and exact is not None:
-            # the estimate only ranked the search: re-score the candidates' utility term exactly
-            w_u = float(sc["w_u"])
-            acc0 = max(exact({k: theta[k] for k in report.top}), 1e-6)
-            for i, c in enumerate(cands):
-                acc = exact(c.layers)
-                score[i] = c.ret - w_u * c.util_gain + w_u * (acc - acc0) / acc0
-                recheck.append(
-                    {"from": names[i], "return": c.ret, "exact_return": score[i], "val_acc": acc}
-                )
-        # the rollout unless a kept episode does strictly better (as before the re-check)
-        i_best = max(range(len(cands)), key=lambda i: (score[i], i == 0))
-        chosen, pick = names[i_best], cands[i_best]
-        layers, aoi, trace, steps = pick.layers, pick.aoi, list(pick.sum_aoi_trace), pick.steps
-        zeroed = pick.zeroed_share
-        log.info(
-            "Theta' from the %s (return %.3f; deterministic rollout %.3f)",
-            chosen,
-            score[i_best],
-            score[0],
-        )
+        search = str(sc.get("search", "ppo"))
+        if search not in ("ppo", "greedy"):
+            raise ConfigError(f"scale.search must be ppo or greedy, got {search!r}")
+        total = 0
+        if default and search == "greedy":
+            # ablation / cheap search: no PPO; zero the budget's share of the top-M layers' entries
+            # with the largest attribution at once (one broadcast step)
+            layers, aoi, steps, zeroed = _greedy(spec)
+            trace = [float(aoi.total(report.top)["aoi_s"])]
+            chosen, curve, best, ppo_utility_s, recheck = "greedy", [], None, 0.0, []
+            t2 = time.perf_counter()
+            rollout_return = 0.0
+        else:
+            total = max(1, int(sc["ppo"]["episodes"]) * int(sc["episode_steps"]))
+            policy = _ppo(env, ctx, total)
+            t2 = time.perf_counter()
+            curve = list(env.episode_returns)
+            best = env.best  # the best training episode (default mode with keep_best)
+            ppo_utility_s = env.utility_s
+            steps = rollout(env, policy)
+            rollout_return = float(sum(s["reward"] for s in steps))
+            cands = [
+                EpisodeRecord(
+                    rollout_return,
+                    env.layer_state(),
+                    env.aoi,
+                    list(env.sum_aoi_trace),
+                    steps,
+                    env.zeroed_share(),
+                    (env.util_prev - env.util0) / env.util0,
+                ),
+                *env.top,
+            ]
+            names = ["rollout"] + ["best_episode"] * len(env.top)
+            score = [c.ret for c in cands]
+            recheck: list[dict[str, Any]] = []
+            if utility is not exact and exact is not None:
+                # the estimate only ranked the search: re-score the candidates' utility term exactly
+                w_u = float(sc["w_u"])
+                acc0 = max(exact({k: theta[k] for k in report.top}), 1e-6)
+                for i, c in enumerate(cands):
+                    acc = exact(c.layers)
+                    score[i] = c.ret - w_u * c.util_gain + w_u * (acc - acc0) / acc0
+                    recheck.append(
+                        {
+                            "from": names[i],
+                            "return": c.ret,
+                            "exact_return": score[i],
+                            "val_acc": acc,
+                        }
+                    )
+            # the rollout unless a kept episode does strictly better (as before the re-check)
+            i_best = max(range(len(cands)), key=lambda i: (score[i], i == 0))
+            chosen, pick = names[i_best], cands[i_best]
+            layers, aoi, trace, steps = pick.layers, pick.aoi, list(pick.sum_aoi_trace), pick.steps
+            zeroed = pick.zeroed_share
+            log.info(
+                "Theta' from the %s (return %.3f; deterministic rollout %.3f)",
+                chosen,
+                score[i_best],
+                score[0],
+            )
         new_state = dict(theta)
         for k, v in layers.items():
             new_state[k] = v.clone()
