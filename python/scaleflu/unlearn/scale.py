@@ -292,31 +292,70 @@ def _selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | Non
 
 
 def heal(
-    ctx: UnlearnContext, state: Mapping[str, torch.Tensor], data: ImageData
-) -> dict[str, torch.Tensor]:
-    """Fine-pruning's healing (Liu et al. 2018): a few epochs of SGD on the server's clean data.
+    ctx: UnlearnContext,
+    state: Mapping[str, torch.Tensor],
+    data: ImageData,
+    select: ImageData | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Fine-pruning's healing (Liu et al. 2018): SGD on the server's own clean samples.
 
-    ``scale.heal_epochs`` passes over ``data`` (the healing part of the retained validation
-    set) with the run's batch size and momentum and ``scale.heal_lr`` (null: ``fl.lr``), all
-    parameters trained, seeded. Costs no client and no link time.
+    At most ``scale.heal_epochs`` passes over ``data`` (the healing part of the retained
+    validation set) with the run's batch size and momentum and ``scale.heal_lr`` (null:
+    ``fl.lr``), all parameters trained, seeded. With ``select`` (the disjoint selection part)
+    the state after the epoch with the best selection accuracy is kept (the unhealed model
+    counts as epoch 0) and healing stops after ``scale.heal_patience`` epochs without
+    improvement. Costs no client and no link time. Returns the state and a summary.
     """
     sc = ctx.scale_cfg
     fl = ctx.cfg["fl"]
     lr = float(sc.get("heal_lr") or fl["lr"])
+    patience = int(sc.get("heal_patience") or 0)
     model = ctx.new_model(state).to(ctx.device)
-    model.train()
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(fl.get("momentum") or 0.0))
     x, y = data.inputs().to(ctx.device), data.labels.to(ctx.device)
-    bs = int(fl["batch_size"])
+    sx = sy = None
+    if select is not None and len(select):
+        sx, sy = select.inputs().to(ctx.device), select.labels.to(ctx.device)
+
+    def score() -> float:
+        model.eval()
+        with torch.no_grad():
+            return float((model(sx).argmax(1) == sy).float().mean())
+
+    best = score() if sx is not None else -1.0
+    trace = [best] if sx is not None else []
+    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    best_epoch, bs, since = 0, int(fl["batch_size"]), 0
     gen = torch.Generator().manual_seed(int(ctx.seed) * 1000 + 48)
-    for _ in range(int(sc["heal_epochs"])):
+    epochs = int(sc["heal_epochs"])
+    for ep in range(1, epochs + 1):
+        model.train()
         perm = torch.randperm(len(y), generator=gen).to(ctx.device)
         for i in range(0, len(y), bs):
             idx = perm[i : i + bs]
             opt.zero_grad(set_to_none=True)
             torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
             opt.step()
-    return {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+        if sx is None:
+            best_epoch = ep
+            continue
+        acc = score()
+        trace.append(acc)
+        if acc > best:
+            best, best_epoch, since = acc, ep, 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            since += 1
+            if patience and since >= patience:
+                break
+    if sx is None:
+        best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out = {k: v.to("cpu") for k, v in best_state.items()}
+    return out, {
+        "epochs_run": len(trace) - 1 if trace else epochs,
+        "best_epoch": best_epoch,
+        "select_acc_trace": trace,
+    }
 
 
 class _Utility:
@@ -602,8 +641,9 @@ class ScaleUnlearner:
             # fine-pruning's healing on the server's own clean samples (no client, no link);
             # validation accuracy before and after, measured on the selection part
             val_sel = accuracy_from_probs(predict(ctx.new_model(new_state), select), select.labels)
-            new_state = heal(ctx, new_state, heal_set)
+            new_state, heal_info = heal(ctx, new_state, heal_set, select)
             healing = {
+                **heal_info,
                 "epochs": int(sc["heal_epochs"]),
                 "samples": len(heal_set),
                 "selection_samples": len(select),
