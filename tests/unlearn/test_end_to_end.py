@@ -36,9 +36,12 @@ def _ctx(run: LoadedRun, request: str, mode: str = "default") -> UnlearnContext:
 @pytest.fixture(scope="module")
 def client_results(loaded_run: LoadedRun) -> dict:
     ctx = _ctx(loaded_run, "client:2")
+    ppo = _ctx(loaded_run, "client:2")
+    ppo.cfg["scale"]["search"] = "ppo"  # the paper's PPO search (an ablation of the default)
     return {
         "retrain": RetrainUnlearner().run(ctx).to_dict(),
         "scale": ScaleUnlearner().run(ctx).to_dict(),
+        "scale_ppo": ScaleUnlearner().run(ppo).to_dict(),
     }
 
 
@@ -64,12 +67,18 @@ def test_client_unlearning_removes_backdoor(client_results: dict) -> None:
     assert sc["cost"]["bytes"] < 0.25 * ret["cost"]["bytes"]
     assert sc["cost"]["fl_rounds"] < ret["cost"]["fl_rounds"]
     # every part of SCALE's time is in its wall time; the SB3 import is reported apart
-    tm = sc["details"]["timing"]
-    parts = tm["phase1_s"] + tm["ppo_s"] + tm["select_s"] + tm["recovery_s"]
-    assert parts == pytest.approx(sc["cost"]["wall_s"], rel=1e-6)
-    assert tm["wall_s"] == sc["cost"]["wall_s"] and tm["startup_s"] >= 0.0
-    assert 0.0 <= tm["ppo_utility_s"] <= tm["ppo_s"] and tm["torch_threads"] >= 1
-    assert sc["cost"]["cpu_s"] > 0
+    for res in (sc, client_results["scale_ppo"]):
+        tm = res["details"]["timing"]
+        parts = tm["phase1_s"] + tm["ppo_s"] + tm["select_s"] + tm["recovery_s"] + tm["heal_s"]
+        assert parts == pytest.approx(res["cost"]["wall_s"], rel=1e-6)
+        assert tm["wall_s"] == res["cost"]["wall_s"] and tm["startup_s"] >= 0.0
+        assert 0.0 <= tm["ppo_utility_s"] <= tm["ppo_s"] and tm["torch_threads"] >= 1
+        assert res["cost"]["cpu_s"] > 0
+    # the default search zeroes the budget's top entries at once and heals on the server's
+    # validation samples: no PPO step, no utility pass
+    assert sc["details"]["theta_from"] == "greedy" and sc["details"]["ppo_steps"] == 0
+    assert sc["details"]["zeroed_share"] == pytest.approx(0.05, abs=1e-3)
+    assert sc["details"]["healing"]["samples"] > 0
 
 
 def test_result_schema(client_results: dict) -> None:
@@ -79,7 +88,8 @@ def test_result_schema(client_results: dict) -> None:
     for key in ("ra", "fa", "fr", "test_acc", "mia_loss_auc", "mia_entropy_member_rate"):
         assert sc["metrics"][key] is not None
     assert set(sc["cost"]) >= {"wall_s", "bytes", "link_s", "fl_rounds", "overhead"}
-    assert sc["details"]["sensitivity"]["top"] and len(sc["details"]["episode_returns"]) > 5
+    assert sc["details"]["sensitivity"]["top"]
+    assert len(client_results["scale_ppo"]["details"]["episode_returns"]) > 5
     assert sc["aoi"]["sum_s_trace"] and sc["aoi"]["mean_s_all"] >= 0
     json.dumps(sc)
 
