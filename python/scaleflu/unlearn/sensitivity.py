@@ -315,37 +315,14 @@ def class_saliency(
     3.4 for class requests, computed on the server's validation set). Returns the map and
     counts for the report.
     """
-    params = dict(model.named_parameters())
     mask = torch.zeros(len(labels), dtype=torch.bool, device=labels.device)
     for c in classes:
         mask |= labels == int(c)
-    acc = {
-        name: {k: torch.zeros_like(params[k], dtype=torch.float64) for k in layers}
-        for name in ("forget", "rest")
-    }
-    was = model.training
-    model.eval()
-    loss_fn = torch.nn.CrossEntropyLoss()
-    for i in range(len(labels)):
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(inputs[i : i + 1]), labels[i : i + 1])
-        loss.backward()
-        bucket = acc["forget" if bool(mask[i]) else "rest"]
-        for k in layers:
-            g = params[k].grad
-            if g is not None:
-                bucket[k] += (params[k].detach() * g).abs().double()
-    model.zero_grad(set_to_none=True)
-    model.train(was)
+    # the same per-weight saliency as the forget set's (vectorised per-sample gradients)
+    out, _ = forget_saliency(
+        model, inputs[mask], labels[mask], inputs[~mask], labels[~mask], layers, contrast
+    )
     n_f, n_r = int(mask.sum()), int((~mask).sum())
-    tot_f = sum(float(v.sum()) for v in acc["forget"].values()) or 1.0
-    tot_r = sum(float(v.sum()) for v in acc["rest"].values()) or 1.0
-    out: Layers = {}
-    for k in layers:
-        s_f = acc["forget"][k] / tot_f
-        s_r = acc["rest"][k] / tot_r if n_r else torch.zeros_like(s_f)
-        # computed on the model's device (fl.device); the map is returned on the CPU
-        out[k] = (s_f - contrast * s_r).clamp_min(0.0).to("cpu", params[k].dtype)
     info = {"forget_val_samples": n_f, "rest_val_samples": n_r, "contrast": contrast}
     return out, info
 
