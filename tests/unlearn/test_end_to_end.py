@@ -38,6 +38,7 @@ def client_results(loaded_run: LoadedRun) -> dict:
     ctx = _ctx(loaded_run, "client:2")
     ppo = _ctx(loaded_run, "client:2")
     ppo.cfg["scale"]["search"] = "ppo"  # the paper's PPO search (an ablation of the default)
+    ppo.cfg["scale"]["ppo"]["episodes"] = 10
     return {
         "retrain": RetrainUnlearner().run(ctx).to_dict(),
         "scale": ScaleUnlearner().run(ctx).to_dict(),

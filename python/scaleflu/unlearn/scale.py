@@ -60,8 +60,15 @@ def sb3_startup() -> float:
     from stable_baselines3.common.callbacks import BaseCallback  # noqa: F401
 
     # torch.optim's first optimizer imports torch._dynamo (about 0.9 s of CPU, measured on the
-    # 2-core machine): a process start-up cost too, paid here once (healing uses an optimizer)
-    torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1)
+    # 2-core machine) and torch.func's first vmap(grad) about 1 s: process start-up costs too,
+    # paid here once (healing uses an optimizer, the saliencies torch.func)
+    lin = torch.nn.Linear(2, 2)
+    torch.optim.SGD(lin.parameters(), lr=0.1)
+    # torch.func's first vmap(grad) (the saliencies) sets itself up once per process too
+    from scaleflu.unlearn.sensitivity import forget_saliency
+
+    x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
+    forget_saliency(lin, x, y, x, y, ["weight"])
 
     _SB3_IMPORT_S = time.perf_counter() - t0
     return _SB3_IMPORT_S
