@@ -258,7 +258,7 @@ def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
     assert heal is not None and len(select) + len(heal) == len(c.val_retain)
     rows = {tuple(r.tolist()) for r in select.inputs().flatten(1)[:, ::7]}
     assert not rows & {tuple(r.tolist()) for r in heal.inputs().flatten(1)[:, ::7]}
-    assert _selection_and_heal(ctx())[1] is None  # healing off: every sample selects
+    assert _selection_and_heal(ctx("scale.heal_epochs=0"))[1] is None  # off: every sample selects
     res = ScaleUnlearner().run(c)
     h = res.details["healing"]
     assert h["epochs"] == 3 and h["samples"] == len(heal)
