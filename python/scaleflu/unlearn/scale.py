@@ -244,7 +244,7 @@ def _forget_saliency(
 def _greedy(
     spec: EnvSpec,
 ) -> tuple[dict[str, torch.Tensor], AoITracker, list[dict[str, Any]], float]:
-    """Zero ``budget`` x (top-M parameters) entries with the largest attribution, in one step.
+    """Zero ``budget`` x (top-M parameters) entries with the largest attribution, at once.
 
     The attribution maps are normalised over the sensitivity layers, so one ranking across the
     top-M layers is meaningful; only entries with positive attribution are zeroed.
@@ -264,16 +264,16 @@ def _greedy(
         zeroed += int(mask.sum())
         layers[k][mask.reshape(layers[k].shape)] = 0.0
     changed = changed_groups(spec.weights, layers, spec.groups)
-    link_s = aoi.step(changed)
     steps = []
-    for k in spec.layers:
+    for k in spec.layers:  # one broadcast step per layer, as the environment's steps
         js = [j for (lk, j) in changed if lk == k]
         if js:
+            link_s = aoi.step([(k, j) for j in js])
             steps.append(
                 {
                     "layer": k,
                     "changed_groups": js,
-                    "link_s": link_s if not steps else 0.0,
+                    "link_s": link_s,
                     "s": None,
                     "reward": 0.0,
                     "greedy": True,
