@@ -155,6 +155,11 @@ def _sweep_requests(seed: int, n_clients: int, poison: dict[str, Any]) -> dict[s
     cls = int(rng.integers(10))
     lf_frac = float(poison.get("label_flip_fraction") or 0.2)
     bd_frac = float(poison.get("backdoor_fraction") or 0.3)
+    # with canaries (issue 15's protocol) the sample requests forget exactly the poisoned
+    # samples: the flips / triggered samples and the client's memorised canaries
+    canaries = bool(poison.get("canaries")) and bool(poison.get("canary_clients"))
+    lf_req = f"sample:{lf}:poisoned" if canaries else f"sample:{lf}:{lf_frac:g}"
+    bd_req = f"sample:{bd}:poisoned" if canaries else f"sample:{bd}:{bd_frac:g}"
     return {
         "backdoor_client": bd,
         "label_flip_client": lf,
@@ -162,8 +167,8 @@ def _sweep_requests(seed: int, n_clients: int, poison: dict[str, Any]) -> dict[s
         "requests": [
             ("client", f"client:{bd}"),
             ("class", f"class:{cls}"),
-            ("sample", f"sample:{lf}:{lf_frac:g}"),
-            ("sample-bd", f"sample:{bd}:{bd_frac:g}"),
+            ("sample", lf_req),
+            ("sample-bd", bd_req),
         ],
     }
 
@@ -188,8 +193,14 @@ def _sweep_settings(args: argparse.Namespace) -> list[dict[str, Any]]:
                 f"data.poison.label_flip_clients=[{req['label_flip_client']}]",
                 f"fl.threads={args.threads}",
             ]
+            if base["data"]["poison"].get("canary_clients"):  # the canaries follow the draw
+                over.append(
+                    "data.poison.canary_clients="
+                    f"[{req['backdoor_client']}, {req['label_flip_client']}]"
+                )
             if args.quick:  # a smoke run of the machinery, not a measurement
                 over += ["fl.rounds=3", "data.train_subset=3000", "scale.eval.mia_shadows=0"]
+                over += ["data.poison.canaries=5"]
             out.append(
                 {
                     "setting": f"cpu-alpha{alpha}",
