@@ -128,18 +128,38 @@ def _context(run: Any, request: str, mode: str, overrides: list[str]) -> Unlearn
     return UnlearnContext.for_request(run, request, cfg, mode, progress=True)
 
 
-# --sweep: the targets of issue 16 item 1 (backdoor ASR within 0.05 of Retrain's, RA within
-# 0.02, FA within 0.02 for label-flip / class requests) and item 3 (time and CPU <= 5 %)
+# --sweep: the targets of issue 16 item 1 (backdoor ASR and FA within 0.05 of Retrain's, RA
+# within 0.02, forgetting better than the fine-tune control at equal or better RA) and item 3
+# (wall and CPU time <= 5 % of Retrain's)
 SWEEP_METHODS = ("retrain", "scale-default", "finetune")
+SWEEP_FORGET_TOL = 0.05
+SWEEP_RA_TOL = 0.02
+SWEEP_TIME = 0.05
+# the sweep's federations: the packaged table2_cpu config (its evaluation protocol with power:
+# backdoor_share, label-flip marker, calibrated MIA, scale.* sizes) with seed, alpha, the
+# poisoned clients and the forgotten class drawn from the seed
+SWEEP_BASE = "table2_cpu"
 
 
-def _sweep_requests(seed: int, n_clients: int) -> dict[str, Any]:
-    """Backdoor client, label-flip client and class drawn from the seed (not by hand)."""
+def _sweep_requests(seed: int, n_clients: int, poison: dict[str, Any]) -> dict[str, Any]:
+    """Backdoor client, label-flip client and class drawn from the seed (not by hand).
+
+    Requests: the backdoor client (``client``), the class over the whole federation (``class``),
+    the label-flip client's flipped samples (``sample``, table2_cpu's sample scenario) and the
+    backdoor client's triggered samples (``sample-bd``, the request that failed before).
+    """
     import numpy as np
 
     rng = np.random.default_rng(np.random.SeedSequence([seed, 16]))
     bd, lf = (int(x) for x in rng.choice(n_clients, size=2, replace=False))
     cls = int(rng.integers(10))
+    lf_frac = float(poison.get("label_flip_fraction") or 0.2)
+    bd_frac = float(poison.get("backdoor_fraction") or 0.3)
+    # with canaries (issue 15's protocol) the sample requests forget exactly the poisoned
+    # samples: the flips / triggered samples and the client's memorised canaries
+    canaries = bool(poison.get("canaries")) and bool(poison.get("canary_clients"))
+    lf_req = f"sample:{lf}:poisoned" if canaries else f"sample:{lf}:{lf_frac:g}"
+    bd_req = f"sample:{bd}:poisoned" if canaries else f"sample:{bd}:{bd_frac:g}"
     return {
         "backdoor_client": bd,
         "label_flip_client": lf,
@@ -147,33 +167,46 @@ def _sweep_requests(seed: int, n_clients: int) -> dict[str, Any]:
         "requests": [
             ("client", f"client:{bd}"),
             ("class", f"class:{cls}"),
-            ("sample", f"sample:{bd}:0.3"),
+            ("sample", lf_req),
+            ("sample-bd", bd_req),
         ],
     }
+
+
+def _sweep_base() -> dict[str, Any]:
+    """The packaged table2_cpu config (read each time: the issue-15 protocol flows in)."""
+    return load_config(SWEEP_BASE)
 
 
 def _sweep_settings(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Every federation of the sweep: (setting, seed, run overrides, requests)."""
     out = []
-    seeds = list(range(args.seeds))
+    base = _sweep_base()
+    n = int(base["data"]["num_clients"])
     for alpha in [float(a) for a in args.alphas.split(",") if a]:
-        for seed in seeds:
-            req = _sweep_requests(seed, 10)
-            over = [o for o in RUN if not o.startswith(("seed=", "data.alpha", "data.poison"))]
-            over += [
+        for seed in range(args.seeds):
+            req = _sweep_requests(seed, n, base["data"]["poison"])
+            over = [
                 f"seed={seed}",
                 f"data.alpha={alpha}",
                 f"data.poison.backdoor_clients=[{req['backdoor_client']}]",
-                "data.poison.backdoor_fraction=0.3",
                 f"data.poison.label_flip_clients=[{req['label_flip_client']}]",
-                "data.poison.label_flip_fraction=0.2",
+                f"fl.threads={args.threads}",
             ]
+            if base["data"]["poison"].get("canary_clients"):  # the canaries follow the draw
+                over.append(
+                    "data.poison.canary_clients="
+                    f"[{req['backdoor_client']}, {req['label_flip_client']}]"
+                )
+            if args.quick:  # a smoke run of the machinery, not a measurement
+                over += ["fl.rounds=3", "data.train_subset=3000", "scale.eval.mia_shadows=0"]
+                over += ["data.poison.canaries=5"]
             out.append(
                 {
                     "setting": f"cpu-alpha{alpha}",
                     "seed": seed,
                     "run": over,
-                    "scale": list(SCALE),
+                    "scale": list(args.scale_set),
                     "requests": req["requests"],
                     "drawn": {k: v for k, v in req.items() if k != "requests"},
                 }
@@ -183,7 +216,13 @@ def _sweep_settings(args: argparse.Namespace) -> list[dict[str, Any]]:
     demo_scale = [f"scale.{k}={json.dumps(v)}" for k, v in _flat(DEMO_SETTINGS["scale"]).items()]
     for seed in range(args.demo_seeds):
         out.append(
-            {"setting": "demo", "seed": seed, "run": None, "scale": demo_scale, "requests": None}
+            {
+                "setting": "demo",
+                "seed": seed,
+                "run": None,
+                "scale": demo_scale + list(args.scale_set),
+                "requests": None,
+            }
         )
     return out
 
@@ -216,14 +255,21 @@ def _demo_config(seed: int) -> tuple[dict[str, Any], list[tuple[str, str]], dict
 
 
 def _method(name: str, mode: str, cfg: dict[str, Any]) -> Any:
-    from scaleflu.unlearn.registry import make_method
-
     if name.startswith("scale"):
         return make_method("scale", cfg, mode=mode)
     return make_method(name, cfg)
 
 
-def _sweep_row(res: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+def _forget(m: dict[str, Any], protocol: str) -> float | None:
+    """The forgetting score of a result's metrics: backdoor ASR, else FA on the protocol."""
+    if protocol == "backdoor":
+        return m.get("backdoor_asr")
+    return m.get("fa_protocol") if m.get("fa_protocol") is not None else m.get("fa")
+
+
+def _sweep_row(
+    res: dict[str, Any], ref: dict[str, Any], control: dict[str, Any] | None = None
+) -> dict[str, Any]:
     m, rm = res["metrics"], ref["metrics"]
     c, rc = res["cost"], ref["cost"]
     row = {
@@ -232,114 +278,286 @@ def _sweep_row(res: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
         "ra": m.get("ra"),
         "fa": m.get("fa_protocol") if m.get("fa_protocol") is not None else m.get("fa"),
         "asr": m.get("backdoor_asr"),
+        "forget": _forget(m, res["protocol"]),
         "mia_auc": m.get("mia_loss_auc"),
+        "mia_cal_auc": m.get("mia_ref_auc"),
         "wall_s": c["wall_s"],
         "cpu_s": c.get("cpu_s"),
         "startup_s": (res.get("details") or {}).get("startup_s"),
         "timing": (res.get("details") or {}).get("timing"),
+        "val_acc_before_recovery": (res.get("details") or {}).get("val_acc_before_recovery"),
         "time_ratio": c["wall_s"] / max(rc["wall_s"], 1e-9),
         "cpu_ratio": (c.get("cpu_s") or 0.0) / max(rc.get("cpu_s") or 0.0, 1e-9),
         "d_ra": (m["ra"] - rm["ra"]) if m.get("ra") is not None else None,
     }
-    fa, rfa = (
-        row["fa"],
-        (rm.get("fa_protocol") if rm.get("fa_protocol") is not None else rm.get("fa")),
-    )
-    row["d_fa"] = None if fa is None or rfa is None else fa - rfa
-    ok = {"ra": row["d_ra"] is not None and abs(row["d_ra"]) <= 0.02}
-    if res["protocol"] == "backdoor":
-        ok["asr"] = (m.get("backdoor_asr") or 0.0) <= (rm.get("backdoor_asr") or 0.0) + 0.05
-    else:
-        ok["fa"] = row["d_fa"] is not None and row["d_fa"] <= 0.02
-    ok["time"] = row["time_ratio"] <= 0.05
-    ok["cpu"] = row["cpu_ratio"] <= 0.05
+    f, rf = row["forget"], _forget(rm, res["protocol"])
+    row["d_forget"] = None if f is None or rf is None else f - rf
+    ok = {
+        "ra": row["d_ra"] is not None and abs(row["d_ra"]) <= SWEEP_RA_TOL,
+        "forget": row["d_forget"] is not None and row["d_forget"] <= SWEEP_FORGET_TOL,
+    }
+    if control is not None:
+        cm = control["metrics"]
+        cf = _forget(cm, res["protocol"])
+        row["d_forget_control"] = None if f is None or cf is None else f - cf
+        row["d_ra_control"] = (
+            None if m.get("ra") is None or cm.get("ra") is None else m["ra"] - cm["ra"]
+        )
+        # better forgetting than the control at equal (within RA_TOL) or better RA
+        ok["control"] = (
+            row["d_forget_control"] is not None
+            and row["d_ra_control"] is not None
+            and row["d_forget_control"] < 0
+            and row["d_ra_control"] >= -SWEEP_RA_TOL
+        )
+    ok["time"] = row["time_ratio"] <= SWEEP_TIME
+    ok["cpu"] = row["cpu_ratio"] <= SWEEP_TIME
     row["ok"] = ok
     return row
 
 
-def sweep(args: argparse.Namespace) -> int:
-    """The seeded sweep (see the module docstring); resumable, written after each federation."""
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "unlearn_sweep.json"
-    data: dict[str, Any] = {"rows": []}
+def _mia_reference(ctx: UnlearnContext, path: Path) -> None:
+    """The calibrated MIA's reference models, computed once per request and kept on disk.
+
+    Shared by the request's methods (as ``experiment table2`` does) and counted in none.
+    """
+    import numpy as np
+
+    if path.is_file():
+        with np.load(path) as z:
+            ctx._mia_ref = (z["target"], z["nonmembers"])
+        ctx.mia_reference_info = {"cached": str(path)}
+        return
+    ref = ctx.mia_reference()
+    if ref is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, target=ref[0], nonmembers=ref[1])
+        log.info("MIA reference for %s: %s", ctx.request.request, ctx.mia_reference_info)
+
+
+def _federation_path(args: argparse.Namespace, setting: str, seed: int) -> Path:
+    return Path(args.out) / "unlearn_sweep" / f"{setting}-s{seed}.json"
+
+
+def run_federation(args: argparse.Namespace, st: dict[str, Any]) -> dict[str, Any]:
+    """Train one federation of the sweep and serve its requests; resumable per request.
+
+    The rows are written to ``OUT/unlearn_sweep/<setting>-s<seed>.json`` after every request.
+    """
+    from scaleflu.config import merge, parse_override
+
+    path = _federation_path(args, st["setting"], st["seed"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data: dict[str, Any] = {"setting": st["setting"], "seed": st["seed"], "rows": []}
     if path.is_file():
         data = json.loads(path.read_text())
-    done = {(r["setting"], r["seed"]) for r in data["rows"]}
-    data["command"] = " ".join([sys.executable, *sys.argv])
-    data["threads"] = args.threads
-    settings = _sweep_settings(args)
-    if args.limit is not None:
-        settings = [s for s in settings if (s["setting"], s["seed"]) not in done][: args.limit]
-    k = 0
-    for st in settings:
-        if (st["setting"], st["seed"]) in done:
+    done = {r["scenario"] for r in data["rows"]}
+    if st["setting"] == "demo":
+        cfg, requests, drawn = _demo_config(st["seed"])
+    else:
+        cfg = _sweep_base()
+        for item in st["run"]:
+            cfg = merge(cfg, parse_override(item))
+        requests, drawn = st["requests"], st["drawn"]
+    train_cfg = {k: v for k, v in cfg.items() if k not in ("experiment", "baselines", "testbed")}
+    run_dir = Path(args.work) / "sweep" / f"{st['setting']}-s{st['seed']}"
+    if not (run_dir / "model.safetensors").is_file():
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        resume = (run_dir / "config.yaml").is_file() and (run_dir / "history").is_dir()
+        train(train_cfg, run_dir, progress=False, resume=resume)
+        data["train_wall_s"] = time.perf_counter() - t0
+        data["train_cpu_s"] = time.process_time() - c0
+        log.info("%s seed %d trained in %.1fs", st["setting"], st["seed"], data["train_wall_s"])
+    run = load_run(run_dir)
+    from scaleflu.unlearn.scale import sb3_startup
+
+    # the process's one-time imports (stable-baselines3, torch.optim's torch._dynamo) before any
+    # method, so neither Retrain nor SCALE is charged for them (SCALE reports them as startup_s)
+    data["startup_s"] = sb3_startup()
+    for i, (scen, req) in enumerate(requests):
+        if scen in done:
             continue
-        if st["setting"] == "demo":
-            cfg, requests, drawn = _demo_config(st["seed"])
-        else:
-            cfg, requests, drawn = load_config(None, st["run"]), st["requests"], st["drawn"]
-        run_dir = Path(args.work) / "sweep" / f"{st['setting']}-s{st['seed']}"
-        if not (run_dir / "model.safetensors").is_file():
-            t0 = time.perf_counter()
-            train(cfg, run_dir, progress=False)
+        names = list(SWEEP_METHODS)
+        if (st["seed"] + i) % 2:  # interleaved: Retrain and SCALE alternate which goes first
+            names[0], names[1] = names[1], names[0]
+        fresh = copy.deepcopy(dict(run.cfg))
+        fresh["scale"] = copy.deepcopy(cfg["scale"])  # today's scale settings of the base
+        fresh["baselines"] = copy.deepcopy(cfg.get("baselines") or {})
+        ucfg = resolve_unlearn_config(fresh, None, st["scale"])
+        ctx = UnlearnContext.for_request(run, req, ucfg, "default", progress=False)
+        _mia_reference(ctx, run_dir / "cache" / f"mia-{scen}.npz")
+        results: dict[str, dict[str, Any]] = {}
+        for name in names:
+            # Retrain does not depend on scale.*: kept with the federation, so a sweep re-run
+            # with other --scale-set values (another --out) reuses it
+            cached = run_dir / "cache" / f"{scen}-retrain.json"
+            if name == "retrain" and cached.is_file():
+                results[name] = json.loads(cached.read_text())
+                continue
+            try:
+                method = _method(name, "default", ctx.cfg)
+            except ValueError as exc:  # the control is not in this build
+                log.warning("%s not run: %s", name, exc)
+                continue
+            res = method.run(ctx).to_dict()
+            res["variant"] = name
+            results[name] = res
+            if name == "retrain":
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                cached.write_text(json.dumps(res))
+        ref = results["retrain"]
+        control = results.get("finetune")
+        rows = [
+            _sweep_row(results[n], ref, control if n == "scale-default" else None)
+            for n in SWEEP_METHODS
+            if n in results
+        ]
+        original = ref["original"]
+        data["drawn"] = drawn
+        data["rows"].append(
+            {
+                "setting": st["setting"],
+                "seed": st["seed"],
+                "scenario": scen,
+                "request": req,
+                "drawn": drawn,
+                "protocol": ref["protocol"],
+                "original": {
+                    k2: original.get(k2)
+                    for k2 in ("test_acc", "ra", "fa_protocol", "backdoor_asr", "mia_loss_auc")
+                },
+                "methods": rows,
+            }
+        )
+        for r in rows:
             log.info(
-                "%s seed %d trained in %.1fs", st["setting"], st["seed"], time.perf_counter() - t0
+                "%s s%d %s %s: acc %s RA %s forget %s time %.3f cpu %.3f ok %s",
+                st["setting"],
+                st["seed"],
+                scen,
+                r["method"],
+                _fmt(r["test_acc"]),
+                _fmt(r["ra"]),
+                _fmt(r["forget"]),
+                r["time_ratio"],
+                r["cpu_ratio"],
+                r["ok"],
             )
-        run = load_run(run_dir)
-        for scen, req in requests:
-            names = list(SWEEP_METHODS)
-            if k % 2:  # interleaved: Retrain and SCALE alternate which goes first
-                names[0], names[1] = names[1], names[0]
-            k += 1
-            results: dict[str, dict[str, Any]] = {}
-            for name in names:
-                ctx = _context(run, req, "default", st["scale"])
-                try:
-                    method = _method(name, "default", ctx.cfg)
-                except ValueError as exc:  # the control is not in this build
-                    log.warning("%s not run: %s", name, exc)
-                    continue
-                res = method.run(ctx).to_dict()
-                res["variant"] = name
-                results[name] = res
-            ref = results["retrain"]
-            rows = [_sweep_row(results[n], ref) for n in SWEEP_METHODS if n in results]
-            original = ref["original"]
-            data["rows"].append(
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    run.history.close()
+    data["complete"] = True
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return data
+
+
+def _child_argv(args: argparse.Namespace, st: dict[str, Any]) -> list[str]:
+    argv = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--sweep",
+        *(["--quick"] if args.quick else []),
+        "--one",
+        f"{st['setting']}:{st['seed']}",
+        "--seeds",
+        str(args.seeds),
+        "--alphas",
+        args.alphas,
+        "--demo-seeds",
+        str(args.demo_seeds),
+        "--out",
+        str(args.out),
+        "--work",
+        str(args.work),
+        "--threads",
+        str(args.threads),
+    ]
+    for item in args.scale_set:
+        argv += ["--scale-set", item]
+    return argv
+
+
+def sweep(args: argparse.Namespace) -> int:
+    """The seeded sweep (see the module docstring): resumable, ``--jobs`` processes."""
+    import os
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    settings = _sweep_settings(args)
+    if args.one:
+        setting, seed = args.one.rsplit(":", 1)
+        st = next((s for s in settings if s["setting"] == setting and s["seed"] == int(seed)), None)
+        if st is None:
+            raise SystemExit(f"--one {args.one}: no such federation in this sweep")
+        run_federation(args, st)
+        return 0
+
+    def finished(st: dict[str, Any]) -> bool:
+        p = _federation_path(args, st["setting"], st["seed"])
+        return p.is_file() and bool(json.loads(p.read_text()).get("complete"))
+
+    todo = [s for s in settings if not finished(s)]
+    if args.limit is not None:
+        todo = todo[: args.limit]
+    log.info("%d federations, %d to run, %d processes", len(settings), len(todo), args.jobs)
+    logs = Path(args.work) / "sweep_logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": "1"}
+
+    def child(st: dict[str, Any]) -> tuple[str, int]:
+        name = f"{st['setting']}-s{st['seed']}"
+        with open(logs / f"{name}.log", "a") as fh:
+            rc = subprocess.call(
+                _child_argv(args, st), stdout=fh, stderr=subprocess.STDOUT, env=env
+            )
+        log.info("%s finished (exit %d; log %s)", name, rc, logs / f"{name}.log")
+        return name, rc
+
+    failed = []
+    with ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        for name, rc in pool.map(child, todo):
+            if rc:
+                failed.append(name)
+    data = collect(args, settings)
+    (out / "unlearn_sweep.json").write_text(json.dumps(data, indent=1))
+    (out / "unlearn_sweep.md").write_text(sweep_table(data))
+    log.info("wrote %s (%d rows); failed: %s", out / "unlearn_sweep.md", len(data["rows"]), failed)
+    return 1 if failed else 0
+
+
+def collect(args: argparse.Namespace, settings: list[dict[str, Any]]) -> dict[str, Any]:
+    """The rows of every federation file that exists (finished or not)."""
+    rows, fed = [], []
+    for st in settings:
+        p = _federation_path(args, st["setting"], st["seed"])
+        if p.is_file():
+            d = json.loads(p.read_text())
+            rows += d["rows"]
+            fed.append(
                 {
-                    "setting": st["setting"],
-                    "seed": st["seed"],
-                    "scenario": scen,
-                    "request": req,
-                    "drawn": drawn,
-                    "protocol": ref["protocol"],
-                    "original": {
-                        k2: original.get(k2)
-                        for k2 in ("test_acc", "ra", "fa_protocol", "backdoor_asr")
-                    },
-                    "methods": rows,
+                    k: d.get(k)
+                    for k in ("setting", "seed", "complete", "train_wall_s", "train_cpu_s")
                 }
             )
-            for r in rows:
-                log.info(
-                    "%s s%d %s %s: acc %s RA %s FA %s ASR %s time %.3f cpu %.3f ok %s",
-                    st["setting"],
-                    st["seed"],
-                    scen,
-                    r["method"],
-                    _fmt(r["test_acc"]),
-                    _fmt(r["ra"]),
-                    _fmt(r["fa"]),
-                    _fmt(r["asr"]),
-                    r["time_ratio"],
-                    r["cpu_ratio"],
-                    r["ok"],
-                )
-        path.write_text(json.dumps(data, indent=1))
-        (out / "unlearn_sweep.md").write_text(sweep_table(data))
-    log.info("wrote %s", out / "unlearn_sweep.md")
-    return 0
+    return {
+        "command": " ".join([sys.executable, *sys.argv]),
+        "threads": args.threads,
+        "base": SWEEP_BASE,
+        "scale_set": list(args.scale_set),
+        "targets": {
+            "forget_tol": SWEEP_FORGET_TOL,
+            "ra_tol": SWEEP_RA_TOL,
+            "time_ratio": SWEEP_TIME,
+        },
+        "federations": fed,
+        "rows": rows,
+    }
 
 
 def sweep_table(data: dict[str, Any]) -> str:
@@ -360,15 +578,19 @@ def sweep_table(data: dict[str, Any]) -> str:
     lines = [
         "# Seeded sweep: SCALE default vs Retrain and the fine-tune control",
         "",
-        f"Command: `{data.get('command', '')}`; torch threads {data.get('threads')}. Each cell: "
-        "min / median / max over the seeds that ran; targets met: seeds meeting it / seeds.",
+        f"Command: `{data.get('command', '')}`; torch threads {data.get('threads')}; base "
+        f"config {data.get('base')}; scale overrides {data.get('scale_set')}. Each cell: "
+        "min / median / max over the seeds that ran. forget = backdoor ASR (backdoor "
+        "protocol) else FA on the protocol. Targets met (seeds meeting it / seeds): forget <= "
+        "Retrain + 0.05, |dRA| <= 0.02, control = forget below the fine-tune control's at RA "
+        ">= the control's - 0.02, time and CPU <= 5 % of Retrain's.",
         "",
-        "| setting | request | method | seeds | test acc | RA | FA (protocol) | ASR | dRA | "
-        "time/Retrain | CPU/Retrain | targets met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| setting | request | method | seeds | test acc | RA | forget | MIA AUC (cal.) | dRA | "
+        "time/Retrain | CPU/Retrain | CPU s | targets met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (setting, scen, method), rs in sorted(groups.items()):
-        met = {}
+        met: dict[str, int] = {}
         for r in rs:
             for key, val in r["ok"].items():
                 met[key] = met.get(key, 0) + int(bool(val))
@@ -380,8 +602,17 @@ def sweep_table(data: dict[str, Any]) -> str:
         lines.append(
             f"| {setting} | {scen} | {method} | {len(rs)} | "
             + " | ".join(
-                rng([r[k] for r in rs])
-                for k in ("test_acc", "ra", "fa", "asr", "d_ra", "time_ratio", "cpu_ratio")
+                rng([r.get(k) for r in rs])
+                for k in (
+                    "test_acc",
+                    "ra",
+                    "forget",
+                    "mia_cal_auc",
+                    "d_ra",
+                    "time_ratio",
+                    "cpu_ratio",
+                    "cpu_s",
+                )
             )
             + f" | {tick} |"
         )
@@ -408,6 +639,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--demo-seeds", type=int, default=10, help="--sweep: demo scenario seeds")
     ap.add_argument(
         "--limit", type=int, default=None, help="--sweep: run at most this many new federations"
+    )
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="--sweep: federations run in parallel (processes)"
+    )
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # SETTING:SEED (a child)
+    ap.add_argument(
+        "--scale-set",
+        action="append",
+        default=[],
+        help="--sweep: a scale.* override for SCALE and the control (repeatable)",
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -239,6 +239,7 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "fl.ray_num_cpus": int,
     "history.keep_rounds": int,
     "scale.recovery_local_epochs": int,
+    "scale.heal_lr": (int, float),
     "testbed.max_update_norm": (int, float),
     "testbed.arq.window": int,
     "testbed.arq.initial_rto": (int, float),

@@ -108,6 +108,7 @@ def test_side_by_side_and_erasure(run):
     rows = {r["method"]: r for r in un["side_by_side"]}
     assert "scale-default" in rows and "retrain" in rows and "finetune" in rows
     assert rows["retrain"]["fl_rounds"] == 2 and rows["retrain"]["asr"] is not None
+    assert "error" not in rows["finetune"] and rows["finetune"]["asr"] is not None  # in the build
     assert rows["scale-default"]["air_bytes"] > 0  # measured on the air for the deployed one
     assert "same request, server-side measurements" in log
     er = un["erasure"]

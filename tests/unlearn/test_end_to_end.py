@@ -36,9 +36,13 @@ def _ctx(run: LoadedRun, request: str, mode: str = "default") -> UnlearnContext:
 @pytest.fixture(scope="module")
 def client_results(loaded_run: LoadedRun) -> dict:
     ctx = _ctx(loaded_run, "client:2")
+    ppo = _ctx(loaded_run, "client:2")
+    ppo.cfg["scale"]["search"] = "ppo"  # the paper's PPO search (an ablation of the default)
+    ppo.cfg["scale"]["ppo"]["episodes"] = 10
     return {
         "retrain": RetrainUnlearner().run(ctx).to_dict(),
         "scale": ScaleUnlearner().run(ctx).to_dict(),
+        "scale_ppo": ScaleUnlearner().run(ppo).to_dict(),
     }
 
 
@@ -64,12 +68,18 @@ def test_client_unlearning_removes_backdoor(client_results: dict) -> None:
     assert sc["cost"]["bytes"] < 0.25 * ret["cost"]["bytes"]
     assert sc["cost"]["fl_rounds"] < ret["cost"]["fl_rounds"]
     # every part of SCALE's time is in its wall time; the SB3 import is reported apart
-    tm = sc["details"]["timing"]
-    parts = tm["phase1_s"] + tm["ppo_s"] + tm["select_s"] + tm["recovery_s"]
-    assert parts == pytest.approx(sc["cost"]["wall_s"], rel=1e-6)
-    assert tm["wall_s"] == sc["cost"]["wall_s"] and tm["startup_s"] >= 0.0
-    assert 0.0 <= tm["ppo_utility_s"] <= tm["ppo_s"] and tm["torch_threads"] >= 1
-    assert sc["cost"]["cpu_s"] > 0
+    for res in (sc, client_results["scale_ppo"]):
+        tm = res["details"]["timing"]
+        parts = tm["phase1_s"] + tm["ppo_s"] + tm["select_s"] + tm["recovery_s"] + tm["heal_s"]
+        assert parts == pytest.approx(res["cost"]["wall_s"], rel=1e-6)
+        assert tm["wall_s"] == res["cost"]["wall_s"] and tm["startup_s"] >= 0.0
+        assert 0.0 <= tm["ppo_utility_s"] <= tm["ppo_s"] and tm["torch_threads"] >= 1
+        assert res["cost"]["cpu_s"] > 0
+    # the default search zeroes the budget's top entries at once and heals on the server's
+    # validation samples: no PPO step, no utility pass
+    assert sc["details"]["theta_from"] == "greedy" and sc["details"]["ppo_steps"] == 0
+    assert sc["details"]["zeroed_share"] == pytest.approx(0.05, abs=1e-3)
+    assert sc["details"]["healing"]["samples"] > 0
 
 
 def test_result_schema(client_results: dict) -> None:
@@ -79,7 +89,8 @@ def test_result_schema(client_results: dict) -> None:
     for key in ("ra", "fa", "fr", "test_acc", "mia_loss_auc", "mia_entropy_member_rate"):
         assert sc["metrics"][key] is not None
     assert set(sc["cost"]) >= {"wall_s", "bytes", "link_s", "fl_rounds", "overhead"}
-    assert sc["details"]["sensitivity"]["top"] and len(sc["details"]["episode_returns"]) > 5
+    assert sc["details"]["sensitivity"]["top"]
+    assert len(client_results["scale_ppo"]["details"]["episode_returns"]) > 5
     assert sc["aoi"]["sum_s_trace"] and sc["aoi"]["mean_s_all"] >= 0
     json.dumps(sc)
 
@@ -223,3 +234,43 @@ def test_sample_attribution_option(loaded_run: LoadedRun) -> None:
     assert not torch.equal(plain.attribution[k], contrast.attribution[k])
     with pytest.raises(ConfigError, match="sample_attribution"):
         phase_one(ctx("bogus"), "default")
+
+
+def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
+    """The sample request ranks by the forget set's saliency and heals on a disjoint val part."""
+    from scaleflu.config import ConfigError
+    from scaleflu.unlearn.scale import _selection_and_heal, phase_one
+
+    def ctx(*extra: str) -> UnlearnContext:
+        over = [*FAST_SCALE, "scale.ppo.episodes=10", *extra]
+        return UnlearnContext.from_run_dir(
+            None, "sample:2:0.3", "default", None, over, progress=False, run=loaded_run
+        )
+
+    c = ctx("scale.sample_attribution=saliency", "scale.heal_epochs=3", "scale.recovery_rounds=0")
+    rep = phase_one(c, "default")
+    assert any("forget set's own saliency" in n for n in rep.notes)
+    assert any("forget-set saliency per parameter" in n for n in rep.notes)
+    plain = phase_one(ctx(), "default")
+    k = rep.top[0]
+    assert not torch.equal(rep.attribution[k], plain.attribution[k])
+    select, heal = _selection_and_heal(c)
+    assert heal is not None and len(select) + len(heal) == len(c.val_retain)
+    rows = {tuple(r.tolist()) for r in select.inputs().flatten(1)[:, ::7]}
+    assert not rows & {tuple(r.tolist()) for r in heal.inputs().flatten(1)[:, ::7]}
+    assert _selection_and_heal(ctx("scale.heal_epochs=0"))[1] is None  # off: every sample selects
+    res = ScaleUnlearner().run(c)
+    h = res.details["healing"]
+    assert h["epochs"] == 3 and h["samples"] == len(heal)
+    assert h["val_acc_after"] != h["val_acc_before"]
+    assert res.details["recovery"]["rounds"] == 0 and res.cost["fl_rounds"] == 0
+    assert res.details["timing"]["heal_s"] > 0
+    for bad, key in (
+        ("scale.heal_share=1.5", "heal_share"),
+        ("scale.forget_layers=bogus", "forget_layers"),
+        ("scale.forget_saliency_samples=0", "forget_saliency_samples"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            x = ctx("scale.sample_attribution=saliency", "scale.heal_epochs=1", bad)
+            phase_one(x, "default")
+            _selection_and_heal(x)

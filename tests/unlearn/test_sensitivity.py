@@ -15,6 +15,7 @@ from scaleflu.unlearn.sensitivity import (
     class_saliency,
     combine_scores,
     contrastive_contribution,
+    forget_saliency,
     historical_sensitivity,
     impact_score,
     kl_divergence,
@@ -147,6 +148,42 @@ def test_class_saliency_marks_the_class_specific_weights() -> None:
     assert torch.argmax(s).item() == 1 * 4 + 3  # row of class 1, feature 3
     assert float(s[:, 0].sum()) == 0.0 and float(s[:, 2].sum()) == 0.0  # other classes' inputs
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_forget_saliency_marks_the_trigger_weight() -> None:
+    # classes 0-2 read features 0-2; the backdoor maps feature 3 (the trigger) to class 0 via
+    # w[0, 3]. The forget set (triggered samples labelled 0, as the client holds them) leans on
+    # w[0, 3]; the clean retained set does not: the map must peak there.
+    model = torch.nn.Linear(4, 3, bias=False)
+    with torch.no_grad():
+        model.weight.copy_(
+            torch.tensor([[2.0, 0.0, 0.0, 1.5], [0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]])
+        )
+    fx = torch.zeros(12, 4)
+    fx[:, 3] = 1.0
+    fx[torch.arange(12), 1 + torch.arange(12) % 2] = 0.6  # true classes 1 and 2, triggered
+    fy = torch.zeros(12, dtype=torch.long)
+    rx = torch.zeros(30, 4)
+    ry = torch.tensor([0, 1, 2] * 10)
+    rx[torch.arange(30), ry] = 1.0
+    sal, info = forget_saliency(model, fx, fy, rx, ry, ["weight"], contrast=1.0, chunk=5)
+    s = sal["weight"]
+    assert info == {"forget_samples": 12, "rest_samples": 30, "contrast": 1.0}
+    assert s.shape == model.weight.shape and bool((s >= 0).all())
+    assert torch.argmax(s).item() == 0 * 4 + 3
+    # the vectorised per-sample gradients equal a plain loop
+    ref = torch.zeros(3, 4, dtype=torch.float64)
+    for i in range(len(fy)):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(fx[i : i + 1]), fy[i : i + 1]).backward()
+        ref += (model.weight.detach() * model.weight.grad).abs().double()
+    ref_r = torch.zeros(3, 4, dtype=torch.float64)
+    for i in range(len(ry)):
+        model.zero_grad()
+        torch.nn.functional.cross_entropy(model(rx[i : i + 1]), ry[i : i + 1]).backward()
+        ref_r += (model.weight.detach() * model.weight.grad).abs().double()
+    want = (ref / ref.sum() - ref_r / ref_r.sum()).clamp_min(0).float()
+    assert torch.allclose(s, want, atol=1e-6)
 
 
 def test_contrastive_contribution_marks_what_only_the_target_moved(tmp_path: Path) -> None:

@@ -95,7 +95,7 @@ def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) ->
     m = result.get("metrics") or {}
     c = result.get("cost") or {}
     mia = m.get("mia_loss_auc")
-    for key in ("mia_calibrated_auc", "mia_auc"):  # the calibrated audit where it exists
+    for key in ("mia_ref_auc", "mia_auc"):  # the calibrated audit where it exists
         if m.get(key) is not None:
             mia = m[key]
             break

@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
-from scaleflu.unlearn.aoi import AoITracker
+from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
 from scaleflu.unlearn.env import EnvSpec, EpisodeRecord, SparsifyEnv
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
@@ -33,6 +33,7 @@ from scaleflu.unlearn.sensitivity import (
     SensitivityReport,
     class_saliency,
     contrastive_contribution,
+    forget_saliency,
     historical_sensitivity,
     paper_sensitivity,
     top_layers,
@@ -44,7 +45,8 @@ _SB3_IMPORT_S: float | None = None  # seconds the first stable-baselines3 import
 
 
 def sb3_startup() -> float:
-    """Import stable-baselines3 once per process; return the seconds this call spent on it.
+    """Import stable-baselines3 (and torch.optim's lazy imports) once per process; return the
+    seconds this call spent on it.
 
     The import (several seconds on a busy CPU) is a long-lived server's start-up cost, paid once,
     so SCALE reports it separately (``details.startup_s``) instead of hiding or adding it:
@@ -56,6 +58,17 @@ def sb3_startup() -> float:
     t0 = time.perf_counter()
     import stable_baselines3  # noqa: F401
     from stable_baselines3.common.callbacks import BaseCallback  # noqa: F401
+
+    # torch.optim's first optimizer imports torch._dynamo (about 0.9 s of CPU, measured on the
+    # 2-core machine) and torch.func's first vmap(grad) about 1 s: process start-up costs too,
+    # paid here once (healing uses an optimizer, the saliencies torch.func)
+    lin = torch.nn.Linear(2, 2)
+    torch.optim.SGD(lin.parameters(), lr=0.1)
+    # torch.func's first vmap(grad) (the saliencies) sets itself up once per process too
+    from scaleflu.unlearn.sensitivity import forget_saliency
+
+    x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
+    forget_saliency(lin, x, y, x, y, ["weight"])
 
     _SB3_IMPORT_S = time.perf_counter() - t0
     return _SB3_IMPORT_S
@@ -134,15 +147,23 @@ def phase_one(
                         + "), not by S_l"
                     )
     client_attr = str(sc.get("client_attribution", "contribution"))
-    if client_attr not in ("contrast", "contribution"):
+    if client_attr not in ("contrast", "contribution", "saliency"):
         raise ConfigError(
-            f"scale.client_attribution must be contrast or contribution, got {client_attr!r}"
+            "scale.client_attribution must be contrast, contribution or saliency, "
+            f"got {client_attr!r}"
         )
     sample_attr = str(sc.get("sample_attribution", "contribution"))
-    if sample_attr not in ("contrast", "contribution"):
+    if sample_attr not in ("contrast", "contribution", "saliency"):
         raise ConfigError(
-            f"scale.sample_attribution must be contrast or contribution, got {sample_attr!r}"
+            "scale.sample_attribution must be contrast, contribution or saliency, "
+            f"got {sample_attr!r}"
         )
+    local_class = req.kind == "class" and bool(req.clients)
+    chosen = client_attr if req.kind == "client" else sample_attr
+    if req.kind in ("client", "sample") or local_class:
+        if chosen == "saliency":
+            _forget_saliency(ctx, report, layers, top_m, timing)
+            return report
     contrast = (req.kind == "client" and client_attr == "contrast") or (
         req.kind == "sample" and sample_attr == "contrast"
     )
@@ -161,6 +182,192 @@ def phase_one(
                 f"participants' ({info['other_updates']} updates, contrast {info['contrast']})"
             )
     return report
+
+
+def _forget_saliency(
+    ctx: UnlearnContext,
+    report: SensitivityReport,
+    layers: list[str],
+    top_m: int,
+    timing: dict[str, float],
+) -> None:
+    """Sparsify (and, by default, the top-M layers) by the forget set's own saliency.
+
+    The requesting client holds D_u: it computes ``|w * dL/dw|`` on (at most
+    ``scale.forget_saliency_samples`` of) its forget samples at Theta and sends that one
+    tensor; the server contrasts it with the same saliency on its retained validation set
+    (:func:`~scaleflu.unlearn.sensitivity.forget_saliency`). Both parts are timed as Phase I.
+    """
+    sc = ctx.scale_cfg
+    ts = time.perf_counter()
+    n = sc.get("forget_saliency_samples")
+    data = ctx.forget
+    if n is not None:
+        if int(n) < 1:
+            raise ConfigError(f"scale.forget_saliency_samples must be positive, got {n}")
+        if int(n) < len(data):
+            rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 46]))
+            data = data.subset(np.sort(rng.choice(len(data), size=int(n), replace=False)))
+    model = ctx.new_model(ctx.original_state()).to(ctx.device)
+    sal, info = forget_saliency(
+        model,
+        data.inputs().to(ctx.device),
+        data.labels.to(ctx.device),
+        ctx.val_retain.inputs().to(ctx.device),
+        ctx.val_retain.labels.to(ctx.device),
+        layers,
+        float(sc.get("forget_saliency_contrast", 1.0)),
+    )
+    timing["saliency_s"] = time.perf_counter() - ts
+    if not any(float(v.sum()) > 0 for v in sal.values()):
+        report.notes.append("forget-set saliency is zero everywhere; Sparsify keeps C_l")
+        return
+    report.attribution = sal
+    report.notes.append(
+        "Sparsify ranks parameters by the forget set's own saliency, computed by the client "
+        f"holding it ({info['forget_samples']} samples), contrasted with the retained "
+        f"validation set's ({info['rest_samples']} samples, contrast {info['contrast']})"
+    )
+    layer_rule = str(sc.get("forget_layers", "saliency"))
+    if layer_rule not in ("saliency", "score"):
+        raise ConfigError(f"scale.forget_layers must be saliency or score, got {layer_rule!r}")
+    if layer_rule == "saliency":
+        density = {k: float(sal[k].sum()) / max(sal[k].numel(), 1) for k in layers}
+        report.top = top_layers(density, layers, top_m)
+        report.notes.append(
+            "top-M layers by forget-set saliency per parameter ("
+            + ", ".join(f"{k} {density[k]:.3g}" for k in report.top)
+            + "), not by S_l"
+        )
+
+
+def _greedy(
+    spec: EnvSpec,
+) -> tuple[dict[str, torch.Tensor], AoITracker, list[dict[str, Any]], float]:
+    """Zero ``budget`` x (top-M parameters) entries with the largest attribution, at once.
+
+    The attribution maps are normalised over the sensitivity layers, so one ranking across the
+    top-M layers is meaningful; only entries with positive attribution are zeroed.
+    """
+    if spec.budget is None:
+        raise ConfigError("scale.search: greedy needs scale.budget")
+    flat = torch.cat([spec.attribution[k].flatten().float() for k in spec.layers])
+    n = min(int(spec.budget * flat.numel()), int((flat > 0).sum()))
+    layers = {k: spec.weights[k].clone() for k in spec.layers}
+    aoi = spec.aoi.copy()
+    if n <= 0:
+        return layers, aoi, [], 0.0
+    thr = torch.topk(flat, n).values.min()
+    zeroed = 0
+    for k in spec.layers:
+        mask = (spec.attribution[k] >= thr) & (spec.attribution[k] > 0)
+        zeroed += int(mask.sum())
+        layers[k][mask.reshape(layers[k].shape)] = 0.0
+    changed = changed_groups(spec.weights, layers, spec.groups)
+    steps = []
+    for k in spec.layers:  # one broadcast step per layer, as the environment's steps
+        js = [j for (lk, j) in changed if lk == k]
+        if js:
+            link_s = aoi.step([(k, j) for j in js])
+            steps.append(
+                {
+                    "layer": k,
+                    "changed_groups": js,
+                    "link_s": link_s,
+                    "s": None,
+                    "reward": 0.0,
+                    "greedy": True,
+                }
+            )
+    return layers, aoi, steps, zeroed / max(flat.numel(), 1)
+
+
+def _selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
+    """The retained validation set split into a selection part and a disjoint healing part.
+
+    With ``scale.heal_epochs`` > 0 a seeded ``scale.heal_share`` of the retained validation
+    samples fine-tunes Theta' (healing) and only the rest scores PPO's utility and the
+    re-check, so the episode is never chosen on the samples that then heal it.
+    """
+    sc = ctx.scale_cfg
+    epochs = int(sc.get("heal_epochs") or 0)
+    data = ctx.val_retain
+    if epochs <= 0 or len(data) < 2:
+        return data, None
+    share = float(sc.get("heal_share", 0.5))
+    if not 0.0 < share < 1.0:
+        raise ConfigError(f"scale.heal_share must be in (0, 1), got {share}")
+    rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 47]))
+    perm = rng.permutation(len(data))
+    n_heal = max(1, min(len(data) - 1, int(round(share * len(data)))))
+    return data.subset(np.sort(perm[n_heal:])), data.subset(np.sort(perm[:n_heal]))
+
+
+def heal(
+    ctx: UnlearnContext,
+    state: Mapping[str, torch.Tensor],
+    data: ImageData,
+    select: ImageData | None = None,
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Fine-pruning's healing (Liu et al. 2018): SGD on the server's own clean samples.
+
+    At most ``scale.heal_epochs`` passes over ``data`` (the healing part of the retained
+    validation set) with the run's batch size and momentum and ``scale.heal_lr`` (null:
+    ``fl.lr``), all parameters trained, seeded. With ``select`` (the disjoint selection part)
+    the state after the epoch with the best selection accuracy is kept (the unhealed model
+    counts as epoch 0) and healing stops after ``scale.heal_patience`` epochs without
+    improvement. Costs no client and no link time. Returns the state and a summary.
+    """
+    sc = ctx.scale_cfg
+    fl = ctx.cfg["fl"]
+    lr = float(sc.get("heal_lr") or fl["lr"])
+    patience = int(sc.get("heal_patience") or 0)
+    model = ctx.new_model(state).to(ctx.device)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(fl.get("momentum") or 0.0))
+    x, y = data.inputs().to(ctx.device), data.labels.to(ctx.device)
+    sx = sy = None
+    if select is not None and len(select):
+        sx, sy = select.inputs().to(ctx.device), select.labels.to(ctx.device)
+
+    def score() -> float:
+        model.eval()
+        with torch.no_grad():
+            return float((model(sx).argmax(1) == sy).float().mean())
+
+    best = score() if sx is not None else -1.0
+    trace = [best] if sx is not None else []
+    best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    best_epoch, bs, since = 0, int(fl["batch_size"]), 0
+    gen = torch.Generator().manual_seed(int(ctx.seed) * 1000 + 48)
+    epochs = int(sc["heal_epochs"])
+    for ep in range(1, epochs + 1):
+        model.train()
+        perm = torch.randperm(len(y), generator=gen).to(ctx.device)
+        for i in range(0, len(y), bs):
+            idx = perm[i : i + bs]
+            opt.zero_grad(set_to_none=True)
+            torch.nn.functional.cross_entropy(model(x[idx]), y[idx]).backward()
+            opt.step()
+        if sx is None:
+            best_epoch = ep
+            continue
+        acc = score()
+        trace.append(acc)
+        if acc > best:
+            best, best_epoch, since = acc, ep, 0
+            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        else:
+            since += 1
+            if patience and since >= patience:
+                break
+    if sx is None:
+        best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    out = {k: v.to("cpu") for k, v in best_state.items()}
+    return out, {
+        "epochs_run": len(trace) - 1 if trace else epochs,
+        "best_epoch": best_epoch,
+        "select_acc_trace": trace,
+    }
 
 
 class _Utility:
@@ -294,14 +501,17 @@ class ScaleUnlearner:
         default = mode == "default"
         # no utility term without retained validation samples (e.g. every class forgotten)
         keep_val = len(ctx.val_retain) > 0
-        exact = _Utility(ctx, theta) if default and float(sc["w_u"]) and keep_val else None
+        select, heal_set = _selection_and_heal(ctx) if default else (ctx.val_retain, None)
+        exact = (
+            _Utility(ctx, theta, data=select) if default and float(sc["w_u"]) and keep_val else None
+        )
         utility = exact
         n_search = sc.get("utility_samples")
         if exact is not None and n_search is not None and int(n_search) < len(exact.y):
             if int(n_search) < 1:
                 raise ConfigError(f"scale.utility_samples must be positive, got {n_search}")
             # PPO's reward on a subset (cheaper); the best episodes are re-scored on all of it
-            utility = _Utility(ctx, theta, int(n_search))
+            utility = _Utility(ctx, theta, int(n_search), data=select)
         budget = sc["budget"] if default else None
         forget_u = None
         if sc["class_forget_reward"] not in ("measured", "attribution"):
@@ -347,50 +557,68 @@ class ScaleUnlearner:
         env.keep_best = default and bool(sc["keep_best"])
         if utility is not exact:
             env.keep_top = max(1, int(sc.get("utility_recheck", 8)))
-        total = max(1, int(sc["ppo"]["episodes"]) * int(sc["episode_steps"]))
-        policy = _ppo(env, ctx, total)
-        t2 = time.perf_counter()
-        curve = list(env.episode_returns)
-        best = env.best  # the best training episode (default mode with keep_best)
-        ppo_utility_s = env.utility_s
-        steps = rollout(env, policy)
-        rollout_return = float(sum(s["reward"] for s in steps))
-        cands = [
-            EpisodeRecord(
-                rollout_return,
-                env.layer_state(),
-                env.aoi,
-                list(env.sum_aoi_trace),
-                steps,
-                env.zeroed_share(),
-                (env.util_prev - env.util0) / env.util0,
-            ),
-            *env.top,
-        ]
-        names = ["rollout"] + ["best_episode"] * len(env.top)
-        score = [c.ret for c in cands]
-        recheck: list[dict[str, Any]] = []
-        if utility is not exact and exact is not None:
-            # the estimate only ranked the search: re-score the candidates' utility term exactly
-            w_u = float(sc["w_u"])
-            acc0 = max(exact({k: theta[k] for k in report.top}), 1e-6)
-            for i, c in enumerate(cands):
-                acc = exact(c.layers)
-                score[i] = c.ret - w_u * c.util_gain + w_u * (acc - acc0) / acc0
-                recheck.append(
-                    {"from": names[i], "return": c.ret, "exact_return": score[i], "val_acc": acc}
-                )
-        # the rollout unless a kept episode does strictly better (as before the re-check)
-        i_best = max(range(len(cands)), key=lambda i: (score[i], i == 0))
-        chosen, pick = names[i_best], cands[i_best]
-        layers, aoi, trace, steps = pick.layers, pick.aoi, list(pick.sum_aoi_trace), pick.steps
-        zeroed = pick.zeroed_share
-        log.info(
-            "Theta' from the %s (return %.3f; deterministic rollout %.3f)",
-            chosen,
-            score[i_best],
-            score[0],
-        )
+        search = str(sc.get("search", "ppo"))
+        if search not in ("ppo", "greedy"):
+            raise ConfigError(f"scale.search must be ppo or greedy, got {search!r}")
+        total = 0
+        if default and search == "greedy":
+            # ablation / cheap search: no PPO; zero the budget's share of the top-M layers' entries
+            # with the largest attribution at once (one broadcast step)
+            layers, aoi, steps, zeroed = _greedy(spec)
+            trace = [float(aoi.total(report.top)["aoi_s"])]
+            chosen, curve, best, ppo_utility_s, recheck = "greedy", [], None, 0.0, []
+            t2 = time.perf_counter()
+            rollout_return = 0.0
+        else:
+            total = max(1, int(sc["ppo"]["episodes"]) * int(sc["episode_steps"]))
+            policy = _ppo(env, ctx, total)
+            t2 = time.perf_counter()
+            curve = list(env.episode_returns)
+            best = env.best  # the best training episode (default mode with keep_best)
+            ppo_utility_s = env.utility_s
+            steps = rollout(env, policy)
+            rollout_return = float(sum(s["reward"] for s in steps))
+            cands = [
+                EpisodeRecord(
+                    rollout_return,
+                    env.layer_state(),
+                    env.aoi,
+                    list(env.sum_aoi_trace),
+                    steps,
+                    env.zeroed_share(),
+                    (env.util_prev - env.util0) / env.util0,
+                ),
+                *env.top,
+            ]
+            names = ["rollout"] + ["best_episode"] * len(env.top)
+            score = [c.ret for c in cands]
+            recheck: list[dict[str, Any]] = []
+            if utility is not exact and exact is not None:
+                # the estimate only ranked the search: re-score the candidates' utility term exactly
+                w_u = float(sc["w_u"])
+                acc0 = max(exact({k: theta[k] for k in report.top}), 1e-6)
+                for i, c in enumerate(cands):
+                    acc = exact(c.layers)
+                    score[i] = c.ret - w_u * c.util_gain + w_u * (acc - acc0) / acc0
+                    recheck.append(
+                        {
+                            "from": names[i],
+                            "return": c.ret,
+                            "exact_return": score[i],
+                            "val_acc": acc,
+                        }
+                    )
+            # the rollout unless a kept episode does strictly better (as before the re-check)
+            i_best = max(range(len(cands)), key=lambda i: (score[i], i == 0))
+            chosen, pick = names[i_best], cands[i_best]
+            layers, aoi, trace, steps = pick.layers, pick.aoi, list(pick.sum_aoi_trace), pick.steps
+            zeroed = pick.zeroed_share
+            log.info(
+                "Theta' from the %s (return %.3f; deterministic rollout %.3f)",
+                chosen,
+                score[i_best],
+                score[0],
+            )
         new_state = dict(theta)
         for k, v in layers.items():
             new_state[k] = v.clone()
@@ -419,6 +647,23 @@ class ScaleUnlearner:
                 "wall_s": cost.wall_s,
             }
             trace.append(float(aoi.total(report.top)["aoi_s"]))
+        t4 = time.perf_counter()
+        healing = None
+        if heal_set is not None:
+            # fine-pruning's healing on the server's own clean samples (no client, no link);
+            # validation accuracy before and after, measured on the selection part
+            val_sel = accuracy_from_probs(predict(ctx.new_model(new_state), select), select.labels)
+            new_state, heal_info = heal(ctx, new_state, heal_set, select)
+            healing = {
+                **heal_info,
+                "epochs": int(sc["heal_epochs"]),
+                "samples": len(heal_set),
+                "selection_samples": len(select),
+                "val_acc_before": val_sel,
+                "val_acc_after": accuracy_from_probs(
+                    predict(ctx.new_model(new_state), select), select.labels
+                ),
+            }
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
         timing = {
@@ -428,7 +673,8 @@ class ScaleUnlearner:
             "ppo_s": t2 - t1,
             "ppo_utility_s": ppo_utility_s,  # validation forward passes inside PPO's steps
             "select_s": t3 - t2,  # deterministic rollout, exact re-check of the candidates
-            "recovery_s": wall - (t3 - t0),
+            "recovery_s": t4 - t3,  # FedAvg recovery rounds (and the validation pass before)
+            "heal_s": wall - (t4 - t0),  # healing on the server's validation samples
             "wall_s": wall,
             "cpu_s": cpu,
             "torch_threads": torch.get_num_threads(),
@@ -456,6 +702,7 @@ class ScaleUnlearner:
             "utility_evals": env.utility_evals,
             "utility_cache_hits": env.utility_hits,
             "recovery": recovery,
+            "healing": healing,
             "val_acc_before_recovery": pre_recovery_acc,
             "action_encoding": (
                 f"MultiDiscrete([{len(report.top)}] + [2]*{spec.G} + [{spec.s_levels}])"

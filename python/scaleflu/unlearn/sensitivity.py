@@ -315,37 +315,14 @@ def class_saliency(
     3.4 for class requests, computed on the server's validation set). Returns the map and
     counts for the report.
     """
-    params = dict(model.named_parameters())
     mask = torch.zeros(len(labels), dtype=torch.bool, device=labels.device)
     for c in classes:
         mask |= labels == int(c)
-    acc = {
-        name: {k: torch.zeros_like(params[k], dtype=torch.float64) for k in layers}
-        for name in ("forget", "rest")
-    }
-    was = model.training
-    model.eval()
-    loss_fn = torch.nn.CrossEntropyLoss()
-    for i in range(len(labels)):
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(inputs[i : i + 1]), labels[i : i + 1])
-        loss.backward()
-        bucket = acc["forget" if bool(mask[i]) else "rest"]
-        for k in layers:
-            g = params[k].grad
-            if g is not None:
-                bucket[k] += (params[k].detach() * g).abs().double()
-    model.zero_grad(set_to_none=True)
-    model.train(was)
+    # the same per-weight saliency as the forget set's (vectorised per-sample gradients)
+    out, _ = forget_saliency(
+        model, inputs[mask], labels[mask], inputs[~mask], labels[~mask], layers, contrast
+    )
     n_f, n_r = int(mask.sum()), int((~mask).sum())
-    tot_f = sum(float(v.sum()) for v in acc["forget"].values()) or 1.0
-    tot_r = sum(float(v.sum()) for v in acc["rest"].values()) or 1.0
-    out: Layers = {}
-    for k in layers:
-        s_f = acc["forget"][k] / tot_f
-        s_r = acc["rest"][k] / tot_r if n_r else torch.zeros_like(s_f)
-        # computed on the model's device (fl.device); the map is returned on the CPU
-        out[k] = (s_f - contrast * s_r).clamp_min(0.0).to("cpu", params[k].dtype)
     info = {"forget_val_samples": n_f, "rest_val_samples": n_r, "contrast": contrast}
     return out, info
 
@@ -401,3 +378,61 @@ def contrastive_contribution(
         for k in layers
     }
     return out, {"other_updates": n_other, "contrast": contrast}
+
+
+def forget_saliency(
+    model: torch.nn.Module,
+    forget_x: torch.Tensor,
+    forget_y: torch.Tensor,
+    rest_x: torch.Tensor,
+    rest_y: torch.Tensor,
+    layers: Sequence[str],
+    contrast: float = 1.0,
+    chunk: int = 128,
+) -> tuple[Layers, dict[str, Any]]:
+    """The forget set's own saliency, contrasted with the retained data's, per weight.
+
+    ``s_u = mean_i |w * dL_i/dw|`` over the forget samples **as the requesting client holds
+    them** (a triggered image with the target label, a flipped label), ``s_r`` the same over
+    retained samples (the server's validation set); each divided by its sum over ``layers``;
+    the map is ``relu(s_u - contrast * s_r)``: weights that the forgotten samples lean on and
+    the rest of the task does not (a backdoor trigger's path, a memorised sample's). A sample or
+    ``class:c@n`` request comes from the client that holds D_u, so it computes ``s_u`` on its
+    own data and sends one tensor the size of the sensitivity layers; the server computes
+    ``s_r``. Per-sample gradients are vectorised (``torch.func``) in chunks of ``chunk``.
+    """
+    from torch.func import functional_call, grad, vmap
+
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+    was = model.training
+    model.eval()
+
+    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, ({**params, **p}, buffers), (x.unsqueeze(0),))
+        return torch.nn.functional.cross_entropy(out, y.unsqueeze(0))
+
+    sub = {k: params[k] for k in layers}
+    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))
+
+    def mean_saliency(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+        acc = {k: torch.zeros_like(sub[k], dtype=torch.float64) for k in layers}
+        for i in range(0, len(y), chunk):
+            g = per_sample(sub, x[i : i + chunk], y[i : i + chunk])
+            for k in layers:
+                acc[k] += (sub[k].unsqueeze(0) * g[k]).abs().sum(0).double()
+        return {k: v / max(len(y), 1) for k, v in acc.items()}
+
+    s_u = mean_saliency(forget_x, forget_y)
+    s_r = mean_saliency(rest_x, rest_y) if len(rest_y) else None
+    model.train(was)
+    tot_u = sum(float(v.sum()) for v in s_u.values()) or 1.0
+    tot_r = sum(float(v.sum()) for v in s_r.values()) or 1.0 if s_r is not None else 1.0
+    out: Layers = {}
+    for k in layers:
+        a = s_u[k] / tot_u
+        b = s_r[k] / tot_r if s_r is not None else torch.zeros_like(a)
+        out[k] = (a - contrast * b).clamp_min(0.0).to("cpu", params[k].dtype)
+    info = {"forget_samples": int(len(forget_y)), "rest_samples": int(len(rest_y))}
+    info["contrast"] = contrast
+    return out, info
