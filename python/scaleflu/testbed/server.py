@@ -35,6 +35,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scaleflu.config import ConfigError, save_config
 from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, robust_aggregate
 from scaleflu.fl.fedavg import attack_success_rate, evaluate
+from scaleflu.fl.integrity import save_model, trust
 from scaleflu.fl.run import build_setup, open_history
 from scaleflu.link import Link
 from scaleflu.link.arq import SendHandle
@@ -47,13 +48,12 @@ from scaleflu.testbed.common import (
     to_numpy,
     to_torch,
 )
-from scaleflu.testbed.keys import private_bytes, public_bytes, sign
+from scaleflu.testbed.keys import history_key, public_bytes, sign
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
     ProtocolError,
     ReplayGuard,
-    derive_key,
     open_envelope,
     state_sha256,
     validate_update,
@@ -272,9 +272,11 @@ class EdgeServer:
         torch.set_num_threads(max(1, int(self.cfg["fl"]["threads"]) or 1))
         self.setup = build_setup(self.cfg)
         self.model = self.setup.new_model()
+        # the history (SQLite metadata, tensor files) and the saved models carry an
+        # authenticated digest under a key only this server holds, checked on load
+        self.integrity_key = history_key(self.signing_key)
+        trust(self.run_dir, self.integrity_key)
         self.history = open_history(self.cfg, self.run_dir, self.model)
-        # tensor files carry an authenticated digest under a key only this server holds
-        self.history.integrity_key = derive_key(private_bytes(self.signing_key), "history", 0)
         last = self.history.last_completed_round()
         if last == 0:
             self.history.record_initial(self.model.state_dict())
@@ -1012,6 +1014,10 @@ class EdgeServer:
         unlearn_s = time.perf_counter() - t0
         new_np = cast_like(to_numpy(state), self.global_np)
         sha = state_sha256(new_np)
+        # the served model, with the server's authenticated digest (checked by load_model)
+        model_path = save_model(
+            to_torch(new_np), self.run_dir / "unlearned" / f"model-{sha[:16]}.safetensors"
+        )
         self._event("unlearn_done", seconds=round(unlearn_s, 2))
         bytes0 = self._air_bytes()
         d0 = time.monotonic()
@@ -1037,6 +1043,7 @@ class EdgeServer:
             "erasure": None,
             "aoi_after_deploy_s": self.aoi_seconds(),
             "model_sha256": sha,
+            "model_path": str(model_path),
             "before_sha256": before_sha,
             "bit_exact": exact,
             "robots_before": before,

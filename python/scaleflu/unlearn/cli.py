@@ -39,9 +39,8 @@ def run_unlearn(
     history store and make the unlearned model its final model (:func:`erase_history`); the
     result JSON records what was erased under ``erasure``.
     """
-    from safetensors.torch import save_file
-
     from scaleflu.config import save_config
+    from scaleflu.fl.integrity import key_for, save_model
     from scaleflu.log import fmt
     from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
     from scaleflu.unlearn.base import resolve_unlearn_config
@@ -55,7 +54,8 @@ def run_unlearn(
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(resolve_unlearn_config(ctx.cfg), out_dir / "config.yaml")
     model_path = out_dir / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in state.items()}, str(model_path))
+    # with its digest under the run's key when it is trusted (--keys), wherever --out is
+    save_model(state, model_path, key_for(run_dir))
     result.model_path = str(model_path)
     if erase:
         result.erasure = erase_history(ctx.run.history, ctx.request.targets, request, state)
@@ -98,7 +98,18 @@ def erase_history(
     return summary
 
 
+def trust_keys(run_dir: str | Path, keys: str | Path | None) -> None:
+    """``--keys FILE``: check (and write) the run's authenticated digests under its key."""
+    if keys is None:
+        return
+    from scaleflu.fl.integrity import trust
+    from scaleflu.testbed.keys import load_integrity_key
+
+    trust(run_dir, load_integrity_key(keys))
+
+
 def _cmd_unlearn(args: argparse.Namespace) -> int:
+    trust_keys(args.run, args.keys)
     run_unlearn(
         args.run,
         args.request,
@@ -135,6 +146,13 @@ def add_unlearn_parser(subparsers: Any) -> None:
         action="store_true",
         help="afterwards delete the targets' stored updates from RUN's history and make the "
         "unlearned model its final model (what a serving server does)",
+    )
+    p.add_argument(
+        "--keys",
+        default=None,
+        metavar="FILE",
+        help="key file (the testbed server's keys.json, or `scaleflu keys integrity`): refuse "
+        "a run whose history or model fails its authenticated digest; sign the output model",
     )
     add_config_args(p, example="scale.ppo.episodes=50")
     p.set_defaults(func=_cmd_unlearn)
