@@ -831,7 +831,8 @@ class EdgeServer:
                     rs.scheduled.add(robot.robot_id)
                     self._send_model(robot, self.global_np, "train", t, src_sha=src)
         self.round = None
-        self.closed_rounds[t] = set(rs.updates)
+        # a round that aggregates is closed to its robots; a failed attempt is retried with
+        # the same robots (their second upload of round t is not a duplicate)
         missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids() - set(rs.refused))
         if missing:
             log.warning(
@@ -856,6 +857,7 @@ class EdgeServer:
             return None
         for r, why in res.refused.items():
             self._refuse_update(rs, r, t, why.split(":")[0], why)
+        self.closed_rounds[t] = set(rs.updates)
         accepted = sorted(res.accepted)
         clients = [r - 1 for r in accepted]
         sizes = {r - 1: sizes_all[r] for r in accepted}
@@ -892,6 +894,55 @@ class EdgeServer:
         self._event("round_end", **{k: row[k] for k in ("round", "test_acc", "participants")})
         log.info(
             "round %d done: acc %.3f, robots %s, %.1fs", t, ev["acc"], row["participants"], wall
+        )
+        return row
+
+    def record_failed_round(self, t: int, failures: int) -> dict[str, Any]:
+        """Record round t as failed: no participant, Theta[t+1] = Theta[t] (issue 13, item 6).
+
+        Called after ``max_round_retries`` retries of a round without a valid update. The
+        history keeps its round numbering (the round's broadcast is charged to the link, no
+        upload), ``rounds.jsonl`` gets a row with ``failed: true`` and the run goes on with
+        round t + 1: one robot or one outsider cannot end the federation.
+        """
+        w0 = time.perf_counter()
+        self.model.load_state_dict(self.global_state)
+        ev = evaluate(self.model, self.setup.test, int(self.cfg["fl"]["eval_batch_size"]))
+        metrics: dict[str, Any] = {"test_acc": ev["acc"], "test_loss": ev["loss"], "failed": True}
+        if self.setup.triggered_test is not None:
+            metrics["asr"] = attack_success_rate(
+                self.model, self.setup.triggered_test, self.setup.poison.target_label
+            )
+        reasons = [e.get("reason") for e in self.events if e["event"] == "round_failed"]
+        self.history.record_round(t, [], {}, {}, self.global_state, metrics, 0.0)
+        counters = link_counters(self.link)
+        row = {
+            "round": t,
+            **metrics,
+            "failures": failures,
+            "reason": reasons[-1] if reasons else None,
+            "participants": [],
+            "missing": [],
+            "rejected": sum(1 for x in self.rejections if x["round"] == t),
+            "aggregation": self.agg_cfg.strategy,
+            "update_norms": {},
+            "air_bytes": 0,
+            "aoi_s": self.aoi_seconds(),
+            "wall_s": time.perf_counter() - w0,
+            "train_s": {},
+            "link": round_link_row(counters, counters, 0),
+        }
+        self.rounds_log.append(row)
+        with (self.run_dir / "rounds.jsonl").open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+        self._event("round_skipped", round=t, failures=failures, reason=row["reason"])
+        log.error(
+            "round %d failed %d times (%s): recorded with no participant, model unchanged; "
+            "the federation goes on with round %d",
+            t,
+            failures,
+            row["reason"],
+            t + 1,
         )
         return row
 
@@ -940,20 +991,13 @@ class EdgeServer:
         while t <= T:
             self.wait_for_robots(int(tb["min_robots"]), float(tb["register_timeout_s"]))
             row = self.run_round(t)
-            if row is None:  # a failed round is logged and retried; the federation goes on
+            if row is None:  # a failed round is logged and retried ...
                 retries += 1
-                if retries > int(tb["max_round_retries"]):
-                    log.error(
-                        "round %d failed %d times: training stops after round %d; requests "
-                        "are still served and the report written (resume retries round %d)",
-                        t,
-                        retries,
-                        t - 1,
-                        t,
-                    )
-                    self._event("training_stopped", round=t, failures=retries)
-                    break
-                continue
+                if retries <= int(tb["max_round_retries"]):
+                    continue
+                # ... and after max_round_retries it is recorded with no participant (the
+                # model unchanged): the federation goes on with the next round
+                self.record_failed_round(t, retries)
             retries = 0
             t += 1
         fl_s = time.monotonic() - started
