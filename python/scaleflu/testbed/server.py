@@ -265,6 +265,7 @@ class EdgeServer:
         self.eval_reports: dict[str, dict[int, dict[str, Any]]] = {}
         self.rounds_log: list[dict[str, Any]] = []
         self.closed_rounds: dict[int, set[int]] = {}
+        self._ref_norms: dict[int, float] = {}  # reference update norm per round (norm floor)
         self._forgotten_before: set[int] = set()  # client requests accepted before a restart
         self.t0 = time.monotonic()
         self.group_time: dict[tuple[str, int], float] = {}
@@ -847,8 +848,9 @@ class EdgeServer:
             self._event("round_failed", round=t, reason="no valid update")
             return None
         sizes_all = {r: self.setup.data_sizes[r - 1] for r in rs.updates}
+        prior = self.norm_prior(t, len(rs.updates))
         try:
-            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg)
+            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg, prior)
         except NoUpdateAcceptedError as exc:
             log.warning("round %d: %s", t, exc)
             self._event("round_failed", round=t, reason=str(exc)[:200])
@@ -896,6 +898,69 @@ class EdgeServer:
             "round %d done: acc %.3f, robots %s, %.1fs", t, ev["acc"], row["participants"], wall
         )
         return row
+
+    def norm_prior(self, t: int, n_updates: int) -> list[float]:
+        """Trusted update norms for the norm bound's floor in a round with few updates.
+
+        The norms accepted in the last ``aggregation.norm_history`` completed rounds; without
+        any (round 1, or only failed rounds), the norm of the server's reference update
+        (:meth:`reference_norm`). Empty when the round has ``small_round`` updates or more.
+        """
+        cfg = self.agg_cfg
+        if cfg.norm_factor is None or n_updates >= int(cfg.small_round):
+            return []
+        hist: list[float] = []
+        rows = self.rounds_log[-int(cfg.norm_history) :] if int(cfg.norm_history) else []
+        for row in rows:
+            norms = row.get("update_norms") or {}
+            for r in row.get("participants") or []:
+                v = norms.get(r, norms.get(str(r)))  # int keys in memory, str after a restart
+                if isinstance(v, (int, float)):
+                    hist.append(float(v))
+        if hist:
+            return hist
+        if int(cfg.reference_samples) > 0:
+            return [self.reference_norm(t)]
+        return []
+
+    def reference_norm(self, t: int) -> float:
+        """Norm of the server's own update of round t: the global model trained with the robots'
+        local settings on the server's validation slice of the test split
+        (``aggregation.reference_samples``, seeded), cycled to the median robot's data size so
+        it takes as many SGD steps as a robot. Cached per round."""
+        cache = self._ref_norms
+        if t in cache:
+            return cache[t]
+        from scaleflu.fl.aggregation import norm, update_of
+        from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
+
+        fl = self.cfg["fl"]
+        seed = int(self.cfg["seed"])
+        test = self.setup.test
+        rng = np.random.default_rng(derive_seed(seed, 91))
+        val = rng.permutation(len(test))[
+            : max(1, min(int(self.agg_cfg.reference_samples), len(test)))
+        ]
+        size = int(np.median(list(self.setup.data_sizes.values())))
+        local = LocalConfig(
+            int(fl["local_epochs"]), float(fl["lr"]), int(fl["batch_size"]), float(fl["momentum"])
+        )
+        w0 = time.perf_counter()
+        state = train_client(
+            self.setup.new_model(), self.global_state, np.resize(val, max(size, 1)), test, local,
+            seed, t, 1 << 20,
+        )  # fmt: skip
+        value = norm(update_of(to_numpy(state), self.global_np))
+        cache[t] = value
+        self._event("reference_norm", round=t, norm=round(value, 6))
+        log.info(
+            "round %d: reference update norm %.4g (%d samples, %.1fs)",
+            t,
+            value,
+            size,
+            time.perf_counter() - w0,
+        )
+        return value
 
     def record_failed_round(self, t: int, failures: int) -> dict[str, Any]:
         """Record round t as failed: no participant, Theta[t+1] = Theta[t] (issue 13, item 6).
