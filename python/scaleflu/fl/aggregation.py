@@ -13,11 +13,14 @@ every update and returns the ones refused with their reason:
 
 With fewer than ``small_round`` updates (default 3) the round's median cannot single out a
 scaled update (with two it is the mean of the honest and the scaled norm, with one the
-attacker's own), so the adaptive bound then also takes a **floor**: ``norm_factor x`` the
+attacker's own), so the adaptive bound then also takes a **floor**: ``floor_factor x`` the
 median of the ``prior`` norms the caller gives (the edge server: the norms it accepted in the
 last ``norm_history`` rounds, or in a round without such history the norm of its own
-reference update, trained from the same global model on its validation slice with a robot's
-number of steps). The bound is the smaller of the two.
+reference update, trained from the same global model on its validation slice with as many SGD
+steps as the round's largest robot). The bound is the smaller of the two. ``floor_factor``
+(default 10) is wider than ``norm_factor``: the trusted norms come from other rounds, robots or
+data (non-IID robots move further than the server's balanced validation data); the scaled
+updates of issue 13 were 13-100x the honest ones.
 
 Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) are not averaged: the largest value
 among the accepted clients is kept, as :func:`scaleflu.fl.fedavg.aggregate` does.
@@ -47,6 +50,7 @@ class AggregationConfig:
     krum_f: int = 1  # Krum: number of Byzantine clients tolerated
     free_rider_tol: float = 0.0  # ||Delta|| <= this counts as free-riding
     small_round: int = 3  # rounds with fewer updates than this use the floor from prior norms
+    floor_factor: float = 10.0  # the floor: x the median of the prior (trusted) norms
     norm_history: int = 5  # the floor: accepted norms of the last this many rounds (0: none)
     reference_samples: int = 512  # server's reference update: validation samples (0: none)
 
@@ -61,6 +65,10 @@ class AggregationConfig:
         if c.strategy not in STRATEGIES:
             raise ValueError(
                 f"testbed.aggregation.strategy {c.strategy!r}: choose from {sorted(STRATEGIES)}"
+            )
+        if not isinstance(c.floor_factor, (int, float)) or not c.floor_factor > 0:
+            raise ValueError(
+                f"testbed.aggregation.floor_factor must be > 0, got {c.floor_factor!r}"
             )
         for name in ("norm_factor", "max_norm"):
             v = getattr(c, name)
@@ -110,7 +118,7 @@ def screen(
         bound = float(cfg.norm_factor) * float(np.median(rest))
         prior = [float(p) for p in prior if np.isfinite(p) and p > 0]
         if len(rest) < int(cfg.small_round) and prior:
-            bound = min(bound, float(cfg.norm_factor) * float(np.median(prior)))
+            bound = min(bound, float(cfg.floor_factor) * float(np.median(prior)))
     if cfg.max_norm is not None:
         bound = float(cfg.max_norm) if bound is None else min(bound, float(cfg.max_norm))
     if bound is not None:

@@ -268,7 +268,7 @@ class EdgeServer:
         self.eval_reports: dict[str, dict[int, dict[str, Any]]] = {}
         self.rounds_log: list[dict[str, Any]] = []
         self.closed_rounds: dict[int, set[int]] = {}
-        self._ref_norms: dict[int, float] = {}  # reference update norm per round (norm floor)
+        self._ref_norms: dict[tuple[int, int], float] = {}  # (round, size) -> reference norm
         self._outsider_rejects: dict[tuple[int | None, str], int] = {}  # (node, reason) -> n
         self._forgotten_before: set[int] = set()  # client requests accepted before a restart
         self.t0 = time.monotonic()
@@ -865,7 +865,7 @@ class EdgeServer:
             self._event("round_failed", round=t, reason="no valid update")
             return None
         sizes_all = {r: self.setup.data_sizes[r - 1] for r in rs.updates}
-        prior = self.norm_prior(t, len(rs.updates))
+        prior = self.norm_prior(t, sorted(rs.updates))
         try:
             res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg, prior)
         except NoUpdateAcceptedError as exc:
@@ -916,15 +916,16 @@ class EdgeServer:
         )
         return row
 
-    def norm_prior(self, t: int, n_updates: int) -> list[float]:
+    def norm_prior(self, t: int, robots: list[int]) -> list[float]:
         """Trusted update norms for the norm bound's floor in a round with few updates.
 
         The norms accepted in the last ``aggregation.norm_history`` completed rounds; without
         any (round 1, or only failed rounds), the norm of the server's reference update
-        (:meth:`reference_norm`). Empty when the round has ``small_round`` updates or more.
+        (:meth:`reference_norm`) with the SGD steps of the largest of ``robots`` (the round's
+        uploads). Empty when the round has ``small_round`` updates or more.
         """
         cfg = self.agg_cfg
-        if cfg.norm_factor is None or n_updates >= int(cfg.small_round):
+        if cfg.norm_factor is None or len(robots) >= int(cfg.small_round):
             return []
         hist: list[float] = []
         rows = self.rounds_log[-int(cfg.norm_history) :] if int(cfg.norm_history) else []
@@ -936,18 +937,19 @@ class EdgeServer:
                     hist.append(float(v))
         if hist:
             return hist
-        if int(cfg.reference_samples) > 0:
-            return [self.reference_norm(t)]
+        if int(cfg.reference_samples) > 0 and robots:
+            return [self.reference_norm(t, max(self.setup.data_sizes[r - 1] for r in robots))]
         return []
 
-    def reference_norm(self, t: int) -> float:
+    def reference_norm(self, t: int, size: int) -> float:
         """Norm of the server's own update of round t: the global model trained with the robots'
         local settings on the server's validation slice of the test split
-        (``aggregation.reference_samples``, seeded), cycled to the median robot's data size so
-        it takes as many SGD steps as a robot. Cached per round."""
+        (``aggregation.reference_samples``, seeded), cycled to ``size`` samples (a robot's data
+        size, known to the server, not claimed by the robot) so it takes as many SGD steps as
+        that robot. Cached per (round, size)."""
         cache = self._ref_norms
-        if t in cache:
-            return cache[t]
+        if (t, size) in cache:
+            return cache[(t, size)]
         from scaleflu.fl.aggregation import norm, update_of
         from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
 
@@ -958,7 +960,6 @@ class EdgeServer:
         val = rng.permutation(len(test))[
             : max(1, min(int(self.agg_cfg.reference_samples), len(test)))
         ]
-        size = int(np.median(list(self.setup.data_sizes.values())))
         local = LocalConfig(
             int(fl["local_epochs"]), float(fl["lr"]), int(fl["batch_size"]), float(fl["momentum"])
         )
@@ -968,8 +969,8 @@ class EdgeServer:
             seed, t, 1 << 20,
         )  # fmt: skip
         value = norm(update_of(to_numpy(state), self.global_np))
-        cache[t] = value
-        self._event("reference_norm", round=t, norm=round(value, 6))
+        cache[(t, size)] = value
+        self._event("reference_norm", round=t, samples=size, norm=round(value, 6))
         log.info(
             "round %d: reference update norm %.4g (%d samples, %.1fs)",
             t,
