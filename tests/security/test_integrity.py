@@ -92,9 +92,22 @@ def test_tampered_or_foreign_history_tensor_file_is_refused(tmp_path):
         "DELETE FROM rounds WHERE round = 2",  # roll the store back a round
         "DELETE FROM erased",  # hide that a client was erased
         "UPDATE meta SET value = '1' WHERE key = 'keep_rounds'",  # drop updates on next write
+        "UPDATE group_change SET max_abs = 0 WHERE round = 1",  # hide updates from the AoI
+        "DELETE FROM group_change WHERE round = 2",
         "DELETE FROM integrity",  # remove the digest itself
+        "DELETE FROM integrity WHERE id = 2",  # or the group_change chain
     ],
-    ids=["participants", "data_sizes", "rollback", "erasure_log", "settings", "digest_removed"],
+    ids=[
+        "participants",
+        "data_sizes",
+        "rollback",
+        "erasure_log",
+        "settings",
+        "aoi_changes",
+        "aoi_round_dropped",
+        "digest_removed",
+        "chain_removed",
+    ],  # fmt: skip
 )
 def test_tampered_history_metadata_is_refused_on_open(tmp_path, edit):
     h = _store(tmp_path)

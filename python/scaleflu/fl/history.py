@@ -87,14 +87,19 @@ CREATE TABLE IF NOT EXISTS group_change (
     max_abs REAL NOT NULL,
     PRIMARY KEY (round, layer, grp)
 );
-CREATE TABLE IF NOT EXISTS integrity (id INTEGER PRIMARY KEY CHECK (id = 1), mac TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS integrity (
+    id INTEGER PRIMARY KEY CHECK (id IN (1, 2)),
+    mac TEXT NOT NULL
+);
 """
-# tables covered by the metadata digest, each with its ordering (the integrity table is not)
+# Tables covered by the metadata digest (row 1 of ``integrity``), each with its ordering. The
+# append-only group_change table (rounds x groups rows) is covered by a chain instead (row 2):
+# chain_t = HMAC(chain_{t-1}, round t's rows), extended when a round is recorded and recomputed
+# once when the store is opened, so a write costs O(rounds), not O(rounds x groups).
 _DIGEST_TABLES = (
     ("meta", "key"),
     ("rounds", "round"),
     ("erased", "round, client"),
-    ("group_change", "round, layer, grp"),
 )
 
 
@@ -214,7 +219,9 @@ class HistoryStore:
             with self._tx():
                 pass
             return
-        if not hmac.compare_digest(str(row[0]), self._db_mac(key)):
+        if not hmac.compare_digest(str(row[0]), self._db_mac(key)) or not hmac.compare_digest(
+            self._stored_chain(), self._full_chain(key)
+        ):
             raise HistoryIntegrityError(
                 f"{self.dir / 'history.sqlite'}: the history metadata (rounds, participants, "
                 "data sizes, erasures) fails its authenticated digest (modified, or written "
@@ -229,13 +236,39 @@ class HistoryStore:
         return bool(n or e or any(self.dir.glob("global_*.safetensors")))
 
     def _db_mac(self, key: bytes) -> str:
-        """HMAC-SHA256 of every row of the metadata tables, in a fixed order (hex)."""
+        """HMAC-SHA256 of every row of the metadata tables and the group_change chain (hex)."""
         h = hmac.new(key, b"scaleflu-history-sqlite\0", hashlib.sha256)
         for table, order in _DIGEST_TABLES:
             h.update(f"{table}\0".encode())
             for row in self._db.execute(f"SELECT * FROM {table} ORDER BY {order}"):
                 h.update(json.dumps(list(row), separators=(",", ":")).encode() + b"\n")
+        h.update(b"group_change\0" + self._stored_chain().encode())
         return h.hexdigest()
+
+    def _stored_chain(self) -> str:
+        row = self._db.execute("SELECT mac FROM integrity WHERE id = 2").fetchone()
+        return "" if row is None else str(row[0])
+
+    def _chain_step(self, key: bytes, prev: str, t: int) -> str:
+        h = hmac.new(key, f"group_change\0{prev}\0{int(t)}\0".encode(), hashlib.sha256)
+        rows = self._db.execute(
+            "SELECT * FROM group_change WHERE round = ? ORDER BY layer, grp", (int(t),)
+        )
+        for row in rows:
+            h.update(json.dumps(list(row), separators=(",", ":")).encode() + b"\n")
+        return h.hexdigest()
+
+    def _full_chain(self, key: bytes) -> str:
+        chain = ""
+        for (t,) in self._db.execute("SELECT DISTINCT round FROM group_change ORDER BY round"):
+            chain = self._chain_step(key, chain, t)
+        return chain
+
+    def _extend_chain(self, t: int) -> None:
+        """Inside a transaction: round t's group_change rows were inserted; extend the chain."""
+        if self._key is not None:
+            chain = self._chain_step(self._key, self._stored_chain(), t)
+            self._db.execute("INSERT OR REPLACE INTO integrity (id, mac) VALUES (2, ?)", (chain,))
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
@@ -392,6 +425,8 @@ class HistoryStore:
                 ),
             )
             self._db.executemany("INSERT INTO group_change VALUES (?, ?, ?, ?)", changes)
+            if changes:
+                self._extend_chain(t)
         self._apply_retention(t)
         return {"link_s": link_s, "cum_link_s": cum, "bytes": float(nbytes)}
 
