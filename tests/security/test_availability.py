@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import os
 
 import pytest
 
@@ -175,3 +176,68 @@ def test_operator_interrupt_is_one_line_and_resumable(tmp_path, monkeypatch, cap
     assert rc == 130 and "Traceback" not in text
     lines = [ln for ln in text.splitlines() if "interrupted" in ln]
     assert len(lines) == 1 and "keeps every completed round" in lines[0]
+
+
+@pytest.mark.parametrize("err", [errno.ENOSPC, errno.EROFS], ids=["disk_full", "read_only"])
+def test_disk_fault_mid_run_ends_the_real_server_in_one_line_and_it_resumes(
+    tmp_path, monkeypatch, capfd, err
+):
+    """The edge server app with two robots: the disk fails while round 2 is recorded. The app
+    exits with one line and status 3; the history keeps round 1, and a restarted server (same
+    identity, same folder) resumes after it."""
+    import threading
+
+    from scaleflu.fl.history import HistoryStore
+    from scaleflu.link import MemoryChannel
+    from scaleflu.testbed.protocol import SERVER_ID
+    from scaleflu.testbed.robot import RobotClient
+    from scaleflu.testbed.server import EdgeServer
+
+    overrides = [
+        "data.num_clients=2", "fl.clients_per_round=2", "data.train_subset=600",
+        "data.test_subset=100", "testbed.unlearn.wait_s=0", "testbed.rounds=3",
+        "testbed.round_deadline_s=20", "testbed.min_robots=2", "testbed.register_timeout_s=20",
+        "testbed.eval_test_samples=50", "fl.local_epochs=1",
+    ]  # fmt: skip
+    cfg = _cfg(*overrides)
+    store = KeyStore.create([1, 2])
+    keys = store.save(tmp_path / "keys.json")
+    run = tmp_path / "run"
+    orig = HistoryStore.record_round
+
+    def failing(self, t, *a, **k):
+        if t == 2:
+            raise OSError(err, os.strerror(err), str(self.dir / "updates_00002.safetensors"))
+        return orig(self, t, *a, **k)
+
+    monkeypatch.setattr(HistoryStore, "record_round", failing)
+    with MemoryChannel(seed=2) as ch:
+        monkeypatch.setattr(cli, "build_link", lambda *a, **k: ch.attach(SERVER_ID))
+        robots = [
+            RobotClient(ch.attach(r), r, store.robots[r], cfg, server_public_key=store.public_key)
+            for r in (1, 2)
+        ]
+        threads = [threading.Thread(target=rb.run, args=(60,)) for rb in robots]
+        for th in threads:
+            th.start()
+        rc = cli.server_main(
+            ["--keys", str(keys), "--run-dir", str(run), "--no-plots", "--no-progress"]
+            + [a for o in overrides for a in ("--set", o)]
+        )
+        for rb in robots:
+            rb.done = True
+        for th in threads:
+            th.join(30)
+    out = capfd.readouterr()
+    text = out.out + out.err
+    errors = [ln for ln in text.splitlines() if " ERROR " in ln]
+    assert rc == 3 and "Traceback" not in text, text[-3000:]
+    assert len(errors) == 1 and os.strerror(err) in errors[0] and "same --run-dir" in errors[0]
+    monkeypatch.setattr(HistoryStore, "record_round", orig)
+    with MemoryChannel(seed=3) as ch:
+        again = EdgeServer(ch.attach(SERVER_ID), store.robots, cfg, run, False,
+                           signing_key=store.signing_key)  # fmt: skip
+        again.link.close()
+    assert again.history.last_completed_round() == 1
+    assert [r["round"] for r in again.rounds_log] == [1]
+    assert again.history.participants(1) == [0, 1]
