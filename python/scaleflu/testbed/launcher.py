@@ -329,6 +329,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "testbed.py") -> int:
 def run_testbed(args: argparse.Namespace) -> int:
     """Run the local testbed from parsed options; returns the exit status."""
     args.link = canonical_kind(args.link)
+    if args.outsider_rate > 0 and args.link not in ("frames", "frames-shared"):
+        raise ValueError("--outsider-rate needs a frame hub (--link frames or frames-shared)")
     t_start = time.monotonic()
     runs = ROOT / "runs" if APPS.is_dir() else Path("runs")
     run_dir = Path(args.out or runs / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -423,9 +425,7 @@ def run_testbed(args: argparse.Namespace) -> int:
             cmd += ["--faults", "crash", "--fault-round", str(args.kill_round)]
         robots[r] = Child(f"robot{r}", cmd, run_dir / "logs" / f"robot{r}.log", echo)
     outsider = None
-    if args.outsider_rate > 0:
-        if hub is None:
-            raise ValueError("--outsider-rate needs a frame hub (--link frames or frames-shared)")
+    if args.outsider_rate > 0 and hub is not None:
         outsider = Child(
             "outsider",
             [sys.executable, "-m", "scaleflu.testbed.outsider", "--hub", hub.address,
