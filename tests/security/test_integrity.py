@@ -249,3 +249,16 @@ def test_train_and_unlearn_commands_sign_and_check(tmp_path, capfd):
     err = capfd.readouterr()
     assert "chmod 600" in err.out + err.err
     untrust(run)
+
+
+def test_keys_integrity_command_writes_a_private_key_once(tmp_path, capsys):
+    from scaleflu.cli import main
+
+    path = tmp_path / "integrity.json"
+    assert main(["keys", "integrity", "--store", str(path)]) == 0
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    key = load_integrity_key(path)
+    out = capsys.readouterr().out
+    assert key.hex() not in out and "integrity key" in out  # a fingerprint, never the key
+    assert main(["keys", "integrity", "--store", str(path)]) == 2  # never overwritten
+    assert load_integrity_key(path) == key
