@@ -72,12 +72,16 @@ def run_one_line(func: Callable[..., Any], *args: Any, logger: logging.Logger = 
     else status 1. The traceback is logged at DEBUG level only (``--log-level DEBUG``).
     """
     from scaleflu.config import ConfigError
+    from scaleflu.fl.integrity import IntegrityError
 
     try:
         return int(func(*args) or 0)
     except KeyboardInterrupt:
         logger.warning("interrupted")
         return 130
+    except IntegrityError as exc:  # a stored file failed its authenticated digest
+        logger.error("refused: %s", exc)
+        return 2
     except ConfigError as exc:
         logger.error("configuration error: %s", exc)
         return 2

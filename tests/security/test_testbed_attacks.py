@@ -161,6 +161,21 @@ def test_poisoning_free_riding_type_confusion_and_requests(cfg, robot_data, tmp_
     for r in (1, 2, 3):
         assert not [x for x in outs[r]["rejects"] if x.get("reason") == "bad_signature"]
     assert server.history.last_completed_round() == 2
+    # the served model is stored with the server's authenticated digest; an edit is refused
+    mp = Path(served["sample:1:0.5"]["model_path"])
+    from scaleflu.fl.integrity import IntegrityError, load_model
+    from scaleflu.testbed.protocol import state_sha256
+
+    got = load_model(mp, server.integrity_key)
+    assert (
+        state_sha256({k: v.numpy() for k, v in got.items()})
+        == (served["sample:1:0.5"]["model_sha256"])
+    )
+    data = bytearray(mp.read_bytes())
+    data[-1] ^= 0x01
+    mp.write_bytes(bytes(data))
+    with pytest.raises(IntegrityError, match="model fails its authenticated digest"):
+        load_model(mp, server.integrity_key)
 
 
 def _registered(cfg, robot_data, tmp_path, store, ch):

@@ -301,11 +301,16 @@ def test_accepted_request_survives_a_server_restart(cfg, tmp_path):
 
     keys = generate_keys([1, 2, 3])
     with MemoryChannel(seed=4) as ch:
-        a = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        # the same server identity across the restart: it vouches for its history store
+        a = EdgeServer(
+            ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn, signing_key=SIGNING_KEY
+        )
         a.robots[3] = RobotInfo(3)
         a._on_unlearn_request(a.robots[3], {"robot": 3, "kind": "client"})
         assert a._forgotten_ids() == {3}
         a.link.close()
-        b = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        b = EdgeServer(
+            ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn, signing_key=SIGNING_KEY
+        )
         assert [q["text"] for q in b.requests] == ["client:2"]
         assert b._forgotten_ids() == {3}

@@ -11,6 +11,17 @@ every update and returns the ones refused with their reason:
 * **free-riding**: an update equal to the model it was trained from (``||Delta_n|| == 0``) is
   flagged and carries no weight.
 
+With fewer than ``small_round`` updates (default 3) the round's median cannot single out a
+scaled update (with two it is the mean of the honest and the scaled norm, with one the
+attacker's own), so the adaptive bound then also takes a **floor**: ``floor_factor x`` the
+median of the ``prior`` norms the caller gives (the edge server: the norms it accepted in the
+last ``norm_history`` rounds, or in a round without such history the norm of its own
+reference update, trained from the same global model on its validation slice with as many SGD
+steps as the round's largest robot). The bound is the smaller of the two. ``floor_factor``
+(default 10) is wider than ``norm_factor``: the trusted norms come from other rounds, robots or
+data (non-IID robots move further than the server's balanced validation data); the scaled
+updates of issue 13 were 13-100x the honest ones.
+
 Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) are not averaged: the largest value
 among the accepted clients is kept, as :func:`scaleflu.fl.fedavg.aggregate` does.
 """
@@ -18,7 +29,7 @@ among the accepted clients is kept, as :func:`scaleflu.fl.fedavg.aggregate` does
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +49,10 @@ class AggregationConfig:
     trim_fraction: float = 0.2  # trimmed mean: fraction cut at each end per coordinate
     krum_f: int = 1  # Krum: number of Byzantine clients tolerated
     free_rider_tol: float = 0.0  # ||Delta|| <= this counts as free-riding
+    small_round: int = 3  # rounds with fewer updates than this use the floor from prior norms
+    floor_factor: float = 10.0  # the floor: x the median of the prior (trusted) norms
+    norm_history: int = 5  # the floor: accepted norms of the last this many rounds (0: none)
+    reference_samples: int = 512  # server's reference update: validation samples (0: none)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, object]) -> AggregationConfig:
@@ -51,6 +66,10 @@ class AggregationConfig:
             raise ValueError(
                 f"testbed.aggregation.strategy {c.strategy!r}: choose from {sorted(STRATEGIES)}"
             )
+        if not isinstance(c.floor_factor, (int, float)) or not c.floor_factor > 0:
+            raise ValueError(
+                f"testbed.aggregation.floor_factor must be > 0, got {c.floor_factor!r}"
+            )
         for name in ("norm_factor", "max_norm"):
             v = getattr(c, name)
             if v is not None and (not isinstance(v, (int, float)) or not v > 0):
@@ -59,6 +78,10 @@ class AggregationConfig:
             raise ValueError("testbed.aggregation.trim_fraction must be in [0, 0.5)")
         if int(c.krum_f) < 0:
             raise ValueError("testbed.aggregation.krum_f must be >= 0")
+        for name in ("small_round", "norm_history", "reference_samples"):
+            v = getattr(c, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"testbed.aggregation.{name} must be an int >= 0, got {v!r}")
         return c
 
 
@@ -77,9 +100,13 @@ def norm(delta: Mapping[str, np.ndarray]) -> float:
 
 
 def screen(
-    deltas: Mapping[int, State], cfg: AggregationConfig
+    deltas: Mapping[int, State], cfg: AggregationConfig, prior: Sequence[float] = ()
 ) -> tuple[dict[int, str], dict[int, float]]:
-    """Updates refused before aggregation ({client: reason}) and every update's norm."""
+    """Updates refused before aggregation ({client: reason}) and every update's norm.
+
+    ``prior``: trusted norms (earlier rounds' accepted norms, the server's reference update)
+    for the floor of rounds with fewer than ``small_round`` updates (module docstring).
+    """
     norms = {n: norm(d) for n, d in deltas.items()}
     refused: dict[int, str] = {}
     for n, v in norms.items():
@@ -89,6 +116,9 @@ def screen(
     bound = None
     if cfg.norm_factor is not None and rest:
         bound = float(cfg.norm_factor) * float(np.median(rest))
+        prior = [float(p) for p in prior if np.isfinite(p) and p > 0]
+        if len(rest) < int(cfg.small_round) and prior:
+            bound = min(bound, float(cfg.floor_factor) * float(np.median(prior)))
     if cfg.max_norm is not None:
         bound = float(cfg.max_norm) if bound is None else min(bound, float(cfg.max_norm))
     if bound is not None:
@@ -182,13 +212,15 @@ def robust_aggregate(
     locals_: Mapping[int, Mapping[str, np.ndarray]],
     sizes: Mapping[int, int],
     cfg: AggregationConfig,
+    prior: Sequence[float] = (),
 ) -> AggregationResult:
     """Screen the local models' updates against ``base``, aggregate the rest with the strategy.
 
-    Raises NoUpdateAcceptedError (a ValueError) when no update survives the screening.
+    ``prior``: trusted norms for the floor of small rounds (:func:`screen`). Raises
+    NoUpdateAcceptedError (a ValueError) when no update survives the screening.
     """
     deltas = {n: update_of(s, base) for n, s in locals_.items()}
-    refused, norms = screen(deltas, cfg)
+    refused, norms = screen(deltas, cfg, prior)
     ok = [n for n in deltas if n not in refused]
     if not ok:
         raise NoUpdateAcceptedError(refused)

@@ -33,6 +33,13 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
         "--resume", action="store_true", help="continue the run in --out from its last round"
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    p.add_argument(
+        "--keys",
+        default=None,
+        metavar="FILE",
+        help="key file (`scaleflu keys integrity`, or a testbed server's keys.json): the history "
+        "and model.safetensors carry an authenticated digest, checked on --resume and load",
+    )
     p.set_defaults(func=run_train)
     return p
 
@@ -54,6 +61,10 @@ def run_train(args: argparse.Namespace) -> int:
         out = Path("runs") / time.strftime("fl-%Y%m%d-%H%M%S")
     try:
         cfg = load_config(args.config, overrides)
+        if args.keys is not None:
+            from scaleflu.unlearn.cli import trust_keys
+
+            trust_keys(out, args.keys)
         result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     except ConfigError as exc:
         log.error("%s", exc)

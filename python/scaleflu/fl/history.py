@@ -42,7 +42,8 @@ import json
 import logging
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+
+from scaleflu.fl.integrity import IntegrityError, check_mac, key_for, write_mac
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +87,20 @@ CREATE TABLE IF NOT EXISTS group_change (
     max_abs REAL NOT NULL,
     PRIMARY KEY (round, layer, grp)
 );
+CREATE TABLE IF NOT EXISTS integrity (
+    id INTEGER PRIMARY KEY CHECK (id IN (1, 2)),
+    mac TEXT NOT NULL
+);
 """
+# Tables covered by the metadata digest (row 1 of ``integrity``), each with its ordering. The
+# append-only group_change table (rounds x groups rows) is covered by a chain instead (row 2):
+# chain_t = HMAC(chain_{t-1}, round t's rows), extended when a round is recorded and recomputed
+# once when the store is opened, so a write costs O(rounds), not O(rounds x groups).
+_DIGEST_TABLES = (
+    ("meta", "key"),
+    ("rounds", "round"),
+    ("erased", "round, client"),
+)
 
 
 @dataclass(frozen=True)
@@ -114,17 +130,8 @@ class DivergedError(RuntimeError):
     """Training produced a non-finite global model; the round is not recorded."""
 
 
-class HistoryIntegrityError(RuntimeError):
-    """A tensor file of the store fails its authenticated digest (tampered or foreign)."""
-
-
-def _file_mac(key: bytes, path: Path, name: str) -> str:
-    """HMAC-SHA256 under ``key`` of a file's name and bytes (hex)."""
-    h = hmac.new(key, name.encode() + b"\0", hashlib.sha256)
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+class HistoryIntegrityError(IntegrityError):
+    """The store's SQLite metadata or a tensor file fails its authenticated digest."""
 
 
 class HistoryStore:
@@ -138,17 +145,30 @@ class HistoryStore:
         groups: Mapping[str, list[tuple[int, int]]] | None = None,
         link: LinkModel | None = None,
         update_tol: float = 0.0,
+        integrity_key: bytes | None = None,
     ) -> None:
-        """Open (or create) the store under ``run_dir/history``; settings persist in SQLite."""
+        """Open (or create) the store under ``run_dir/history``; settings persist in SQLite.
+
+        ``integrity_key`` (default: the key :func:`scaleflu.fl.integrity.trust` registered for
+        ``run_dir``): the SQLite metadata and every tensor file carry an HMAC-SHA256 digest
+        under it, written with every change and checked on open (the metadata) and on every
+        load (the tensor files); a store that fails is refused with HistoryIntegrityError.
+        None: no digest is written or checked.
+        """
         if keep_rounds is not None and keep_rounds < 1:
             raise ValueError(f"keep_rounds must be >= 1 or None, got {keep_rounds}")
         self.dir = Path(run_dir) / "history"
-        # HMAC key of the tensor files' authenticated digests (``<file>.mac``); None: none
-        # written or checked. The testbed's edge server sets it (HKDF of its signing key).
-        self.integrity_key: bytes | None = None
+        self._key: bytes | None = None
         self.dir.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.dir / "history.sqlite")
-        self._db.executescript(_SCHEMA)
+        try:
+            self._db.executescript(_SCHEMA)
+            key = integrity_key if integrity_key is not None else key_for(run_dir)
+            if key is not None:
+                self.integrity_key = key  # checks the metadata before anything is read
+        except Exception:
+            self._db.close()
+            raise
         meta = self._meta()
         if "schema" not in meta:
             self._set_meta(
@@ -174,6 +194,93 @@ class HistoryStore:
         self.update_tol = float(meta["update_tol"])
         self._cleanup_uncommitted()
 
+    # -- integrity -------------------------------------------------------------------------
+
+    @property
+    def integrity_key(self) -> bytes | None:
+        """HMAC key of the store's digests (None: none written or checked)."""
+        return self._key
+
+    @integrity_key.setter
+    def integrity_key(self, key: bytes | None) -> None:
+        """Set the key: the SQLite metadata is checked at once (a fresh store gets a digest)."""
+        if key is None:
+            self._key = None
+            return
+        key = bytes(key)
+        row = self._db.execute("SELECT mac FROM integrity WHERE id = 1").fetchone()
+        if row is None:
+            if self._has_content():
+                raise HistoryIntegrityError(
+                    f"{self.dir / 'history.sqlite'}: the history metadata has no authenticated "
+                    "digest (written without a key, or the digest was removed); refusing it"
+                )
+            self._key = key
+            with self._tx():
+                pass
+            return
+        if not hmac.compare_digest(str(row[0]), self._db_mac(key)) or not hmac.compare_digest(
+            self._stored_chain(), self._full_chain(key)
+        ):
+            raise HistoryIntegrityError(
+                f"{self.dir / 'history.sqlite'}: the history metadata (rounds, participants, "
+                "data sizes, erasures) fails its authenticated digest (modified, or written "
+                "under another key); refusing it"
+            )
+        self._key = key
+
+    def _has_content(self) -> bool:
+        """Whether the store records anything beyond its settings (rounds, initial model)."""
+        (n,) = self._db.execute("SELECT COUNT(*) FROM rounds").fetchone()
+        (e,) = self._db.execute("SELECT COUNT(*) FROM erased").fetchone()
+        return bool(n or e or any(self.dir.glob("global_*.safetensors")))
+
+    def _db_mac(self, key: bytes) -> str:
+        """HMAC-SHA256 of every row of the metadata tables and the group_change chain (hex)."""
+        h = hmac.new(key, b"scaleflu-history-sqlite\0", hashlib.sha256)
+        for table, order in _DIGEST_TABLES:
+            h.update(f"{table}\0".encode())
+            for row in self._db.execute(f"SELECT * FROM {table} ORDER BY {order}"):
+                h.update(json.dumps(list(row), separators=(",", ":")).encode() + b"\n")
+        h.update(b"group_change\0" + self._stored_chain().encode())
+        return h.hexdigest()
+
+    def _stored_chain(self) -> str:
+        row = self._db.execute("SELECT mac FROM integrity WHERE id = 2").fetchone()
+        return "" if row is None else str(row[0])
+
+    def _chain_step(self, key: bytes, prev: str, t: int) -> str:
+        h = hmac.new(key, f"group_change\0{prev}\0{int(t)}\0".encode(), hashlib.sha256)
+        rows = self._db.execute(
+            "SELECT * FROM group_change WHERE round = ? ORDER BY layer, grp", (int(t),)
+        )
+        for row in rows:
+            h.update(json.dumps(list(row), separators=(",", ":")).encode() + b"\n")
+        return h.hexdigest()
+
+    def _full_chain(self, key: bytes) -> str:
+        chain = ""
+        for (t,) in self._db.execute("SELECT DISTINCT round FROM group_change ORDER BY round"):
+            chain = self._chain_step(key, chain, t)
+        return chain
+
+    def _extend_chain(self, t: int) -> None:
+        """Inside a transaction: round t's group_change rows were inserted; extend the chain."""
+        if self._key is not None:
+            chain = self._chain_step(self._key, self._stored_chain(), t)
+            self._db.execute("INSERT OR REPLACE INTO integrity (id, mac) VALUES (2, ?)", (chain,))
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; the metadata digest is rewritten inside it (atomic with the data)."""
+        with self._db:
+            yield self._db
+            if self._key is not None:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO integrity (id, mac) VALUES (1, ?)",
+                    (self._db_mac(self._key),),
+                )
+
     # -- low level -------------------------------------------------------------------------
 
     def _meta(self) -> dict[str, Any]:
@@ -181,7 +288,7 @@ class HistoryStore:
         return {k: json.loads(v) for k, v in rows}
 
     def _set_meta(self, **items: Any) -> None:
-        with self._db:
+        with self._tx():
             self._db.executemany(
                 "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
                 [(k, json.dumps(v)) for k, v in items.items()],
@@ -196,22 +303,16 @@ class HistoryStore:
     def _save(self, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
         tmp = path.with_suffix(".tmp")
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-        if self.integrity_key is not None:  # the authenticated digest first, then the file
-            mac = Path(str(path) + ".mac")
-            mac.write_text(_file_mac(self.integrity_key, tmp, path.name))
+        if self._key is not None:  # the authenticated digest first, then the file
+            write_mac(self._key, tmp, path.name)
         tmp.replace(path)
 
     def _load(self, path: Path, prefix: str | None = None) -> dict[str, torch.Tensor]:
-        if self.integrity_key is not None:
-            mac = Path(str(path) + ".mac")
-            want = mac.read_text().strip() if mac.is_file() else None
-            if want is None or not hmac.compare_digest(
-                want, _file_mac(self.integrity_key, path, path.name)
-            ):
-                raise HistoryIntegrityError(
-                    f"{path}: authenticated digest {'missing' if want is None else 'mismatch'}"
-                    " (the file was modified or written without this run's key); refusing it"
-                )
+        if self._key is not None:
+            try:
+                check_mac(self._key, path, "history file")
+            except IntegrityError as exc:
+                raise HistoryIntegrityError(str(exc)) from None
         out: dict[str, torch.Tensor] = {}
         with safe_open(str(path), framework="pt") as fh:
             for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
@@ -307,7 +408,7 @@ class HistoryStore:
         if updates:
             self._save(updates, self._updates_path(t))
         self._save(new_global, self._global_path(t + 1))
-        with self._db:
+        with self._tx():
             self._db.execute(
                 "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -324,6 +425,8 @@ class HistoryStore:
                 ),
             )
             self._db.executemany("INSERT INTO group_change VALUES (?, ?, ?, ?)", changes)
+            if changes:
+                self._extend_chain(t)
         self._apply_retention(t)
         return {"link_s": link_s, "cum_link_s": cum, "bytes": float(nbytes)}
 
@@ -340,7 +443,7 @@ class HistoryStore:
         for r in old:
             self._updates_path(r).unlink(missing_ok=True)
         if old:
-            with self._db:
+            with self._tx():
                 self._db.executemany(
                     "UPDATE rounds SET updates_kept = 0 WHERE round = ?", [(r,) for r in old]
                 )
@@ -527,7 +630,7 @@ class HistoryStore:
             erased_rows = [(t, n, int(sizes.get(n, 0)), per[n], reason, now) for n in hit]
             rest = [n for n in part if n not in hit]
             rest_sizes = {str(n): int(sizes[n]) for n in rest}
-            with self._db:
+            with self._tx():
                 self._db.execute(
                     "UPDATE rounds SET participants = ?, data_sizes = ?, updates_kept = ? "
                     "WHERE round = ?",

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
-from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
@@ -51,6 +50,7 @@ from scaleflu.fl.fedavg import (
     select_clients,
 )
 from scaleflu.fl.history import HistoryStore, LinkModel
+from scaleflu.fl.integrity import load_model, save_model
 from scaleflu.fl.models import build_model, layer_groups
 
 log = logging.getLogger(__name__)
@@ -370,9 +370,7 @@ def train(
         if hasattr(trainer, "shutdown"):
             trainer.shutdown()
         torch.set_num_threads(threads_before)
-    save_file(
-        {k: v.contiguous() for k, v in model.state_dict().items()}, run_dir / "model.safetensors"
-    )
+    save_model(model.state_dict(), run_dir / "model.safetensors")  # + digest when trusted
     (run_dir / "poison.json").write_text(json.dumps(setup.poison.to_json()))
     if outputs:
         write_training_outputs(metrics, run_dir)
@@ -483,7 +481,7 @@ def load_run(run_dir: str | Path) -> LoadedRun:
     final = run_dir / "model.safetensors"
     last = history.last_completed_round()
     if final.is_file() and last == int(cfg.fl.rounds):
-        model.load_state_dict(load_file(final))
+        model.load_state_dict(load_model(final))  # checks the digest when trusted
     elif last > 0 or (history.dir / "global_00001.safetensors").is_file():
         model.load_state_dict(history.final_model())
     metrics = metrics_from_history(history, last)

@@ -385,9 +385,9 @@ def _run_server(args: argparse.Namespace) -> int:
         log.warning("interrupted; the history store keeps every completed round")
         return 130
     except RuntimeError as exc:
-        from scaleflu.fl.history import HistoryIntegrityError
+        from scaleflu.fl.integrity import IntegrityError
 
-        if not isinstance(exc, HistoryIntegrityError):
+        if not isinstance(exc, IntegrityError):
             raise
         log.error("edge server refuses the run folder: %s", exc)
         return 2

@@ -160,6 +160,17 @@ class DownlinkMixin:
             )
             for rb in members:
                 meta = self._model_meta(purpose, sha, base, extra, body_sha256=body_sha)
+                # signed as a unicast MODEL: robots verify it over the state they decoded from
+                # the broadcast body (its SHA-256), so an unsigned or re-signed body is refused
+                meta["sig"] = sign(
+                    self.signing_key,
+                    "model",
+                    session=self.session,
+                    robot=rb.robot_id,
+                    round=t,
+                    purpose=purpose,
+                    sha256=sha,
+                )
                 h = self.ep.send(
                     MsgType.MODEL,
                     rb.robot_id,

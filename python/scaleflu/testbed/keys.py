@@ -42,7 +42,7 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from scaleflu.testbed.protocol import KEY_BYTES, MAX_ROBOT_ID, check_key_file_mode
+from scaleflu.testbed.protocol import KEY_BYTES, MAX_ROBOT_ID, check_key_file_mode, derive_key
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +210,44 @@ class Enrolment:
             sk = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(raw["server_signing_key"]))
             pub = public_bytes(sk).hex()
         return cls(robot, key, bytes.fromhex(pub) if isinstance(pub, str) else None)
+
+
+# ----------------------------------------------------------------------------- at rest
+
+
+def history_key(sk: Ed25519PrivateKey) -> bytes:
+    """The server's integrity key of its stored history and models (HKDF of its signing key)."""
+    return derive_key(private_bytes(sk), "history", 0)
+
+
+def load_integrity_key(path: str | Path) -> bytes:
+    """The integrity key (``scaleflu.fl.integrity``) from a key file, mode 0600 only.
+
+    A server store (``keys.json``) gives :func:`history_key` of its signing key, so
+    ``scaleflu unlearn --keys keys.json`` checks a testbed run as its server does; a file
+    ``{"integrity_key": "<hex, >= 16 bytes>"}`` gives that key (``scaleflu keys integrity``).
+    PermissionError for a loose mode, ValueError for a file holding neither.
+    """
+    path = Path(path)
+    raw = _read_private(path)
+    sk_hex = raw.get("server_signing_key")
+    if isinstance(sk_hex, str) and len(sk_hex) == 64:
+        return history_key(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(sk_hex)))
+    k = raw.get("integrity_key")
+    try:
+        key = bytes.fromhex(k) if isinstance(k, str) else b""
+    except ValueError:
+        key = b""
+    if len(key) < 16:
+        raise ValueError(
+            f"{path}: no server_signing_key and no integrity_key (>= 16 bytes hex) in it"
+        )
+    return key
+
+
+def write_integrity_key(path: str | Path) -> Path:
+    """Write a fresh random integrity key file (0600) for runs outside the testbed."""
+    return _write_private(Path(path), {"integrity_key": secrets.token_bytes(KEY_BYTES).hex()})
 
 
 # ----------------------------------------------------------------------------- signatures

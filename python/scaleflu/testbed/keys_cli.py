@@ -1,10 +1,12 @@
-"""``scaleflu keys enrol|rotate|revoke|list``: manage the testbed's key store (docs/testbed.md).
+"""``scaleflu keys enrol|rotate|revoke|list|integrity``: the testbed key store (docs/testbed.md).
 
 The store (``--store``, default ``keys.json``) is the server's: every enrolled robot's key, the
 revoked ids and the server's Ed25519 signing key. ``enrol`` and ``rotate`` write a robot's
 enrolment file (its key and the server's public key only) to copy to that robot. Files are
 written 0600; a store with a looser mode is refused. Keys are never printed: ``list`` shows
-fingerprints.
+fingerprints. ``integrity --store FILE`` writes a fresh integrity key file (0600, never
+overwritten) for ``scaleflu train/unlearn --keys FILE`` outside the testbed (whose server derives
+its integrity key from its signing key).
 """
 
 from __future__ import annotations
@@ -30,6 +32,15 @@ def _cmd_keys(args: argparse.Namespace) -> int:
     from scaleflu.testbed.keys import KeyStore
 
     store_path = Path(args.store)
+    if args.action == "integrity":
+        from scaleflu.testbed.keys import fingerprint, load_integrity_key, write_integrity_key
+
+        if store_path.exists():
+            log.error("keys integrity: %s exists; not overwriting a key", store_path)
+            return 2
+        write_integrity_key(store_path)
+        print(f"wrote {store_path}: integrity key {fingerprint(load_integrity_key(store_path))}")  # noqa: T201
+        return 0
     try:
         if args.action == "enrol" and not store_path.exists():
             store = KeyStore.create([])
@@ -61,8 +72,10 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
 def add_keys_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``scaleflu keys``."""
-    p = subparsers.add_parser("keys", help="enrol, rotate, revoke or list testbed robot keys")
-    p.add_argument("action", choices=["enrol", "rotate", "revoke", "list"])
+    p = subparsers.add_parser(
+        "keys", help="enrol, rotate, revoke or list testbed robot keys; integrity key files"
+    )
+    p.add_argument("action", choices=["enrol", "rotate", "revoke", "list", "integrity"])
     p.add_argument("--store", default="keys.json", help="the server's key store (0600)")
     p.add_argument("--robot", type=_robots, help="robot id(s), e.g. 3 or 1,2,3")
     p.add_argument("--out-dir", default=".", help="where enrolment files robotN.json go")

@@ -44,6 +44,14 @@ ROOT = Path(__file__).resolve().parents[3]
 APPS = ROOT / "apps"
 
 
+def _read_json(path: Path) -> Any:
+    """A JSON file's content, None when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def app_command(name: str) -> list[str]:
     """How to start ``edge_server``/``robot_client``: the checkout's app, else the module."""
     script = APPS / f"{name}.py"
@@ -276,6 +284,14 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
         "and garbage uploads in round 1",
     )
     p.add_argument(
+        "--outsider-rate",
+        type=float,
+        default=0.0,
+        help="frames link: a keyless outsider process floods the hub with this many frames/s "
+        "(keyless partial messages, forged robot/server DATA, ACK and NACK, garbage; "
+        "scaleflu.testbed.outsider)",
+    )
+    p.add_argument(
         "--restart-server-after-round",
         type=int,
         default=None,
@@ -314,6 +330,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "testbed.py") -> int:
 def run_testbed(args: argparse.Namespace) -> int:
     """Run the local testbed from parsed options; returns the exit status."""
     args.link = canonical_kind(args.link)
+    if args.outsider_rate > 0 and args.link not in ("frames", "frames-shared"):
+        raise ValueError("--outsider-rate needs a frame hub (--link frames or frames-shared)")
     t_start = time.monotonic()
     runs = ROOT / "runs" if APPS.is_dir() else Path("runs")
     run_dir = Path(args.out or runs / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -407,6 +425,16 @@ def run_testbed(args: argparse.Namespace) -> int:
         if r == args.kill_robot:
             cmd += ["--faults", "crash", "--fault-round", str(args.kill_round)]
         robots[r] = Child(f"robot{r}", cmd, run_dir / "logs" / f"robot{r}.log", echo)
+    outsider = None
+    if args.outsider_rate > 0 and hub is not None:
+        outsider = Child(
+            "outsider",
+            [sys.executable, "-m", "scaleflu.testbed.outsider", "--hub", hub.address,
+             "--robots", str(args.robots), "--rate", str(args.outsider_rate),
+             "--summary", str(run_dir / "logs" / "outsider.json")],
+            run_dir / "logs" / "outsider.log",
+            None,
+        )  # fmt: skip
     rejoined: set[int] = set()
     died_noted = False
     restarted = False
@@ -415,6 +443,11 @@ def run_testbed(args: argparse.Namespace) -> int:
         server.start()
         for ch in robots.values():
             ch.start()
+        if outsider is not None:
+            outsider.start()
+            out.write(
+                f"[testbed] keyless outsider floods the hub at {args.outsider_rate:g} frames/s\n"
+            )
         deadline = time.monotonic() + args.timeout
         collisions: dict[int, int] = {}  # hub's collided frames when each round was recorded
         while time.monotonic() < deadline:
@@ -463,7 +496,7 @@ def run_testbed(args: argparse.Namespace) -> int:
         out.write("\n[testbed] Ctrl-C: stopping the edge server and the robots\n")
         rc = 130
     finally:
-        for ch in [server, *robots.values()]:
+        for ch in [server, *robots.values(), *([outsider] if outsider else [])]:
             ch.stop()
         if hub is not None:
             hub.close()
@@ -489,6 +522,7 @@ def run_testbed(args: argparse.Namespace) -> int:
                 "collided_frames_at_round_end": collisions,
             },
             "robot_starts": {r: ch.starts for r, ch in robots.items()},
+            "outsider": _read_json(run_dir / "logs" / "outsider.json"),
             "server_starts": server.starts,
         }
         report.write_text(json.dumps(data, indent=1, default=str))

@@ -16,6 +16,8 @@ from scaleflu.testbed.transport import (
 
 log = logging.getLogger(__name__)
 
+OUTSIDER_LOG_LIMIT = 20  # rejections per (node outside the allow-list, reason) logged in full
+
 
 class RecordsMixin:
     """Events, rejections and the report of an :class:`EdgeServer`."""
@@ -50,7 +52,20 @@ class RecordsMixin:
     def _reject(
         self, reason: str, robot: int | None, what: str, detail: str = "", round_: int | None = None
     ) -> None:
-        """Log and count a refused message."""
+        """Log and count a refused message.
+
+        Messages from nodes outside the allow-list (a keyless flood) are logged and written
+        ``OUTSIDER_LOG_LIMIT`` times per (node, reason); after that they are only counted
+        (``rejections_counted_only`` in the report), so a flood fills neither log nor disk.
+        """
+        if robot not in self.keys:
+            k = (robot, reason)
+            n = self._outsider_rejects.get(k, 0) + 1
+            self._outsider_rejects[k] = n
+            if n > OUTSIDER_LOG_LIMIT:
+                if n & (n - 1) == 0:  # powers of two: a trace that the flood goes on
+                    log.warning("node %s: %d messages rejected (%s) so far", robot, n, reason)
+                return
         row = {
             "t": round(time.monotonic() - self.t0, 3),
             "round": round_ if round_ is not None else (self.round.t if self.round else None),
@@ -67,6 +82,11 @@ class RecordsMixin:
         reasons: dict[str, int] = {}
         for x in self.rejections:
             reasons[x["reason"]] = reasons.get(x["reason"], 0) + 1
+        counted_only: dict[str, dict[str, int]] = {}  # node -> reason -> n (beyond the log)
+        for (node, why), n in self._outsider_rejects.items():
+            if n > OUTSIDER_LOG_LIMIT:
+                reasons[why] = reasons.get(why, 0) + n - OUTSIDER_LOG_LIMIT
+                counted_only.setdefault(str(node), {})[why] = n - OUTSIDER_LOG_LIMIT
         return {
             "total_s": total_s,
             "session": f"{self.session:08x}",
@@ -80,6 +100,7 @@ class RecordsMixin:
             },
             "rejections": self.rejections,
             "rejection_counts": reasons,
+            "rejections_counted_only": counted_only,
             "events": self.events,
             "server_link": link_stats(self.link),
             "server_tx_bytes": self.ep.sent_bytes,

@@ -480,6 +480,7 @@ class RobotClient:
         self.rounds.append(
             {
                 "round": t,
+                "model_sha256": self.state_sha,  # of the tensors it trained from (bit-exact)
                 "train_s": train_s,
                 "upload": res.status.value,
                 "upload_bytes": len(sealed),

@@ -146,7 +146,8 @@ class RoundsMixin:
                     rs.scheduled.add(robot.robot_id)
                     self._send_model(robot, self.global_np, "train", t, src_sha=src)
         self.round = None
-        self.closed_rounds[t] = set(rs.updates)
+        # a round that aggregates is closed to its robots; a failed attempt is retried with
+        # the same robots (their second upload of round t is not a duplicate)
         missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids() - set(rs.refused))
         if missing:
             log.warning(
@@ -161,8 +162,9 @@ class RoundsMixin:
             self._event("round_failed", round=t, reason="no valid update")
             return None
         sizes_all = {r: self.setup.data_sizes[client_of(r)] for r in rs.updates}
+        prior = self.norm_prior(t, sorted(rs.updates))
         try:
-            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg)
+            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg, prior)
         except NoUpdateAcceptedError as exc:
             log.warning("round %d: %s", t, exc)
             self._event("round_failed", round=t, reason=str(exc)[:200])
@@ -171,6 +173,7 @@ class RoundsMixin:
             return None
         for r, why in res.refused.items():
             self._refuse_update(rs, r, t, why.split(":")[0], why)
+        self.closed_rounds[t] = set(rs.updates)
         accepted = sorted(res.accepted)
         clients = [client_of(r) for r in accepted]
         sizes = {client_of(r): sizes_all[r] for r in accepted}
@@ -213,5 +216,119 @@ class RoundsMixin:
             metrics["test_acc"],
             row["participants"],
             wall,
+        )
+        return row
+
+    def norm_prior(self, t: int, robots: list[int]) -> list[float]:
+        """Trusted update norms for the norm bound's floor in a round with few updates.
+
+        The norms accepted in the last ``aggregation.norm_history`` completed rounds; without
+        any (round 1, or only failed rounds), the norm of the server's reference update
+        (:meth:`reference_norm`) with the SGD steps of the largest of ``robots`` (the round's
+        uploads). Empty when the round has ``small_round`` updates or more.
+        """
+        cfg = self.agg_cfg
+        if cfg.norm_factor is None or len(robots) >= int(cfg.small_round):
+            return []
+        hist: list[float] = []
+        rows = self.rounds_log[-int(cfg.norm_history) :] if int(cfg.norm_history) else []
+        for row in rows:
+            norms = row.get("update_norms") or {}
+            for r in row.get("participants") or []:
+                v = norms.get(r, norms.get(str(r)))  # int keys in memory, str after a restart
+                if isinstance(v, (int, float)):
+                    hist.append(float(v))
+        if hist:
+            return hist
+        if int(cfg.reference_samples) > 0 and robots:
+            size = max(self.setup.data_sizes[client_of(r)] for r in robots)
+            return [self.reference_norm(t, size)]
+        return []
+
+    def reference_norm(self, t: int, size: int) -> float:
+        """Norm of the server's own update of round t: the global model trained with the robots'
+        local settings on the server's validation slice of the test split
+        (``aggregation.reference_samples``, seeded), cycled to ``size`` samples (a robot's data
+        size, known to the server, not claimed by the robot) so it takes as many SGD steps as
+        that robot. Cached per (round, size)."""
+        cache = self._ref_norms
+        if (t, size) in cache:
+            return cache[(t, size)]
+        from scaleflu.fl.aggregation import norm, update_of
+        from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
+
+        seed = int(self.cfg.seed)
+        test = self.setup.test
+        rng = np.random.default_rng(derive_seed(seed, 91))
+        n_val = max(1, min(int(self.agg_cfg.reference_samples), len(test)))
+        val = rng.permutation(len(test))[:n_val]
+        local = LocalConfig.from_config(self.cfg.fl)
+        w0 = time.perf_counter()
+        state = train_client(
+            self.setup.new_model(), self.global_state, np.resize(val, max(size, 1)), test, local,
+            seed, t, 1 << 20,
+        )  # fmt: skip
+        value = norm(update_of(to_numpy(state), self.global_np))
+        cache[(t, size)] = value
+        self._event("reference_norm", round=t, samples=size, norm=round(value, 6))
+        log.info(
+            "round %d: reference update norm %.4g (%d samples, %.1fs)",
+            t,
+            value,
+            size,
+            time.perf_counter() - w0,
+        )
+        return value
+
+    def record_failed_round(self, t: int, failures: int) -> dict[str, Any]:
+        """Record round t as failed: no participant, Theta[t+1] = Theta[t] (issue 13, item 6).
+
+        Called after ``max_round_retries`` retries of a round without a valid update. The
+        history keeps its round numbering (the round's broadcast is charged to the link, no
+        upload), ``rounds.jsonl`` gets a row with ``failed: true`` and the run goes on with
+        round t + 1: one robot or one outsider cannot end the federation.
+        """
+        w0 = time.perf_counter()
+        reasons = [e.get("reason") for e in self.events if e["event"] == "round_failed"]
+        metrics, wall, _ = close_round(
+            self.history,
+            self.setup,
+            self.model,
+            t,
+            [],
+            {},
+            {},
+            {k: v.clone() for k, v in self.global_state.items()},
+            w0,
+            int(self.cfg.fl.eval_batch_size),
+        )
+        counters = link_counters(self.link)
+        row = {
+            "round": t,
+            **metrics,
+            "failed": True,
+            "failures": failures,
+            "reason": reasons[-1] if reasons else None,
+            "participants": [],
+            "missing": [],
+            "rejected": sum(1 for x in self.rejections if x["round"] == t),
+            "aggregation": self.agg_cfg.strategy,
+            "update_norms": {},
+            "air_bytes": 0,
+            "aoi_s": self.aoi_seconds(),
+            "wall_s": wall,
+            "train_s": {},
+            "link": round_link_row(counters, counters, 0),
+        }
+        self.rounds_log.append(row)
+        append_jsonl(self.run_dir / "rounds.jsonl", row)
+        self._event("round_skipped", round=t, failures=failures, reason=row["reason"])
+        log.error(
+            "round %d failed %d times (%s): recorded with no participant, model unchanged; "
+            "the federation goes on with round %d",
+            t,
+            failures,
+            row["reason"],
+            t + 1,
         )
         return row

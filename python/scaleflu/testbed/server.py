@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from scaleflu.config import Config, ConfigError, as_config, save_config
 from scaleflu.fl.aggregation import AggregationConfig
+from scaleflu.fl.integrity import trust
 from scaleflu.fl.run import build_setup, open_history, write_training_outputs
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
@@ -39,14 +40,13 @@ from scaleflu.testbed.common import (
     to_numpy,
 )
 from scaleflu.testbed.downlink import DownlinkMixin, Outgoing
-from scaleflu.testbed.keys import private_bytes, public_bytes
+from scaleflu.testbed.keys import history_key, public_bytes
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
     ProtocolError,
     ReplayGuard,
     client_of,
-    derive_key,
     open_envelope,
 )
 from scaleflu.testbed.records import RecordsMixin
@@ -143,6 +143,8 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.eval_reports: dict[str, dict[int, dict[str, Any]]] = {}
         self.rounds_log: list[dict[str, Any]] = []
         self.closed_rounds: dict[int, set[int]] = {}
+        self._ref_norms: dict[tuple[int, int], float] = {}  # (round, size) -> reference norm
+        self._outsider_rejects: dict[tuple[int | None, str], int] = {}  # (node, reason) -> n
         self._forgotten_before: set[int] = set()  # client requests accepted before a restart
         self.t0 = time.monotonic()
         self.group_time: dict[tuple[str, int], float] = {}
@@ -150,9 +152,11 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         torch.set_num_threads(max(1, int(self.cfg.fl.threads) or 1))
         self.setup = build_setup(self.cfg)
         self.model = self.setup.new_model()
+        # the history (SQLite metadata, tensor files) and the saved models carry an
+        # authenticated digest under a key only this server holds, checked on load
+        self.integrity_key = history_key(self.signing_key)
+        trust(self.run_dir, self.integrity_key)
         self.history = open_history(self.cfg, self.run_dir, self.model)
-        # tensor files carry an authenticated digest under a key only this server holds
-        self.history.integrity_key = derive_key(private_bytes(self.signing_key), "history", 0)
         last = self.history.last_completed_round()
         if last == 0:
             self.history.record_initial(self.model.state_dict())
@@ -270,20 +274,13 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         while t <= T:
             self.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s))
             row = self.run_round(t)
-            if row is None:  # a failed round is logged and retried; the federation goes on
+            if row is None:  # a failed round is logged and retried ...
                 retries += 1
-                if retries > int(tb.max_round_retries):
-                    log.error(
-                        "round %d failed %d times: training stops after round %d; requests "
-                        "are still served and the report written (resume retries round %d)",
-                        t,
-                        retries,
-                        t - 1,
-                        t,
-                    )
-                    self._event("training_stopped", round=t, failures=retries)
-                    break
-                continue
+                if retries <= int(tb.max_round_retries):
+                    continue
+                # ... and after max_round_retries it is recorded with no participant (the
+                # model unchanged): the federation goes on with the next round
+                self.record_failed_round(t, retries)
             retries = 0
             t += 1
         fl_s = time.monotonic() - started

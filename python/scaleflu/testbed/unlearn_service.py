@@ -13,10 +13,12 @@ from typing import Any
 
 import torch
 
+from scaleflu.fl.integrity import save_model
 from scaleflu.fl.run import append_jsonl
 from scaleflu.testbed.common import (
     cast_like,
     to_numpy,
+    to_torch,
 )
 from scaleflu.testbed.keys import sign
 from scaleflu.testbed.protocol import (
@@ -221,6 +223,10 @@ class UnlearningMixin:
         unlearn_s = time.perf_counter() - t0
         new_np = cast_like(to_numpy(state), self.global_np)
         sha = state_sha256(new_np)
+        # the served model, with the server's authenticated digest (checked by load_model)
+        model_path = save_model(
+            to_torch(new_np), self.run_dir / "unlearned" / f"model-{sha[:16]}.safetensors"
+        )
         self._event("unlearn_done", seconds=round(unlearn_s, 2))
         bytes0 = self._air_bytes()
         d0 = time.monotonic()
@@ -246,6 +252,7 @@ class UnlearningMixin:
             "erasure": None,
             "aoi_after_deploy_s": self.aoi_seconds(),
             "model_sha256": sha,
+            "model_path": str(model_path),
             "before_sha256": before_sha,
             "bit_exact": exact,
             "robots_before": before,

@@ -46,7 +46,18 @@ def run_unlearn(
     return write_unlearning(done, request, method, out, erase)
 
 
+def trust_keys(run_dir: str | Path, keys: str | Path | None) -> None:
+    """``--keys FILE``: check (and write) the run's authenticated digests under its key."""
+    if keys is None:
+        return
+    from scaleflu.fl.integrity import trust
+    from scaleflu.testbed.keys import load_integrity_key
+
+    trust(run_dir, load_integrity_key(keys))
+
+
 def _cmd_unlearn(args: argparse.Namespace) -> int:
+    trust_keys(args.run, args.keys)
     run_unlearn(
         args.run,
         args.request,
@@ -83,6 +94,13 @@ def add_unlearn_parser(subparsers: Any) -> None:
         action="store_true",
         help="afterwards delete the targets' stored updates from RUN's history and make the "
         "unlearned model its final model (what a serving server does)",
+    )
+    p.add_argument(
+        "--keys",
+        default=None,
+        metavar="FILE",
+        help="key file (the testbed server's keys.json, or `scaleflu keys integrity`): refuse "
+        "a run whose history or model fails its authenticated digest; sign the output model",
     )
     add_config_args(p, example="scale.ppo.episodes=50")
     p.set_defaults(func=_cmd_unlearn)

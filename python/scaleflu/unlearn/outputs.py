@@ -25,9 +25,8 @@ def write_unlearning(
     the request's targets from the run's history (:func:`erase_history`), recorded in the
     result's ``erasure``. Returns the folder.
     """
-    from safetensors.torch import save_file
-
     from scaleflu.config import save_config
+    from scaleflu.fl.integrity import key_for, save_model
     from scaleflu.log import fmt
     from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
     from scaleflu.unlearn.base import resolve_unlearn_config
@@ -41,7 +40,8 @@ def write_unlearning(
     out_dir.mkdir(parents=True, exist_ok=True)
     save_config(resolve_unlearn_config(ctx.cfg), out_dir / "config.yaml")
     model_path = out_dir / "model.safetensors"
-    save_file({k: v.contiguous() for k, v in state.items()}, str(model_path))
+    # with its digest under the run's key when it is trusted (--keys), wherever out is
+    save_model(state, model_path, key_for(ctx.run.run_dir))
     result.model_path = str(model_path)
     if erase:
         result.erasure = erase_history(ctx.run.history, ctx.request.targets, request, state)
