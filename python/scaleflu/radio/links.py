@@ -106,6 +106,7 @@ class PhyConfig:
             scramble_bits=self.scramble_bits,
             mtu=self.mtu,
             min_output_buffer=self.min_output_buffer,
+            raw_frames=True,  # whole frames for link_arq: no per-frame re-encoding in Python
         )
 
 

@@ -202,6 +202,9 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
     and minimum output buffers sized for frames of ``mtu`` bytes on each block rather than one
     size everywhere. Stream tags at the input are dropped (a radio never passes tags; a
     transmitter's own "packet_len" tags in the same flowgraph would corrupt the receiver).
+    With ``raw_frames`` the PDUs carry the whole checked frame (metadata "raw" = #t plus the
+    header fields) instead of its payload: what link_arq's "frames_in" takes without Python
+    re-encoding.
     """
 
     def __init__(
@@ -217,6 +220,7 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         len_tag_key: str = LEN_TAG_KEY,
         guard_headers: bool = True,
         symbols_out: bool = False,
+        raw_frames: bool = False,
     ) -> None:
         gr.hier_block2.__init__(
             self,
@@ -312,6 +316,10 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         except TypeError:  # a C++ build older than the parser's MTU check: rebuild it
             logger.warning("gnuradio.scaleflu is an old build: frame_parser has no mtu check")
             self.parser = _gr_scaleflu.frame_parser(node_id)
+        # raw_frames: whole checked frames out (metadata "raw" = #t), which link_arq takes as
+        # they are instead of re-encoding them from the metadata in Python
+        if raw_frames and hasattr(self.parser, "set_raw_output"):
+            self.parser.set_raw_output(True)
         self.connect((hpd, 1), pay_fft, pay_eq, pay_ser, pay_demod, pack, descrambler)
         self.connect(descrambler, self.crc, self.to_pdu)
         if symbols_out:
