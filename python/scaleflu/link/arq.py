@@ -19,13 +19,17 @@ completed (src, msg_id) for ``completed_ttl``, ACKs it COMPLETE without deliveri
 **Timers** (RFC 6298 per peer): SRTT/RTTVAR from one Karn-filtered sample per ACK (the newest
 fragment it newly acknowledges that was sent once), RTO = SRTT + max(4·RTTVAR, granularity) +
 ack_delay, clamped to [min_rto, max_rto] and at least the time the measured delivery rate needs
-to drain the bytes in flight to that peer. Each round of timeouts doubles the peer's RTO
-(one backoff per poll, not per fragment); any ACK that acknowledges new data resets it.
+to drain the bytes in flight to that peer (``rate_floor``). Each round of timeouts doubles the
+peer's RTO (a round lasts one RTO: not per fragment, not per poll); any ACK that acknowledges
+new data resets it. At the end of a message retransmissions go out in as many copies as the
+peer's measured loss rate needs (``tail_loss_target``).
 A fragment sent before one that has been acknowledged is retransmitted at once when
 ``reorder_tolerance`` later frames were acknowledged or it was sent a quarter SRTT before the
 newest acknowledged one (time-based loss detection, as TCP RACK). The receiver sends its
 COMPLETE ACK when a message completes, repeats it ``complete_ack_repeats`` times (at
-``complete_ack_interval``, doubling) and again whenever a retransmission of the message arrives.
+``complete_ack_interval``, doubling) and again whenever a retransmission of the message arrives
+(restarting the repeats); the last ACK of a partial message is repeated ``ack_repeats`` times
+when nothing new arrives.
 
 **Link keys** (optional, per peer): ``set_peer_key(peer, key)`` makes every frame exchanged with
 ``peer`` carry a 16-byte tag, HMAC-SHA256(key, frame header ‖ payload before the tag) truncated
