@@ -186,3 +186,52 @@ def test_lenet_at_40_percent_loss_has_no_long_tail_in_virtual_time(
         times.append(h.elapsed)
     assert max(times) <= 2 * float(np.median(times)), sorted(times)
     assert len(net.inbox[1]) == 40
+
+
+def _ack_frame(src: int, dst: int, msg_id: int, count: int, got: list[int]) -> bytes:
+    from scaleflu.link.arq import AckInfo, encode_ack
+    from scaleflu.link.frame import encode_frame
+
+    base = 0
+    while base in got:
+        base += 1
+    rest = [s - base for s in got if s >= base]
+    bm = bytearray((max(rest) + 8) // 8) if rest else bytearray()
+    for s in rest:
+        bm[s // 8] |= 0x80 >> (s % 8)
+    return encode_frame(
+        FrameType.ACK, src, dst, msg_id, 0, 1, encode_ack(AckInfo(False, count, base, bytes(bm)))
+    )
+
+
+@pytest.mark.parametrize("restart", [True, False])
+def test_progress_restarts_timers_while_fragments_remain_unsent(restart: bool) -> None:
+    # 20 fragments, window 4: 0..3 leave at t=0 (RTO 0.5). At 0.45 an ACK of 0 and 1 arrives
+    # (progress; the queue is slow, nothing is lost). With rto_restart, 2 and 3 (and the new
+    # 4, 5) do not time out at 0.5: their timers run from the progress. Without, 2 and 3 do.
+    clock = FakeClock()
+    out: list[bytes] = []
+    a = ArqEndpoint(
+        1, out.append, clock=clock, window=4, initial_rto=0.5, min_rto=0.05, rto_restart=restart
+    )
+    h = a.send(2, bytes(20 * 1474))
+    assert [decode_frame(r).seq for r in out] == [0, 1, 2, 3]
+    clock.t = 0.45
+    a.on_frame(_ack_frame(2, 1, h.msg_id, 20, [0, 1]))
+    clock.t = 0.55
+    a.poll()
+    assert a.stats.rto_expiries == (0 if restart else 2)
+
+
+def test_timers_run_from_transmission_once_every_fragment_was_sent() -> None:
+    # 4 fragments, window 4: all sent at t=0, nothing left unsent: progress does not push
+    # the others' timers (a lost last fragment has nothing behind it to reveal it)
+    clock = FakeClock()
+    out: list[bytes] = []
+    a = ArqEndpoint(1, out.append, clock=clock, window=4, initial_rto=0.5, min_rto=0.05)
+    h = a.send(2, bytes(4 * 1474))
+    clock.t = 0.45
+    a.on_frame(_ack_frame(2, 1, h.msg_id, 4, [0, 1]))
+    clock.t = 0.55
+    a.poll()
+    assert a.stats.rto_expiries == 2

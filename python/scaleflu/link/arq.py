@@ -272,6 +272,13 @@ class ArqConfig:
     # 40 % loss a lone copy needed several (the 40 %-loss tails). 1 = off.
     tail_loss_target: float = 0.05
     max_tail_copies: int = 4
+    # RFC 6298 (5.3), while a message still has fragments never sent: an ACK that acknowledges
+    # new data restarts the timers of its fragments in flight (none expires sooner than one
+    # RTO after the latest progress); later frames follow and the ACK bitmaps expose losses.
+    # Once every fragment went out, each times out one RTO after it was sent (tail losses
+    # have nothing behind them). Without it, under a CPU stall (the queue drains slowly,
+    # ACKs keep coming) 100-250 fragments of a 2 MB transfer timed out without being lost.
+    rto_restart: bool = True
     rate_floor: bool = False  # RTO >= 1.5 x bytes in flight / measured delivery rate
     rto_probe: int = 8  # at most this many fragments of a message retransmitted per timeout
     rto_granularity: float = 0.001  # lower bound of the 4·RTTVAR term (RFC 6298's G)
@@ -948,6 +955,11 @@ class ArqEndpoint:
         if o.n_acked > before:
             p.backoff = 0  # a fresh ACK: the path works, forget the backoff
             p.backoff_at = None
+            if self.config.rto_restart and o.in_flight and o.n_sent < len(o.frames):
+                floor = now + self._rto(o.handle.dst)
+                for seq, exp in o.in_flight.items():
+                    if exp < floor:
+                        o.in_flight[seq] = floor
             self._rate_sample(p, sum(len(o.frames[s]) for s in newly), now)
         if newest is not None and o.copies[newest] == 1:  # Karn: never from a retransmission
             first = p.srtt is None
@@ -1126,6 +1138,12 @@ class ArqEndpoint:
         dst = o.handle.dst
         if o.copies[seq] == 0:
             o.n_sent += 1
+            if o.n_sent == len(o.frames) and self.config.rto_restart:
+                # the last first transmission: from now on timers run from each fragment's
+                # own transmission again (restarts had pushed them; tail losses need them)
+                rto = self._rto(dst)
+                for s, exp in o.in_flight.items():
+                    o.in_flight[s] = min(exp, o.tx_time[s] + rto)
         o.copies[seq] += 1
         if o.copies[seq] > 1:
             self.stats.retransmissions += 1
