@@ -22,8 +22,8 @@ ack_delay, clamped to [min_rto, max_rto] and at least the time the measured deli
 to drain the bytes in flight to that peer (``rate_floor``). Each round of timeouts doubles the
 peer's RTO (a round lasts one RTO: not per fragment, not per poll); any ACK that acknowledges
 new data resets it and, while the message has fragments never sent, restarts the timers of its
-fragments in flight (``rto_restart``, RFC 6298 5.3). At the end of a message retransmissions go out in as many copies as the
-peer's measured loss rate needs (``tail_loss_target``).
+fragments in flight (``rto_restart``, RFC 6298 5.3). At the end of a message retransmissions
+go out in as many copies as the peer's measured loss rate needs (``tail_loss_target``).
 A fragment sent before one that has been acknowledged is retransmitted at once when
 ``reorder_tolerance`` later frames were acknowledged or it was sent a quarter SRTT before the
 newest acknowledged one (time-based loss detection, as TCP RACK). The receiver sends its
