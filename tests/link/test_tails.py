@@ -75,6 +75,20 @@ def test_fragments_timing_out_ms_apart_are_one_round_of_backoff() -> None:
     assert ep.rto(2) == pytest.approx(0.4)
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"ack_repeats": -1},
+        {"max_tail_copies": 0},
+        {"tail_loss_target": 0.0},
+        {"tail_loss_target": 1.0},
+    ],
+)
+def test_bad_tail_settings_are_refused(bad: dict) -> None:
+    with pytest.raises(ValueError):
+        ArqEndpoint(1, lambda raw: None, **bad)
+
+
 def test_tail_copies_follow_the_measured_loss_rate() -> None:
     clock = FakeClock()
     ep = ArqEndpoint(1, lambda raw: None, clock=clock, tail_loss_target=0.05, max_tail_copies=4)

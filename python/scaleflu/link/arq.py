@@ -509,6 +509,8 @@ class ArqEndpoint:
             raise ValueError("window and ack_every must be >= 1, backoff >= 1")
         if cfg.complete_ack_repeats < 0 or cfg.complete_ack_interval <= 0:
             raise ValueError("complete_ack_repeats must be >= 0, complete_ack_interval > 0")
+        if cfg.ack_repeats < 0 or cfg.max_tail_copies < 1 or not 0.0 < cfg.tail_loss_target < 1.0:
+            raise ValueError("ack_repeats >= 0, max_tail_copies >= 1, 0 < tail_loss_target < 1")
         max_payload(cfg.mtu)  # validates the MTU
         self.node_id = node_id
         self.transmit = transmit
