@@ -215,6 +215,7 @@ def stock_full_speed(n: int, snr_db: float, mob: int, seed: int = 2) -> dict:
     tb.connect(src, tx, chan, gate, rx, t2p)
     tb.msg_connect(t2p, "pdus", debug, "store")
     t0 = time.monotonic()
+    c0 = time.process_time()
     tb.start()
     last_n, last_t = 0, t0
     while True:
@@ -227,6 +228,7 @@ def stock_full_speed(n: int, snr_db: float, mob: int, seed: int = 2) -> dict:
         time.sleep(0.005)
     tb.stop()
     tb.wait()
+    cpu = time.process_time() - c0
     got = min(last_n, n)
     dt = max(1e-9, last_t - t0)
     return {
@@ -234,6 +236,10 @@ def stock_full_speed(n: int, snr_db: float, mob: int, seed: int = 2) -> dict:
         "received": got,
         "loss": (n - got) / n,
         "seconds": dt,
+        # process CPU time (every GNU Radio thread) per MB of payload received: steadier than
+        # wall-clock rates on a shared machine
+        "cpu_seconds": cpu,
+        "cpu_s_per_mb": cpu / max(1e-9, got * FRAME / 1e6),
         "payload_bytes_per_s": got * FRAME / dt,
         "min_output_buffer": mob,
         "fed": "vector_source_b, full speed",
@@ -251,9 +257,11 @@ def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int, **arq: 
         s, r = net.link(0), net.link(1)
         time.sleep(0.2)
         t0 = time.monotonic()
+        c0 = time.process_time()
         res = s.send(1, data, timeout=120)
         got = r.recv(timeout=5)
         dt = time.monotonic() - t0
+        cpu = time.process_time() - c0
         counters = net.counters()
         stats = s.stats()["arq"]
     ok = res.ok and got is not None and got[1] == data
@@ -265,6 +273,8 @@ def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int, **arq: 
         "bit_exact": ok,
         "seconds": dt,
         "goodput_bytes_per_s": len(data) / dt if ok else 0.0,
+        "cpu_seconds": cpu,
+        "cpu_s_per_mb": cpu / (len(data) / 1e6),
         "frames_sent": res.frames_sent,
         "retransmissions": res.retransmissions,
         "fast_retransmissions": stats["fast_retransmissions"],
@@ -561,6 +571,9 @@ def main(argv: list[str] | None = None) -> int:
             "stock_loss": stock[-1]["loss"],
             "ours_20dB": ours["20dB"][-1]["goodput_bytes_per_s"],
             "ours_5pct": ours["20dB_5pct_loss"][-1]["goodput_bytes_per_s"],
+            "stock_cpu_s_per_mb": stock[-1]["cpu_s_per_mb"],
+            "ours_20dB_cpu_s_per_mb": ours["20dB"][-1]["cpu_s_per_mb"],
+            "ours_5pct_cpu_s_per_mb": ours["20dB_5pct_loss"][-1]["cpu_s_per_mb"],
             "order": order,
             "load": os.getloadavg()[0],
         }
@@ -595,6 +608,10 @@ def main(argv: list[str] | None = None) -> int:
             max(r["ratio_5pct"] for r in per_rep),
         ],
     }
+    res["cpu_s_per_mb"] = {
+        k: {"median": med(k), "range": [min(r[k] for r in per_rep), max(r[k] for r in per_rep)]}
+        for k in ("stock_cpu_s_per_mb", "ours_20dB_cpu_s_per_mb", "ours_5pct_cpu_s_per_mb")
+    }
     res["targets"] = {
         "20dB >= 0.9 x stock": res["ratio_vs_stock"]["20dB"] >= 0.9,
         "5% loss >= 0.8 x stock": res["ratio_vs_stock"]["20dB_5pct_loss"] >= 0.8,
@@ -604,6 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         res["load_average_end"] = os.getloadavg()
         (a.out / "link_goodput.json").write_text(json.dumps(res, indent=2))
         log.info("ratios %s ranges %s", res["ratio_vs_stock"], res["ratio_vs_stock_range"])
+        log.info("CPU s per MB %s", res["cpu_s_per_mb"])
         log.info("wrote %s", a.out / "link_goodput.json")
         return 0
 

@@ -14,6 +14,7 @@ namespace scaleflu {
 
 namespace {
 const pmt::pmt_t PORT_IN = pmt::mp("in");
+const pmt::pmt_t KEY_RAW = pmt::mp("raw");
 
 // Read an integer metadata field; false when present but not an integer in [0, max].
 bool meta_uint(const pmt::pmt_t& meta, const char* key, uint64_t max, uint64_t& value)
@@ -74,6 +75,23 @@ bool frame_builder_impl::take_next_pdu()
             continue;
         }
         frame::header h;
+        if (pmt::is_dict(meta) && pmt::eq(pmt::dict_ref(meta, KEY_RAW, pmt::PMT_F), pmt::PMT_T)) {
+            // an encoded frame: check it as a receiver would and pass it on unchanged
+            size_t len = 0;
+            const uint8_t* data = pmt::u8vector_elements(vec, len);
+            const uint8_t* payload = nullptr;
+            size_t plen = 0;
+            const frame::parse_status st = frame::parse(data, len, h, payload, plen, d_mtu);
+            if (st != frame::parse_status::OK) {
+                d_logger->error("dropping raw frame PDU: {:s} ({:d} B)",
+                                frame::status_name(st),
+                                len);
+                d_dropped++;
+                continue;
+            }
+            d_frame.assign(data, data + len);
+            return true;
+        }
         uint64_t type = 0, src = d_src, dst = d_dst, msg_id = d_next_msg_id, seq = 0,
                  count = 1;
         const bool is_dict = pmt::is_dict(meta);

@@ -15,6 +15,7 @@ namespace scaleflu {
 namespace {
 const pmt::pmt_t PORT_IN = pmt::mp("in");
 const pmt::pmt_t PORT_OUT = pmt::mp("out");
+const pmt::pmt_t KEY_RAW = pmt::mp("raw");
 } // namespace
 
 frame_parser::sptr frame_parser::make(int node_id, int mtu)
@@ -74,6 +75,11 @@ void frame_parser_impl::handle(const pmt::pmt_t& msg)
     if (pmt::is_dict(pmt::car(msg)))
         meta = pmt::dict_update(pmt::car(msg), meta);
     d_ok++;
+    if (d_raw) { // the whole frame, as received and checked: forwarded, not copied
+        meta = pmt::dict_add(meta, KEY_RAW, pmt::PMT_T);
+        message_port_pub(PORT_OUT, pmt::cons(meta, pmt::cdr(msg)));
+        return;
+    }
     message_port_pub(PORT_OUT, pmt::cons(meta, pmt::init_u8vector(plen, payload)));
 }
 

@@ -22,6 +22,7 @@ private:
     std::atomic<uint64_t> d_crc{ 0 };
     std::atomic<uint64_t> d_malformed{ 0 };
     std::atomic<uint64_t> d_filtered{ 0 };
+    std::atomic<bool> d_raw{ false };
 
     void handle(const pmt::pmt_t& msg);
 
@@ -32,6 +33,8 @@ public:
     uint64_t crc_errors() const override { return d_crc; }
     uint64_t malformed() const override { return d_malformed; }
     uint64_t filtered() const override { return d_filtered; }
+    void set_raw_output(bool raw) override { d_raw = raw; }
+    bool raw_output() const override { return d_raw; }
 };
 
 } // namespace scaleflu

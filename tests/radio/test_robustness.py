@@ -123,3 +123,76 @@ def test_header_guard_rejects_oversized_headers():
     assert len(got) == 3 and pmt.is_dict(got[0])
     assert pmt.eq(got[1], pmt.PMT_F) and pmt.eq(got[2], pmt.PMT_F)
     assert guard.rejected() == 1 and guard.passed() == 1
+
+
+def _ofdm_header_bits(packet_bytes: list[int], bps_payload: int = 2) -> list[int]:
+    """Header bits (one per item, BPSK header) digital's packet_headergenerator_bb makes for
+    tagged packets of the given byte lengths, with the OFDM link's header format."""
+    occ, _, _ = ofdm_carriers(64)
+    fmt = digital.packet_header_ofdm(
+        occ, 1, "packet_len", "frame_len", "packet_num", 1, bps_payload, scramble_header=True
+    )
+    data, tags, off = [], [], 0
+    for n in packet_bytes:
+        tags.append(
+            gr.tag_utils.python_to_tag(
+                (off, pmt.intern("packet_len"), pmt.from_long(n), pmt.PMT_NIL)
+            )
+        )
+        data += [0] * n
+        off += n
+    tb = gr.top_block()
+    src = blocks.vector_source_b(data, False, 1, tags)
+    gen = digital.packet_headergenerator_bb(fmt.formatter(), "packet_len")
+    sink = blocks.vector_sink_b()
+    tb.connect(src, gen, sink)
+    tb.run()
+    return list(sink.data())
+
+
+@pytest.mark.parametrize("max_symbols", [6016, 300])
+def test_header_parser_guard_parses_checks_crc_and_rejects_oversized(max_symbols):
+    # scaleflu.header_parser_guard = packet_headerparser_b + header_guard in one block
+    from gnuradio import scaleflu
+
+    occ, _, _ = ofdm_carriers(64)
+    bits = _ofdm_header_bits([100, 1500])
+    hlen = len(bits) // 2
+    corrupt = bits[:hlen]
+    corrupt[3] ^= 1  # a header whose CRC fails
+    blk = scaleflu.header_parser_guard(
+        occ, 1, "packet_len", "frame_len", "packet_num", 1, 2, True, max_symbols
+    )
+    assert blk.header_len() == hlen == 48
+    ref = digital.packet_headerparser_b(
+        digital.packet_header_ofdm(
+            occ, 1, "packet_len", "frame_len", "packet_num", 1, 2, scramble_header=True
+        ).formatter()
+    )
+    tb = gr.top_block()
+    src = blocks.vector_source_b(bits + corrupt)
+    out, ref_out = blocks.message_debug(), blocks.message_debug()
+    tb.connect(src, blk)
+    tb.connect(src, ref)
+    tb.msg_connect(blk, "header_data", out, "store")
+    tb.msg_connect(ref, "header_data", ref_out, "store")
+    tb.run()
+    tb.stop()
+    tb.wait()
+    got = [out.get_message(i) for i in range(out.num_messages())]
+    ref_got = [ref_out.get_message(i) for i in range(ref_out.num_messages())]
+    assert len(got) == len(ref_got) == 3
+    lens = []
+    for g, r in zip(got, ref_got, strict=True):  # what the stock parser says, or #f
+        if pmt.is_dict(r):
+            n = pmt.to_long(pmt.dict_ref(r, pmt.intern("packet_len"), pmt.PMT_NIL))
+            lens.append(n)
+            if n <= max_symbols:
+                assert pmt.equal(g, r)
+            else:
+                assert pmt.eq(g, pmt.PMT_F)
+        else:
+            assert pmt.eq(g, pmt.PMT_F) and pmt.eq(r, pmt.PMT_F)
+    assert lens == [400, 6000]  # packet_len in payload symbols: 8 bits / 2 per symbol
+    assert blk.invalid() == 1
+    assert (blk.passed(), blk.rejected()) == ((2, 0) if max_symbols == 6016 else (0, 2))

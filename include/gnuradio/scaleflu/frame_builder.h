@@ -26,6 +26,11 @@ namespace scaleflu {
  * message counter, 0 and 1 (so a bare PDU becomes a one-fragment message). PDUs whose
  * payload exceeds mtu - 26 bytes, or whose metadata is inconsistent, are dropped with
  * an error in the log and counted.
+ *
+ * A PDU whose metadata has "raw" = #t already holds a whole encoded frame (as
+ * scaleflu.link_arq emits it): it is checked (size against \p mtu, magic, version,
+ * length, CRC32, type, sequence) and written unchanged; one that fails is dropped and
+ * counted. This keeps the per-frame header work of the Python ARQ out of Python.
  */
 class SCALEFLU_API frame_builder : virtual public gr::tagged_stream_block
 {

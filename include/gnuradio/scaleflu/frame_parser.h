@@ -27,6 +27,11 @@ namespace scaleflu {
  * the payload. With \p node_id >= 0 only frames addressed to that node or to the
  * broadcast address pass; -1 passes every frame. Frames longer than \p mtu bytes are
  * dropped and counted as malformed (as Python's FrameTooLongError).
+ *
+ * With set_raw_output(true) an accepted frame leaves with the same metadata plus
+ * "raw" = #t and its bytes are the whole frame as received (header, payload, CRC;
+ * the input vector is forwarded, not copied): scaleflu.link_arq then takes the
+ * frame as it is instead of re-encoding it from the metadata in Python.
  */
 class SCALEFLU_API frame_parser : virtual public gr::block
 {
@@ -39,6 +44,9 @@ public:
     virtual uint64_t crc_errors() const = 0;
     virtual uint64_t malformed() const = 0;
     virtual uint64_t filtered() const = 0;
+    //! Forward whole frames (metadata key "raw" = #t) instead of their payloads.
+    virtual void set_raw_output(bool raw) = 0;
+    virtual bool raw_output() const = 0;
 };
 
 } // namespace scaleflu

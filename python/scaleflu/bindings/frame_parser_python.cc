@@ -33,5 +33,10 @@ void bind_frame_parser(py::module& m)
         .def("frames_ok", &frame_parser::frames_ok, D(frame_parser, frames_ok))
         .def("crc_errors", &frame_parser::crc_errors, D(frame_parser, crc_errors))
         .def("malformed", &frame_parser::malformed, D(frame_parser, malformed))
-        .def("filtered", &frame_parser::filtered, D(frame_parser, filtered));
+        .def("filtered", &frame_parser::filtered, D(frame_parser, filtered))
+        .def("set_raw_output",
+             &frame_parser::set_raw_output,
+             py::arg("raw"),
+             D(frame_parser, set_raw_output))
+        .def("raw_output", &frame_parser::raw_output, D(frame_parser, raw_output));
 }

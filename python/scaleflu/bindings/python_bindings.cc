@@ -25,6 +25,7 @@ namespace py = pybind11;
     void bind_frame_parser(py::module& m);
     void bind_frame_format(py::module& m);
     void bind_header_guard(py::module& m);
+    void bind_header_parser_guard(py::module& m);
 // ) END BINDING_FUNCTION_PROTOTYPES
 
 
@@ -57,5 +58,6 @@ PYBIND11_MODULE(scaleflu_python, m)
     bind_frame_parser(m);
     bind_frame_format(m);
     bind_header_guard(m);
+    bind_header_parser_guard(m);
     // ) END BINDING_FUNCTION_CALLS
 }

@@ -19,13 +19,18 @@ completed (src, msg_id) for ``completed_ttl``, ACKs it COMPLETE without deliveri
 **Timers** (RFC 6298 per peer): SRTT/RTTVAR from one Karn-filtered sample per ACK (the newest
 fragment it newly acknowledges that was sent once), RTO = SRTT + max(4·RTTVAR, granularity) +
 ack_delay, clamped to [min_rto, max_rto] and at least the time the measured delivery rate needs
-to drain the bytes in flight to that peer. Each round of timeouts doubles the peer's RTO
-(one backoff per poll, not per fragment); any ACK that acknowledges new data resets it.
+to drain the bytes in flight to that peer (``rate_floor``). Each round of timeouts doubles the
+peer's RTO (a round lasts one RTO: not per fragment, not per poll); any ACK that acknowledges
+new data resets it and, while the message has fragments never sent, restarts the timers of its
+fragments in flight (``rto_restart``, RFC 6298 5.3). At the end of a message retransmissions
+go out in as many copies as the peer's measured loss rate needs (``tail_loss_target``).
 A fragment sent before one that has been acknowledged is retransmitted at once when
 ``reorder_tolerance`` later frames were acknowledged or it was sent a quarter SRTT before the
 newest acknowledged one (time-based loss detection, as TCP RACK). The receiver sends its
 COMPLETE ACK when a message completes, repeats it ``complete_ack_repeats`` times (at
-``complete_ack_interval``, doubling) and again whenever a retransmission of the message arrives.
+``complete_ack_interval``, doubling) and again whenever a retransmission of the message arrives
+(restarting the repeats); the last ACK of a partial message is repeated ``ack_repeats`` times
+when nothing new arrives.
 
 **Link keys** (optional, per peer): ``set_peer_key(peer, key)`` makes every frame exchanged with
 ``peer`` carry a 16-byte tag, HMAC-SHA256(key, frame header ‖ payload before the tag) truncated
@@ -67,6 +72,7 @@ import enum
 import hashlib
 import hmac
 import logging
+import math
 import random
 import struct
 import threading
@@ -110,6 +116,7 @@ MIN_KEY_SIZE = 16
 _CRC = struct.Struct(">I")
 TAIL_FRAGMENTS = 4  # at most this many fragments timing out together get rto_copies copies
 RATE_WINDOW_S = 10.0  # delivery-rate samples are kept this long (windowed maximum)
+LOSS_GAIN = 1.0 / 32  # EWMA gain of the per-peer loss estimate (per fragment whose fate is known)
 
 
 def frame_tag(key: bytes, header_and_payload: bytes | memoryview) -> bytes:
@@ -259,6 +266,20 @@ class ArqConfig:
     backoff: float = 2.0  # RTO multiplier per round of timeouts (reset by a fresh ACK)
     max_backoff: int = 2  # at most this many backoff steps (x4) until a fresh ACK
     rto_copies: int = 2  # copies of a lone fragment retransmitted after a timeout (tail losses)
+    # Tail copies: a fragment retransmitted at the very end of a message (every fragment sent
+    # once, at most TAIL_FRAGMENTS unacknowledged) goes out in k copies, k the smallest with
+    # loss^k <= tail_loss_target at the peer's measured (ACK-proven) loss rate, at most
+    # max_tail_copies: each round of repairs at the end costs a round trip or a timeout, and at
+    # 40 % loss a lone copy needed several (the 40 %-loss tails). 1 = off.
+    tail_loss_target: float = 0.05
+    max_tail_copies: int = 4
+    # RFC 6298 (5.3), while a message still has fragments never sent: an ACK that acknowledges
+    # new data restarts the timers of its fragments in flight (none expires sooner than one
+    # RTO after the latest progress); later frames follow and the ACK bitmaps expose losses.
+    # Once every fragment went out, each times out one RTO after it was sent (tail losses
+    # have nothing behind them). Without it, under a CPU stall (the queue drains slowly,
+    # ACKs keep coming) 100-250 fragments of a 2 MB transfer timed out without being lost.
+    rto_restart: bool = True
     rate_floor: bool = False  # RTO >= 1.5 x bytes in flight / measured delivery rate
     rto_probe: int = 8  # at most this many fragments of a message retransmitted per timeout
     rto_granularity: float = 0.001  # lower bound of the 4·RTTVAR term (RFC 6298's G)
@@ -269,6 +290,10 @@ class ArqConfig:
     ack_delay: float = 0.02  # or this long after the first unacknowledged one
     complete_ack_repeats: int = 3  # unsolicited repeats of a COMPLETE ACK
     complete_ack_interval: float = 0.05  # first repeat after this long, then doubling
+    # unprompted repeats of the last ACK of a partial message when no new fragment arrived
+    # since (after complete_ack_interval, then doubling): a lost ACK at the end of a burst
+    # otherwise leaves the sender waiting for its timeout
+    ack_repeats: int = 1
     max_message_size: int = 256 * 1024 * 1024 + 64
     reassembly_max_messages: int = 32
     reassembly_max_bytes: int = 300 * 1024 * 1024
@@ -306,6 +331,7 @@ class ArqStats:
     rto_expiries: int = 0
     acks_tx: int = 0
     complete_acks_repeated: int = 0  # unsolicited repeats of COMPLETE ACKs
+    acks_repeated: int = 0  # unsolicited repeats of the last ACK of a partial message
     acks_rx: int = 0
     nacks_tx: int = 0
     nacks_rx: int = 0
@@ -322,6 +348,7 @@ class ArqStats:
     sends_failed: int = 0
     sends_unconfirmed: int = 0
     retries_recognised: int = 0  # sends that reused the msg id of an unconfirmed send
+    tail_copies: int = 0  # extra copies of retransmissions at the end of a message
     bytes_tx: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -417,11 +444,14 @@ class _Peer:
         "rttvar",
         "min_rtt",
         "backoff",
+        "backoff_at",
+        "backoff_span",
         "rate",
         "rate_t0",
         "rate_acc",
         "rate_samples",
         "inflight_bytes",
+        "loss",
     )
 
     def __init__(self) -> None:
@@ -429,22 +459,34 @@ class _Peer:
         self.rttvar = 0.0
         self.min_rtt: float | None = None
         self.backoff = 0  # RTO doublings since the last fresh ACK
+        # A round of timeouts is one RTO long: the RTO doubles again only when the RTO it had
+        # at the last doubling (backoff_span) has passed since (backoff_at). Fragments sent a
+        # few ms apart time out a few ms apart; counting each poll as a round had taken the
+        # RTO from 0.25 s to its x4 cap within 10 ms at the end of every lossy transfer.
+        self.backoff_at: float | None = None
+        self.backoff_span = 0.0
         self.rate: float | None = None  # bytes/s acknowledged: max of the recent samples
         self.rate_t0: float | None = None
         self.rate_acc = 0
         self.rate_samples: deque[tuple[float, float]] = deque()
         self.inflight_bytes = 0
+        # forward frame loss rate: EWMA over fragments whose fate an ACK proved (acknowledged
+        # = 0, shown missing = 1); timeouts are left out (a stall is not a loss)
+        self.loss = 0.0
 
 
 class _AckState:
     """Receiver-side ACK scheduling of one partial message."""
 
-    __slots__ = ("new", "due", "last_sent")
+    __slots__ = ("new", "due", "last_sent", "rep_due", "rep_left", "rep_gap")
 
     def __init__(self) -> None:
         self.new = 0
         self.due: float | None = None
         self.last_sent = -1e300
+        self.rep_due: float | None = None  # unprompted repeat of the last ACK
+        self.rep_left = 0
+        self.rep_gap = 0.0
 
 
 class ArqEndpoint:
@@ -467,6 +509,8 @@ class ArqEndpoint:
             raise ValueError("window and ack_every must be >= 1, backoff >= 1")
         if cfg.complete_ack_repeats < 0 or cfg.complete_ack_interval <= 0:
             raise ValueError("complete_ack_repeats must be >= 0, complete_ack_interval > 0")
+        if cfg.ack_repeats < 0 or cfg.max_tail_copies < 1 or not 0.0 < cfg.tail_loss_target < 1.0:
+            raise ValueError("ack_repeats >= 0, max_tail_copies >= 1, 0 < tail_loss_target < 1")
         max_payload(cfg.mtu)  # validates the MTU
         self.node_id = node_id
         self.transmit = transmit
@@ -666,13 +710,23 @@ class ArqEndpoint:
                 if tail:
                     o.timed_out.add(seq)
                 self._requeue(o, seq, front=True)
-        for dst in backed_off:  # one doubling per round of timeouts, not per fragment
+        for dst in backed_off:  # one doubling per round (one RTO) of timeouts
             p = self._peer(dst)
-            if p.backoff < self.config.max_backoff and self._rto(dst) < self.config.max_rto:
+            rto = self._rto(dst)
+            if p.backoff_at is not None and now - p.backoff_at < p.backoff_span:
+                continue  # still the round of the last doubling
+            if p.backoff < self.config.max_backoff and rto < self.config.max_rto:
                 p.backoff += 1
+                p.backoff_at, p.backoff_span = now, rto
         for key, st in list(self._acks.items()):
             if st.due is not None and now >= st.due:
                 self._send_ack(key, now)
+            elif st.rep_due is not None and now >= st.rep_due:
+                left, gap = st.rep_left - 1, st.rep_gap * 2
+                self._send_ack(key, now)  # re-arms the repeats: keep counting down instead
+                self.stats.acks_repeated += 1
+                st.rep_left, st.rep_gap = left, gap
+                st.rep_due = now + gap if left > 0 else None
         for key, rep in list(self._repeats.items()):
             if now >= rep[0]:
                 self._tx_control(FrameType.ACK, key[0], key[1], _complete_ack(int(rep[3])))
@@ -692,6 +746,7 @@ class ArqEndpoint:
         if rd is not None:
             times.append(rd)
         times.extend(st.due for st in self._acks.values() if st.due is not None)
+        times.extend(st.rep_due for st in self._acks.values() if st.rep_due is not None)
         times.extend(rep[0] for rep in self._repeats.values())
         sendable = False
         for o in self._out.values():
@@ -788,9 +843,12 @@ class ArqEndpoint:
             self._send_complete_ack(key, frame.count, now, repeat=True)
             return
         if was_done:  # a retransmission or a retry of a delivered message: confirm, no delivery
+            # The sender has not heard any COMPLETE ACK yet: confirm at once and start the
+            # unprompted repeats again (unless they are still running), so the confirmation
+            # keeps coming until the sender stops sending, not only when a copy gets through.
             last = self._reacks.get(key, -1e300)
             if now - last >= self.config.ack_delay:
-                self._send_complete_ack(key, frame.count, now, repeat=False)
+                self._send_complete_ack(key, frame.count, now, repeat=key not in self._repeats)
             return
         if ra.progress(*key) is None:
             return  # rejected or dropped; a NACK went out from the drop callback if needed
@@ -819,6 +877,10 @@ class ArqEndpoint:
             st.new = 0
             st.due = None
             st.last_sent = now
+            if self.config.ack_repeats > 0:
+                st.rep_left = self.config.ack_repeats
+                st.rep_gap = self.config.complete_ack_interval
+                st.rep_due = now + st.rep_gap
 
     def _send_complete_ack(
         self, key: tuple[int, int], count: int, now: float, repeat: bool
@@ -887,12 +949,20 @@ class ArqEndpoint:
                 got = np.nonzero(bits)[0] + info.base
                 newly += got[o.acked[got] == 0].tolist()
         p = self._peer(o.handle.dst)
+        if newly:
+            p.loss *= (1.0 - LOSS_GAIN) ** len(newly)
         for seq in newly:  # the RTT sample comes from the newest fragment, if it was sent once
             self._mark_acked(o, seq)
             if newest is None or o.order[seq] > o.order[newest]:
                 newest = seq
         if o.n_acked > before:
             p.backoff = 0  # a fresh ACK: the path works, forget the backoff
+            p.backoff_at = None
+            if self.config.rto_restart and o.in_flight and o.n_sent < len(o.frames):
+                floor = now + self._rto(o.handle.dst)
+                for seq, exp in o.in_flight.items():
+                    if exp < floor:
+                        o.in_flight[seq] = floor
             self._rate_sample(p, sum(len(o.frames[s]) for s in newly), now)
         if newest is not None and o.copies[newest] == 1:  # Karn: never from a retransmission
             first = p.srtt is None
@@ -918,6 +988,7 @@ class ArqEndpoint:
             ):
                 self._leave_flight(o, seq)
                 self.stats.fast_retransmissions += 1
+                p.loss += LOSS_GAIN * (1.0 - p.loss)
                 o.proven_lost.add(seq)
                 self._requeue(o, seq, front=True)
 
@@ -1070,6 +1141,12 @@ class ArqEndpoint:
         dst = o.handle.dst
         if o.copies[seq] == 0:
             o.n_sent += 1
+            if o.n_sent == len(o.frames) and self.config.rto_restart:
+                # the last first transmission: from now on timers run from each fragment's
+                # own transmission again (restarts had pushed them; tail losses need them)
+                rto = self._rto(dst)
+                for s, exp in o.in_flight.items():
+                    o.in_flight[s] = min(exp, o.tx_time[s] + rto)
         o.copies[seq] += 1
         if o.copies[seq] > 1:
             self.stats.retransmissions += 1
@@ -1085,11 +1162,27 @@ class ArqEndpoint:
         self.stats.data_tx += 1
         self.stats.bytes_tx += len(frame)
         self.transmit(frame)
+        copies = 1
         if seq in o.timed_out:  # a timeout: repeat the copy, a lone copy is often lost again
             o.timed_out.discard(seq)
-            for _ in range(self.config.rto_copies - 1):
-                self.stats.bytes_tx += len(frame)
-                self.transmit(frame)
+            copies = self.config.rto_copies
+        if o.copies[seq] > 1 and o.n_sent == len(o.frames):
+            copies = max(copies, self._tail_copies(o, p))
+        for _ in range(copies - 1):
+            self.stats.bytes_tx += len(frame)
+            self.stats.tail_copies += 1
+            self.transmit(frame)
+
+    def _tail_copies(self, o: _Outgoing, p: _Peer) -> int:
+        """Copies of a retransmission at the end of a message (see ArqConfig.tail_loss_target)."""
+        cfg = self.config
+        if len(o.frames) - o.n_acked > TAIL_FRAGMENTS or cfg.max_tail_copies <= 1:
+            return 1
+        target = cfg.tail_loss_target
+        if p.loss <= target or not 0.0 < target < 1.0:
+            return 1
+        k = math.ceil(math.log(target) / math.log(min(p.loss, 0.99)))
+        return max(1, min(cfg.max_tail_copies, k))
 
     def _end(self, o: _Outgoing, reason: str, now: float) -> None:
         """End a send without confirmation: FAILED if part of it never left, else UNCONFIRMED."""

@@ -32,6 +32,7 @@ from .ofdm import ofdm_link_rx, ofdm_link_tx
 __all__ = [
     "frame_drop",
     "frame_to_pdu",
+    "frame_to_raw_pdu",
     "link_arq",
     "ofdm_link_rx",
     "ofdm_link_tx",
@@ -56,6 +57,26 @@ _HEADER_KEYS = ("type", "src", "dst", "msg_id", "seq", "count")
 _KEYS = {k: pmt.intern(k) for k in (*_HEADER_KEYS, "size", "status", "reason", "elapsed")}
 _PORT_NAMES = ("send", "frames_in", "frames_out", "delivered", "status", "in", "out")
 _PORTS = {k: pmt.intern(k) for k in _PORT_NAMES}
+_RAW = pmt.intern("raw")
+
+
+def _raw_meta(ftype: int) -> pmt.pmt_t:
+    meta = pmt.dict_add(pmt.make_dict(), _RAW, pmt.PMT_T)
+    return pmt.dict_add(meta, _KEYS["type"], pmt.from_long(ftype))
+
+
+# Metadata of a raw frame PDU per frame type (PMT dicts are immutable: shared safely). "type"
+# rides along so that frame_drop(only_data=True) still tells DATA from ACK/NACK.
+_RAW_META = {t: _raw_meta(t) for t in range(3)}
+
+
+def raw_frames_supported() -> bool:
+    """True when the compiled frame_builder/frame_parser take and give whole frames ("raw")."""
+    try:
+        from gnuradio import scaleflu as _gr_scaleflu
+    except ImportError:  # pragma: no cover - the C++ module is part of the install
+        return False
+    return hasattr(_gr_scaleflu.frame_parser, "set_raw_output")
 
 
 # Bytes <-> pmt u8vector through PMT's own serialisation (a C++ memcpy): 4 us for a 1474-byte
@@ -111,16 +132,27 @@ def frame_to_pdu(raw: bytes) -> pmt.pmt_t:
     return pmt.cons(meta, _u8(raw[FRAME_HEADER_SIZE : FRAME_HEADER_SIZE + length]))
 
 
+def frame_to_raw_pdu(raw: bytes) -> pmt.pmt_t:
+    """A PDU holding the whole encoded frame, metadata "raw" = #t (and "type"), for the C++
+    frame_builder, which checks the frame and writes it unchanged: no header fields to build in
+    Python (frame_to_pdu's six dict entries cost more than the frame itself)."""
+    meta = _RAW_META.get(raw[3]) if len(raw) > 3 else None
+    return pmt.cons(meta if meta is not None else _RAW_META[0], _u8(raw))
+
+
 def pdu_to_frame(msg: pmt.pmt_t, mtu: int) -> bytes | None:
     """Re-encode a frame_parser PDU (header in metadata) as frame bytes; raw frames pass as-is.
 
-    A PDU whose metadata has no "type" key is taken to be a raw frame (for example straight from
-    Tagged Stream to PDU). Returns None when the PDU is not usable.
+    A PDU whose metadata has "raw" = #t (frame_parser with raw output) or no "type" key (for
+    example straight from Tagged Stream to PDU) is taken to be a whole frame; the ARQ checks it.
+    Returns None when the PDU is not usable.
     """
     data = _pdu_bytes(msg)
     if data is None:
         return None
     meta = pmt.car(msg)
+    if pmt.is_dict(meta) and pmt.eq(pmt.dict_ref(meta, _RAW, pmt.PMT_F), pmt.PMT_T):
+        return data
     if _meta_int(meta, "type") is None:
         return data
     fields = [_meta_int(meta, k) for k in _HEADER_KEYS]
@@ -154,9 +186,12 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
       * in  "send": PDU whose bytes are one whole message; metadata "dst" (required) and
         optional "deadline" (s). A "tag" entry or anything else in the metadata is echoed on
         "status".
-      * out "frames_out": one PDU per frame to transmit (header fields in metadata), for
-        frame_builder (or ofdm_link_tx).
-      * in  "frames_in": frames received, from frame_parser (header in metadata) or raw frames.
+      * out "frames_out": one PDU per frame to transmit, for frame_builder (or ofdm_link_tx):
+        the whole encoded frame with metadata "raw" = #t and "type" (``raw_frames``, the
+        default when the compiled frame_builder takes them), else the payload with the header
+        fields in metadata.
+      * in  "frames_in": frames received, from frame_parser (header in metadata, or whole
+        frames with "raw" = #t) or raw frames.
       * out "delivered": each reassembled message once, metadata "src", "dst", "size".
       * out "status": one PDU per send when it finishes: metadata "msg_id", "dst", "size",
         "status" ("delivered"/"failed"/"unconfirmed"), "reason", "elapsed" plus the echoed
@@ -177,6 +212,7 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
         deadline: float = 60.0,
         max_message_size: int = 256 * 1024 * 1024 + 64,
         queue_delivered: bool = False,
+        raw_frames: bool | None = None,
         **arq_overrides: Any,
     ) -> None:
         gr.basic_block.__init__(self, name="link_arq", in_sig=None, out_sig=None)
@@ -184,6 +220,10 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
             raise ValueError(f"node_id must be in 0..{BROADCAST - 1}, got {node_id}")
         self.node_id = node_id
         self.mtu = mtu
+        # raw_frames: "frames_out" PDUs hold whole frames (metadata "raw" = #t) that the C++
+        # frame_builder checks and writes unchanged; None = when the compiled module can
+        self.raw_frames = raw_frames_supported() if raw_frames is None else bool(raw_frames)
+        self._to_pdu = frame_to_raw_pdu if self.raw_frames else frame_to_pdu
         self.config = ArqConfig(
             mtu=mtu,
             window=window,
@@ -262,7 +302,7 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
     # -- publishing ------------------------------------------------------------------------
     def _transmit(self, raw: bytes) -> None:
         # Called by the endpoint with the link lock held: publish and return, never block.
-        self.message_port_pub(_PORTS["frames_out"], frame_to_pdu(raw))
+        self.message_port_pub(_PORTS["frames_out"], self._to_pdu(raw))
 
     def _publish_delivered(self, src: int, payload: bytes) -> None:
         meta = pmt.make_dict()

@@ -95,8 +95,9 @@ class PhyConfig:
             min_output_buffer=self.min_output_buffer,
         )
 
-    def rx(self, node_id: int) -> ofdm_link_rx:
-        """A receiver that passes frames addressed to ``node_id`` (or broadcast)."""
+    def rx(self, node_id: int, raw_frames: bool = False) -> ofdm_link_rx:
+        """A receiver that passes frames addressed to ``node_id`` (or broadcast); with
+        ``raw_frames`` whole frames (for link_arq, which then re-encodes nothing in Python)."""
         return ofdm_link_rx(
             node_id=node_id,
             fft_len=self.fft_len,
@@ -106,6 +107,7 @@ class PhyConfig:
             scramble_bits=self.scramble_bits,
             mtu=self.mtu,
             min_output_buffer=self.min_output_buffer,
+            raw_frames=raw_frames,
         )
 
 
@@ -271,7 +273,7 @@ def _attach_rx(
     src: int,
     seed: int,
 ) -> _RxChain:
-    rx = phy.rx(arq.node_id)
+    rx = phy.rx(arq.node_id, raw_frames=True)  # whole frames: no re-encoding in Python
     chain = _RxChain(src, arq.node_id, rx, None)
     if ch is not None:
         chain.channel = _channel_block(ch, power, seed)

@@ -197,11 +197,16 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
 
     The receiver is gr-digital's ofdm_rx, block for block (Schmidl & Cox sync, header/payload
     demux, simple DFE equalisers, CRC32), with two changes: a header guard (the C++ block
-    scaleflu.header_guard: OFDM headers announcing more than ``mtu`` bytes are rejected, since a
+    scaleflu.header_parser_guard, packet_headerparser_b and the guard in one block, or
+    scaleflu.header_guard after it on an older build: OFDM headers announcing more than ``mtu``
+    bytes are rejected, since a
     noisy header that passes its 8-bit CRC would otherwise stall the demux for good)
     and minimum output buffers sized for frames of ``mtu`` bytes on each block rather than one
     size everywhere. Stream tags at the input are dropped (a radio never passes tags; a
     transmitter's own "packet_len" tags in the same flowgraph would corrupt the receiver).
+    With ``raw_frames`` the PDUs carry the whole checked frame (metadata "raw" = #t plus the
+    header fields) instead of its payload: what link_arq's "frames_in" takes without Python
+    re-encoding.
     """
 
     def __init__(
@@ -217,6 +222,7 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         len_tag_key: str = LEN_TAG_KEY,
         guard_headers: bool = True,
         symbols_out: bool = False,
+        raw_frames: bool = False,
     ) -> None:
         gr.hier_block2.__init__(
             self,
@@ -279,15 +285,35 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             bps_payload,
             scramble_header=scramble_bits,
         )
-        hdr_parser = digital.packet_headerparser_b(hdr_format.formatter())
         # header_data counts the packet in payload symbols (bits / bps), not bytes
-        self.guard = _gr_scaleflu.header_guard(math.ceil(8 * max_packet / bps_payload), len_tag_key)
-        self.connect((hpd, 0), hdr_fft, chanest, hdr_eq, hdr_ser, hdr_demod, hdr_parser)
-        if guard_headers:
-            self.msg_connect(hdr_parser, "header_data", self.guard, "in")
-            self.msg_connect(self.guard, "out", hpd, "header_data")
-        else:
+        max_symbols = math.ceil(8 * max_packet / bps_payload)
+        if guard_headers and hasattr(_gr_scaleflu, "header_parser_guard"):
+            # parser and guard in one C++ block: no message hop (thread wake-up) between the
+            # header and the demux, which waits for it (about 10 % of this chain's CPU time
+            # with packet_headerparser_b -> header_guard, measured: docs/link.md §9.4.1)
+            hdr_parser = _gr_scaleflu.header_parser_guard(
+                occ,
+                1,
+                len_tag_key,
+                frame_key,
+                "packet_num",
+                bps_header,
+                bps_payload,
+                scramble_bits,
+                max_symbols,
+            )
+            self.guard = hdr_parser
+            self.connect((hpd, 0), hdr_fft, chanest, hdr_eq, hdr_ser, hdr_demod, hdr_parser)
             self.msg_connect(hdr_parser, "header_data", hpd, "header_data")
+        else:
+            hdr_parser = digital.packet_headerparser_b(hdr_format.formatter())
+            self.guard = _gr_scaleflu.header_guard(max_symbols, len_tag_key)
+            self.connect((hpd, 0), hdr_fft, chanest, hdr_eq, hdr_ser, hdr_demod, hdr_parser)
+            if guard_headers:
+                self.msg_connect(hdr_parser, "header_data", self.guard, "in")
+                self.msg_connect(self.guard, "out", hpd, "header_data")
+            else:
+                self.msg_connect(hdr_parser, "header_data", hpd, "header_data")
 
         pay_const = _ofdm_txrx._get_constellation(bps_payload)
         pay_fft = fft.fft_vcc(fft_len, True, (), True)
@@ -312,6 +338,10 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         except TypeError:  # a C++ build older than the parser's MTU check: rebuild it
             logger.warning("gnuradio.scaleflu is an old build: frame_parser has no mtu check")
             self.parser = _gr_scaleflu.frame_parser(node_id)
+        # raw_frames: whole checked frames out (metadata "raw" = #t), which link_arq takes as
+        # they are instead of re-encoding them from the metadata in Python
+        if raw_frames and hasattr(self.parser, "set_raw_output"):
+            self.parser.set_raw_output(True)
         self.connect((hpd, 1), pay_fft, pay_eq, pay_ser, pay_demod, pack, descrambler)
         self.connect(descrambler, self.crc, self.to_pdu)
         if symbols_out:

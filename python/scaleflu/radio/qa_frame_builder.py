@@ -92,6 +92,33 @@ class qa_frame_builder(gr_unittest.TestCase):  # noqa: N801 - GNU Radio QA namin
         self.assertEqual(builder.frames_built(), 1)
         self.assertEqual(builder.frames_dropped(), 4)
 
+    def test_raw_frames_pass_unchanged_and_bad_ones_are_dropped(self):
+        from gnuradio.scaleflu import frame_build
+
+        good = [frame_build(0, 4, 9, 77, i, 3, bytes([i]) * (10 + i)) for i in range(3)]
+        ack = frame_build(1, 9, 4, 77, 0, 1, b"\x01" + bytes(10))
+        corrupt = bytearray(good[0])
+        corrupt[30] ^= 0x01  # payload bit flip: CRC mismatch
+        long_frame = frame_build(0, 4, 9, 1, 0, 1, bytes(100))  # 126 B > mtu 120
+        raw = pmt.dict_add(pmt.make_dict(), pmt.intern("raw"), pmt.PMT_T)
+
+        def rpdu(frame):
+            return pmt.cons(raw, pmt.init_u8vector(len(frame), list(frame)))
+
+        builder = scaleflu.frame_builder(mtu=120, src=1, dst=2)
+        msgs = [rpdu(good[0]), rpdu(bytes(corrupt)), rpdu(ack), rpdu(long_frame)]
+        msgs += [rpdu(good[1][:-1]), rpdu(good[1]), rpdu(good[2])]
+        sink = self.run_pdus(builder, msgs)
+        # the good frames come out byte for byte, src/dst/msg_id untouched by the defaults
+        self.assertEqual(bytes(sink.data()), good[0] + ack + good[1] + good[2])
+        tags = [t for t in sink.tags() if pmt.symbol_to_string(t.key) == "packet_len"]
+        self.assertEqual(
+            [pmt.to_long(t.value) for t in tags],
+            [len(good[0]), len(ack), len(good[1]), len(good[2])],
+        )
+        self.assertEqual(builder.frames_built(), 4)
+        self.assertEqual(builder.frames_dropped(), 3)
+
     def test_cpp_codec_equals_python_crc(self):
         from gnuradio.scaleflu import frame_build, frame_crc32, frame_parse
 

@@ -80,5 +80,38 @@ class qa_frame_parser(gr_unittest.TestCase):  # noqa: N801 - GNU Radio QA naming
         self.assertEqual(parser.crc_errors() + parser.malformed(), 3000)
 
 
+class qa_frame_parser_raw(gr_unittest.TestCase):  # noqa: N801 - GNU Radio QA naming
+    def test_raw_output_forwards_whole_frames(self):
+        from gnuradio.scaleflu import frame_build
+
+        tb = gr.top_block()
+        parser = scaleflu.frame_parser(node_id=3)
+        self.assertFalse(parser.raw_output())
+        parser.set_raw_output(True)
+        self.assertTrue(parser.raw_output())
+        sink = blocks.message_debug()
+        tb.msg_connect(parser, "out", sink, "store")
+        ok = frame_build(0, 5, 3, 11, 1, 2, b"payload")
+        bad = bytearray(ok)
+        bad[25] ^= 0x80
+        other = frame_build(0, 5, 4, 11, 1, 2, b"payload")  # for node 4
+        for f in (ok, bytes(bad), other):
+            parser.to_basic_block()._post(
+                pmt.intern("in"), pmt.cons(pmt.make_dict(), pmt.init_u8vector(len(f), list(f)))
+            )
+        parser.to_basic_block()._post(
+            pmt.intern("system"), pmt.cons(pmt.intern("done"), pmt.from_long(1))
+        )
+        tb.run()
+        self.assertEqual(sink.num_messages(), 1)
+        msg = sink.get_message(0)
+        meta = pmt.car(msg)
+        self.assertEqual(bytes(pmt.u8vector_elements(pmt.cdr(msg))), ok)
+        self.assertTrue(pmt.equal(pmt.dict_ref(meta, pmt.intern("raw"), pmt.PMT_F), pmt.PMT_T))
+        for key, want in (("type", 0), ("src", 5), ("dst", 3), ("msg_id", 11), ("seq", 1)):
+            self.assertEqual(pmt.to_long(pmt.dict_ref(meta, pmt.intern(key), pmt.PMT_NIL)), want)
+        self.assertEqual((parser.frames_ok(), parser.crc_errors(), parser.filtered()), (1, 1, 1))
+
+
 if __name__ == "__main__":
     gr_unittest.run(qa_frame_parser)

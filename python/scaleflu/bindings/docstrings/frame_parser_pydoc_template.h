@@ -19,3 +19,7 @@ static const char* __doc_gr_scaleflu_frame_parser_malformed =
     R"doc(Frames rejected for size, magic, version, length, type or sequence.)doc";
 static const char* __doc_gr_scaleflu_frame_parser_filtered =
     R"doc(Valid frames addressed to another node.)doc";
+static const char* __doc_gr_scaleflu_frame_parser_set_raw_output =
+    R"doc(Forward whole frames (metadata "raw" = #t) instead of their payloads.)doc";
+static const char* __doc_gr_scaleflu_frame_parser_raw_output =
+    R"doc(True when whole frames are forwarded.)doc";
