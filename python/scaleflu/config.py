@@ -287,6 +287,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "history.update_tol": (0, None),
     "scale.groups_per_layer": (1, None),
     "scale.top_m": (1, None),
+    "scale.eval.canary_min": (1, None),
     "scale.ppo.episodes": (1, None),
     "scale.ppo.epochs": (1, None),
     "scale.ppo.n_steps": (1, None),

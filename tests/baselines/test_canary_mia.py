@@ -65,3 +65,17 @@ def test_canary_mia_finds_the_trained_model_not_retrain(
     assert abs(m["mia_canary_auc"] - 0.5) < 0.15
     assert o["mia_canary_auc"] > m["mia_canary_auc"] + 0.25
     assert o["mia_canary_tpr_1fpr"] > m["mia_canary_tpr_1fpr"]
+
+
+def test_a_class_request_holds_too_few_canaries_to_audit(
+    canary_run: tuple[Any, dict[str, Any]],
+) -> None:
+    """class:1 holds only the canaries labelled 1 by chance: counted, not scored."""
+    from scaleflu.experiments.table2 import make_context
+
+    run, cfg = canary_run
+    cfg = {**cfg, "scale": {**cfg["scale"], "eval": {**cfg["scale"]["eval"], "mia_shadows": 0}}}
+    ctx = make_context(run, "class:1", cfg, progress=False)
+    o = ctx.original_metrics()
+    assert 0 < o["mia_canary_n"] < int(cfg["scale"]["eval"]["canary_min"])
+    assert o["mia_canary_auc"] is None and o["mia_canary_loss_auc"] is None

@@ -513,6 +513,7 @@ class UnlearnContext:
             canary_target=self.canary_target,
             canary_nonmembers=self.canary_nonmembers,
             canary_reference=self.canary_reference(),
+            canary_min=int(self.scale_cfg["eval"].get("canary_min") or 1),
         )
         out["relearn_rounds"] = None
         ev = self.scale_cfg["eval"]

@@ -269,12 +269,14 @@ def evaluate_model(
     canary_target: ImageData | None = None,
     canary_nonmembers: ImageData | None = None,
     canary_reference: tuple[np.ndarray, np.ndarray] | None = None,
+    canary_min: int = 1,
 ) -> dict[str, Any]:
     """Every accuracy-type metric and the MIAs of ``model`` (see the module docstring).
 
     ``mia_target`` / ``mia_nonmembers``: the class-matched MIA sets; ``mia_reference``: the
     reference models' mean ``phi`` on them (None: no calibrated attack). ``canary_*``: D_u's
-    membership canaries, their held-out twins and the references' ``phi`` on both.
+    membership canaries, their held-out twins and the references' ``phi`` on both; the canary
+    AUCs are reported when there are at least ``canary_min`` of them (``mia_canary_n`` always).
     """
     p_test = predict(model, test)
     p_rem = predict(model, remaining)
@@ -333,10 +335,12 @@ def evaluate_model(
     out.update(
         mia_canary_n=0, mia_canary_loss_auc=None, mia_canary_auc=None, mia_canary_tpr_1fpr=None
     )
-    if canary_target is not None and canary_nonmembers is not None and len(canary_target):
+    n_can = 0 if canary_target is None else len(canary_target)
+    out["mia_canary_n"] = n_can
+    if canary_nonmembers is not None and n_can and n_can >= canary_min:
+        assert canary_target is not None
         p_t = predict(model, canary_target)
         p_n = predict(model, canary_nonmembers)
-        out["mia_canary_n"] = len(canary_target)
         out["mia_canary_loss_auc"] = auc(
             -_losses(p_t, canary_target.labels), -_losses(p_n, canary_nonmembers.labels)
         )
