@@ -73,11 +73,15 @@ class MediumStats:
     captured: int = 0  # receptions that survived an overlap by the capture margin
     data_repeats: int = 0  # link DATA frames put on air again (same src, msg_id, seq)
     delivered: int = 0
+    airtime_by_node: dict[int, float] = field(default_factory=dict)  # seconds each node sent
+    frames_by_node: dict[int, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Counters as a plain dict (airtime in seconds)."""
         d = dict(self.__dict__)
         d["airtime"] = dict(self.airtime)
+        d["airtime_by_node"] = dict(self.airtime_by_node)
+        d["frames_by_node"] = dict(self.frames_by_node)
         return d
 
 
@@ -194,6 +198,8 @@ class MacSim:
             else:
                 self._seen.add(key)
         self.stats.airtime[cat] += end - start
+        self.stats.airtime_by_node[src] = self.stats.airtime_by_node.get(src, 0.0) + end - start
+        self.stats.frames_by_node[src] = self.stats.frames_by_node.get(src, 0) + 1
         # collision bookkeeping: anything on the same frequency overlapping in time
         self._active = [t for t in self._active if t.end > self.now - self._horizon]
         if not self.full_duplex_pairs:
@@ -456,6 +462,12 @@ def simulate_round(
             "model_own_airtime_s": own_model,
             "updates_own_airtime_s": own_updates,
             "collided_frames": st["collided_frames"] - base["collided_frames"],
+            "airtime_by_node_s": {
+                n: a - base["airtime_by_node"].get(n, 0.0) for n, a in st["airtime_by_node"].items()
+            },
+            "frames_by_node": {
+                n: k - base["frames_by_node"].get(n, 0) for n, k in st["frames_by_node"].items()
+            },
             "lost_collision": st["lost_collision"] - base["lost_collision"],
             "lost_link": st["lost_link"] - base["lost_link"],
             "retransmissions_on_air": st["data_repeats"] - base["data_repeats"],

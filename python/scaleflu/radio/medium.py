@@ -973,6 +973,7 @@ class MediumPort:
         timeout: float = 120.0,
         frames_built: Any = None,
         rx_depth: int = 4,
+        rx_lag: int | None = None,
     ) -> None:
         tx_tap, rx_feed = _gr_blocks()
         self.client = MediumClient(node_id, address, timeout)
@@ -985,6 +986,13 @@ class MediumPort:
         self.error: BaseException | None = None
         self.steps = 0
         self.tx_samples = 0
+        # at most this many blocks handed to the receiver and not yet taken in by the flowgraph
+        # before the next step (None: only the queue's depth bounds it). Small values keep a
+        # node's decoding latency, in virtual time, a few blocks whatever the CPU load.
+        self.rx_lag = rx_lag
+        self._rx_queued = 0  # samples put in the receiver's queue
+        self.on_step: list[Any] = []  # called after every step (virtual time moved)
+        self.on_error: Any = None  # called with the exception when the lockstep stops on one
         self._thread = threading.Thread(
             target=self._run, name=f"medium-node-{node_id}", daemon=True
         )
@@ -1019,20 +1027,34 @@ class MediumPort:
                 return
             time.sleep(0.001)
 
+    def _rx_wait(self) -> None:
+        if self.rx_lag is None:
+            return
+        limit = self.rx_lag * self.block
+        deadline = time.monotonic() + 5.0  # never stall the medium for good on a stuck receiver
+        while self._rx_queued - self.rx_source.fed > limit and not self._stop.is_set():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.0005)
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
                 self._flush_wait()
+                self._rx_wait()
                 x = self.tx_sink.take(self.block)
                 if x is not None:
                     self.tx_samples += int(np.count_nonzero(x))
                 y = self.client.exchange(x)
                 self.steps += 1
+                for cb in self.on_step:
+                    cb()
                 if y is None:
                     continue
                 while not self._stop.is_set():
                     try:
                         self.rx_source.q.put(y, timeout=0.1)
+                        self._rx_queued += len(y)
                         break
                     except queue.Full:
                         continue
@@ -1040,6 +1062,8 @@ class MediumPort:
             if not self._stop.is_set():
                 self.error = exc
                 logger.error("medium node %d stopped: %s", self.client.node_id, exc)
+                if self.on_error is not None:
+                    self.on_error(exc)
 
     def close(self) -> None:
         """Stop the lockstep thread and leave the medium."""
@@ -1173,6 +1197,8 @@ def _make_shared_link_class() -> type:
             broker: str = DEFAULT_MEDIUM_ADDRESS,
             phy: PhyConfig | None = None,
             timeout: float = 120.0,
+            virtual_clock: bool = True,
+            rx_lag: int | None = 1,
             **arq_opts: Any,
         ) -> None:
             self.phy = phy or PhyConfig()
@@ -1180,14 +1206,34 @@ def _make_shared_link_class() -> type:
             arq = _arq_block(node_id, self.phy, arq_opts)
             self.tx = self.phy.tx(node_id, amplitude=1.0 / math.sqrt(burst_power(self.phy)))
             self.rx = self.phy.rx(node_id)
-            self.port = MediumPort(node_id, broker, timeout, frames_built=self.tx.frames_built)
+            self.port = MediumPort(
+                node_id, broker, timeout, frames_built=self.tx.frames_built, rx_lag=rx_lag
+            )
             self.tb.msg_connect(arq, "frames_out", self.tx, "in")
             self.tb.connect(self.tx, self.port.tx_sink)
             self.tb.connect(self.port.rx_source, self.rx)
             self.tb.msg_connect(self.rx, "out", arq, "frames_in")
             super().__init__(arq, on_close=self._stop)
+            self.virtual_clock = virtual_clock
+            if virtual_clock:  # ARQ timers (and a MAC put under the link) on the medium's time
+                arq.link.set_clock(self.port.virtual_time)
+                self.port.on_step.append(arq.link.clock_advanced)
+            self.port.on_error = self._medium_lost
             self.tb.start()
             self.port.start()
+
+        def _wait_limit(self, timeout: float | None) -> float | None:
+            # On the medium's clock the ARQ ends every send at its deadline in virtual time,
+            # however slowly the medium runs; a lost medium cancels the sends (_medium_lost).
+            if self.virtual_clock:
+                return None
+            return super()._wait_limit(timeout)
+
+        def _medium_lost(self, exc: BaseException) -> None:
+            link = self.arq.link
+            with link._wake:
+                link.endpoint.cancel_all(f"medium lost: {exc}")
+                link._wake.notify_all()
 
         def virtual_time(self) -> float:
             """The medium's virtual time in seconds (see MediumPort.virtual_time)."""
@@ -1215,8 +1261,10 @@ def _make_shared_link_class() -> type:
 def SharedMediumLink(node_id: int, broker: str = DEFAULT_MEDIUM_ADDRESS, **opts: Any):  # noqa: N802
     """A Link (scaleflu.link.api) of ``node_id`` on the medium of the broker at ``broker``.
 
-    Options: ``phy`` (PhyConfig), ``timeout`` (wall seconds to wait for the broker), ARQ
-    options (window, initial_rto, deadline, ...). Also ``make_link("ofdm-shared", ...)``.
+    Options: ``phy`` (PhyConfig), ``timeout`` (wall seconds to wait for the broker),
+    ``virtual_clock`` (True: the ARQ's timers, send deadlines and a MAC put under the link run
+    on the medium's virtual time, so a slow machine runs slower, not differently), ARQ options
+    (window, initial_rto, deadline, ...). Also ``make_link("ofdm-shared", ...)``.
     """
     return _make_shared_link_class()(node_id, broker, **opts)
 
