@@ -112,8 +112,15 @@ class MacSim:
         seed: int = 0,
         full_duplex_pairs: bool = False,
         prop_delay: float = 0.0,
+        start_quantum: float = 0.0,
     ) -> None:
+        if prop_delay < 0 or start_quantum < 0:
+            raise ValueError("prop_delay and start_quantum must be >= 0")
         self.config = config or MacConfig()
+        # A sample-level PHY starts a burst at the next lockstep block (start_quantum seconds)
+        # and hands a frame to the node some time after its last sample (prop_delay: receiver
+        # latency). Both 0: the ideal frame-level medium.
+        self.start_quantum = start_quantum
         self.server = server
         self.capture_db = capture_db
         self.full_duplex_pairs = full_duplex_pairs
@@ -184,6 +191,9 @@ class MacSim:
         cat, dst = classify(raw, self.server)
         port = (src, dst) if self.full_duplex_pairs else (src, -1)  # one transmitter per node
         start = max(self.now, self._tx_busy.get(port, 0.0))
+        if self.start_quantum and start > self._tx_busy.get(port, -1.0):  # not back to back
+            q = self.start_quantum
+            start = math.ceil(start / q - 1e-9) * q
         end = start + self.config.airtime(len(raw))
         self._tx_busy[port] = end
         tx = _Tx(src, self.tx_freq.get(src, 0.0), start, end, raw, dst, cat)
@@ -334,6 +344,8 @@ def simulate_round(
     arq: ArqConfig | None = None,
     capture_db: float = 6.0,
     max_wall_s: float | None = None,
+    rx_latency_s: float = 0.0,
+    start_quantum_s: float = 0.0,
 ) -> dict[str, Any]:
     """One FedAvg round in virtual time: model down to ``n_robots`` robots, training, uploads.
 
@@ -342,7 +354,9 @@ def simulate_round(
     (ideal: every pair its own collision-free channel; unicast). Robots are nodes 1..N, the
     server is 0. Payloads are seeded random bytes; the result says whether every delivered
     model and update is bit-exact. The round closes when every robot's update is in, or at
-    ``deadline_s`` (seconds of virtual time after the model went out).
+    ``deadline_s`` (seconds of virtual time after the model went out). ``rx_latency_s`` and
+    ``start_quantum_s`` fit the model to the sample-level medium (MacSim's ``prop_delay`` and
+    ``start_quantum``: receiver latency, bursts starting at lockstep block boundaries).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -353,7 +367,13 @@ def simulate_round(
     rng = random.Random(seed)
     robots = list(range(1, n_robots + 1))
     sim = MacSim(
-        mac, server=0, capture_db=capture_db, seed=seed, full_duplex_pairs=mode == "per-pair"
+        mac,
+        server=0,
+        capture_db=capture_db,
+        seed=seed,
+        full_duplex_pairs=mode == "per-pair",
+        prop_delay=rx_latency_s,
+        start_quantum=start_quantum_s,
     )
     model = rng.randbytes(model_bytes)
     updates = {r: rng.randbytes(update_bytes or model_bytes) for r in robots}

@@ -1018,7 +1018,7 @@ class MediumPort:
     def _flush_wait(self) -> None:
         if self._frames_built is None:
             return
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 30.0  # as _rx_wait: slower, not different, under load
         while time.monotonic() < deadline and not self._stop.is_set():
             if (
                 self.tx_sink.bursts >= int(self._frames_built())
@@ -1031,7 +1031,9 @@ class MediumPort:
         if self.rx_lag is None:
             return
         limit = self.rx_lag * self.block
-        deadline = time.monotonic() + 5.0  # never stall the medium for good on a stuck receiver
+        # the medium waits for this receiver (a loaded CPU makes it slower, not different), but
+        # not for good: a receiver stuck this long lets the lockstep go on (under node_timeout)
+        deadline = time.monotonic() + 30.0
         while self._rx_queued - self.rx_source.fed > limit and not self._stop.is_set():
             if time.monotonic() > deadline:
                 return

@@ -55,8 +55,10 @@ def make_testbed_link(kind: str, node_id: int, **opts: Any) -> Link:
     if k not in PROCESS_KINDS and k != "ofdm-loopback":
         raise ValueError(f"link {k!r} is not for the testbed apps")
     clean.pop("hub", None)
+    keep = ("mac", "members") if k in ("ofdm-shared", "uhd") else ()  # the MAC on one frequency
     for key in ("mac", "members", "rate_bytes_per_s"):
-        clean.pop(key, None)
+        if key not in keep:
+            clean.pop(key, None)
     if k == "uhd" and "time_source" in clean:
         import inspect
 
