@@ -50,8 +50,42 @@ START_QUANTUM_S = BLOCK / SAMP_RATE
 RX_LATENCY_S = 2.5 * BLOCK / SAMP_RATE
 
 
+# Frame error rate of 1500-byte frames of the OFDM PHY per SNR, AWGN + CFO (docs/link.md 9.4,
+# link_bench.py, 200 frames per point); shorter frames: 1 - (1 - FER)^(bytes / 1500).
+FER_SNR_DB = (15.0, 16.0, 17.0, 18.0, 19.0, 20.0)
+FER_1500 = (1.0, 0.995, 0.87, 0.42, 0.09, 0.0)
+
+
+def fading_loss(args: argparse.Namespace, t_offset: float):
+    """loss_fn for MacSim: the medium's own fading trace (same seed, same links, same virtual
+    time) -> instantaneous SNR of each frame -> the PHY's frame error rate at that SNR."""
+    import numpy as np
+
+    from scaleflu.radio.medium import LinkChannel, MediumConfig, _Link
+
+    cfg = MediumConfig(seed=args.seed, default=LinkChannel(snr_db=args.snr_db, fading=args.fading))
+    links: dict = {}
+
+    def loss(src: int, dst: int, start: float, end: float, nbytes: int) -> float:
+        lk = links.get((src, dst))
+        if lk is None:
+            lk = links[(src, dst)] = _Link(cfg, src, dst)
+        n = ((start + end) / 2 + t_offset) * SAMP_RATE
+        gain = float(np.sum(np.abs(lk.taps_at(n)) ** 2))
+        snr = args.snr_db + 10 * np.log10(max(gain, 1e-12))
+        fer = float(np.interp(snr, FER_SNR_DB, FER_1500))
+        return 1.0 - (1.0 - fer) ** (nbytes / 1500)
+
+    return loss
+
+
 def frame_level(
-    size: int, mac: MacConfig, seed: int, deadline: float, fitted: bool = True, loss: float = 0.0
+    size: int,
+    mac: MacConfig,
+    seed: int,
+    deadline: float,
+    fitted: bool = True,
+    loss_fn=None,
 ) -> dict:
     """The same round at frame level: ideal, or with the sample level's timing fitted in."""
     arq = ArqConfig(**MAC_ARQ_DEFAULTS, deadline=deadline)
@@ -65,7 +99,7 @@ def frame_level(
         seed=seed,
         mac=mac,
         arq=arq,
-        loss=loss,
+        loss_fn=loss_fn,
         rx_latency_s=RX_LATENCY_S if fitted else 0.0,
         start_quantum_s=START_QUANTUM_S if fitted else 0.0,
     )
@@ -86,6 +120,7 @@ def frame_level(
         "bcast_passes": r["broadcast"]["passes"],
         "grants": r["mac"]["grants_tx"],
         "grant_timeouts": r["mac"]["grant_timeouts"],
+        "lost_link": r["lost_link"],
         "bit_exact": r["models_bit_exact"] == 3 and r["updates_bit_exact"] == 3,
     }
 
@@ -131,6 +166,7 @@ def sample_level(args: argparse.Namespace, mac: dict) -> dict:
             t.start()
         s0 = broker_stats(br.address)
         t0 = srv.virtual_time()
+        out["t0_virtual_s"] = t0
         h = srv.broadcast(model, [1, 2, 3], timeout=args.deadline)
         rx: dict[int, bool] = {}
         t_up: dict[int, float] = {}
@@ -200,10 +236,18 @@ def main() -> int:
     mac["contention_slots"] = 0  # members configured: every transmission is scheduled
     mcfg = MacConfig(**mac)
     res = {"args": vars(args), "mac": mac}
-    res["frame_level_ideal"] = frame_level(args.size, mcfg, args.seed, args.deadline, False)
-    res["frame_level"] = frame_level(args.size, mcfg, args.seed, args.deadline)
-    res["fit"] = {"start_quantum_s": START_QUANTUM_S, "rx_latency_s": RX_LATENCY_S}
     res["sample_level"] = sample_level(args, mac)
+    loss_fn = None
+    if args.fading != "none":  # the same fading trace, from the sample level's start time
+        loss_fn = fading_loss(args, res["sample_level"]["t0_virtual_s"])
+    res["frame_level_ideal"] = frame_level(args.size, mcfg, args.seed, args.deadline, False)
+    res["frame_level"] = frame_level(args.size, mcfg, args.seed, args.deadline, True, loss_fn)
+    res["fit"] = {
+        "start_quantum_s": START_QUANTUM_S,
+        "rx_latency_s": RX_LATENCY_S,
+        "fer_snr_db": FER_SNR_DB if loss_fn else None,
+        "fer_1500": FER_1500 if loss_fn else None,
+    }
     f0, f, s = res["frame_level_ideal"], res["frame_level"], res["sample_level"]
     rows = []
     for key in ("airtime_total_s", "server_s", "robots_s", "round_s"):

@@ -174,6 +174,8 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "testbed.arq.window": int,
     "testbed.arq.initial_rto": (int, float),
     "testbed.arq.rate_bytes_per_s": (int, float),
+    "testbed.mac.turnaround_s": (int, float),
+    "testbed.mac.guard_s": (int, float),
     "baselines.retrain.rounds": int,
     "baselines.scale.mode": str,
     "baselines.pga.batch_size": int,
@@ -220,6 +222,11 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.robots": (1, None),
     "testbed.rounds": (1, None),
     "testbed.min_robots": (1, None),
+    "testbed.medium.snr_db": (-20, 80),
+    "testbed.medium.k_factor_db": (-30, 60),
+    "testbed.medium.doppler_hz": (0, 1000),
+    "testbed.medium.block": (256, 1048576),
+    "testbed.medium.node_timeout_s": (1, None),
 }
 RANGE_OPEN: set[str] = {"data.alpha<", "fl.lr<", "fl.momentum>", "history.link_goodput<"}
 
@@ -231,6 +238,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fl.backend": ("local", "ray"),
     "fl.trainer": ("auto", "vmap", "sequential"),
     "scale.mode": ("default", "paper"),
+    "testbed.medium.fading": ("none", "rayleigh", "rician"),
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),
 }

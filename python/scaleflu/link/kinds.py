@@ -134,7 +134,8 @@ def _put_mac_under(link: Any, node_id: int, mac_opts: dict[str, Any], seed: Any)
     arq_link = link.arq.link if hasattr(link, "arq") else link
     mac = mac_opts.get("mac")
     if getattr(link, "virtual_clock", False) and not isinstance(mac, MacConfig):
-        mac = {**SHARED_MAC_DEFAULTS, **(mac or {})}  # virtual-time margins (ofdm-shared)
+        given = {k: v for k, v in (mac or {}).items() if v is not None}
+        mac = {**SHARED_MAC_DEFAULTS, **given}  # virtual-time margins (ofdm-shared)
     m = attach_mac(
         arq_link,
         mac_config(mac),

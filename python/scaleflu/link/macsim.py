@@ -113,6 +113,7 @@ class MacSim:
         full_duplex_pairs: bool = False,
         prop_delay: float = 0.0,
         start_quantum: float = 0.0,
+        loss_fn: Callable[[int, int, float, float, int], float] | None = None,
     ) -> None:
         if prop_delay < 0 or start_quantum < 0:
             raise ValueError("prop_delay and start_quantum must be >= 0")
@@ -121,6 +122,9 @@ class MacSim:
         # and hands a frame to the node some time after its last sample (prop_delay: receiver
         # latency). Both 0: the ideal frame-level medium.
         self.start_quantum = start_quantum
+        # loss_fn(src, dst, start, end, nbytes) -> loss probability of that frame on that link
+        # (time-varying channels: a fading trace and the PHY's frame error rate per SNR)
+        self.loss_fn = loss_fn
         self.server = server
         self.capture_db = capture_db
         self.full_duplex_pairs = full_duplex_pairs
@@ -258,6 +262,8 @@ class MacSim:
                         continue
                     self.stats.captured += 1
             p = self._loss.get((tx.src, r), 0.0)
+            if self.loss_fn is not None and p < 1.0:
+                p = max(p, self.loss_fn(tx.src, r, tx.start, tx.end, len(tx.raw)))
             if p and self.rng.random() < p:
                 self.stats.lost_link += 1
                 continue
@@ -346,6 +352,7 @@ def simulate_round(
     max_wall_s: float | None = None,
     rx_latency_s: float = 0.0,
     start_quantum_s: float = 0.0,
+    loss_fn: Callable[[int, int, float, float, int], float] | None = None,
 ) -> dict[str, Any]:
     """One FedAvg round in virtual time: model down to ``n_robots`` robots, training, uploads.
 
@@ -356,7 +363,8 @@ def simulate_round(
     model and update is bit-exact. The round closes when every robot's update is in, or at
     ``deadline_s`` (seconds of virtual time after the model went out). ``rx_latency_s`` and
     ``start_quantum_s`` fit the model to the sample-level medium (MacSim's ``prop_delay`` and
-    ``start_quantum``: receiver latency, bursts starting at lockstep block boundaries).
+    ``start_quantum``: receiver latency, bursts starting at lockstep block boundaries);
+    ``loss_fn`` a time-varying frame loss per link (MacSim).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -374,6 +382,7 @@ def simulate_round(
         full_duplex_pairs=mode == "per-pair",
         prop_delay=rx_latency_s,
         start_quantum=start_quantum_s,
+        loss_fn=loss_fn,
     )
     model = rng.randbytes(model_bytes)
     updates = {r: rng.randbytes(update_bytes or model_bytes) for r in robots}

@@ -1241,6 +1241,10 @@ def _make_shared_link_class() -> type:
             """The medium's virtual time in seconds (see MediumPort.virtual_time)."""
             return self.port.virtual_time()
 
+        def medium_stats(self) -> dict[str, Any]:
+            """The broker's counters: virtual time, airtime per node, collided samples."""
+            return broker_stats(self.port.client.address, timeout=2.0)
+
         def counters(self) -> dict[str, int]:
             """Receiver counters and lockstep steps of this node."""
             return {
