@@ -119,6 +119,8 @@ def open_link(kind: str, node_id: int, **opts: Any) -> Any:
     if k == "ofdm-shared":  # one frequency: the MAC schedules every transmission
         arq = {**MAC_ARQ_DEFAULTS, **arq}
         seed = opts.pop("seed", None)  # the channel's seed lives at the broker
+    elif k == "uhd" and "mac" in mac_opts:
+        seed = opts.pop("seed", None)  # the MAC's (radios have no simulated channel)
     link = radio_links.make_link(_RADIO_NAME[k], node_id, **opts, **arq)
     if k == "ofdm-shared" or (k == "uhd" and "mac" in mac_opts):
         _put_mac_under(link, node_id, mac_opts, seed)

@@ -424,8 +424,7 @@ def run_testbed(args: argparse.Namespace) -> int:
             str(args.drop_rate),
         ]
         out.write(
-            f"channel: OFDM over ZeroMQ ports {base}.., SNR {snr} dB, "
-            f"frame drop {args.drop_rate}\n"
+            f"channel: OFDM over ZeroMQ ports {base}.., SNR {snr} dB, frame drop {args.drop_rate}\n"
         )
     common = ["--config", str(cfg_path), *link_args]  # keys: the server's store, each robot its own
     server_cmd = [*app_command("edge_server"), *common, "--keys", str(keys_path)]
@@ -567,7 +566,7 @@ def run_testbed(args: argparse.Namespace) -> int:
             out.write(
                 f"shared medium: {medium['virtual_s']:.1f} s of virtual time, {air:.2f} s on "
                 f"air, {medium['collision_s']:.4f} s of collided samples in all (cumulative at "
-                f"the end of each round {({k: round(v, 4) for k, v in collisions.items()})})\n"
+                f"the end of each round { ({k: round(v, 4) for k, v in collisions.items()}) })\n"
             )
         out.write(f"testbed done in {total:.0f}s; report {report} and plots in {run_dir}\n")
         return 0 if rc in (0, None) else rc
