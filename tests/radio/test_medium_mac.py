@@ -51,7 +51,13 @@ def test_three_robots_complete_fl_rounds_bit_exact_without_collision_on_a_fading
                 got_model: dict[int, dict] = {}
                 sent: dict[int, object] = {}
 
-                def robot(r: int, rnd: int = rnd, updates: dict = updates) -> None:
+                def robot(
+                    r: int,
+                    rnd: int = rnd,
+                    updates: dict = updates,
+                    got_model: dict = got_model,
+                    sent: dict = sent,
+                ) -> None:
                     m = links[r].recv_message(timeout=120)
                     if m is None:
                         return

@@ -1,4 +1,4 @@
-"""One frequency by default: ofdm-shared for the demo, the MAC on uhd, the medium's report columns."""
+"""One frequency by default: ofdm-shared in the demo, the MAC on uhd, the medium in the report."""
 
 from __future__ import annotations
 
