@@ -267,11 +267,12 @@ class MacConfig:
     downlink_bytes: int = 96 * 1024  # server burst between two grants
     idle_poll_s: float = 0.5  # poll a robot with nothing to say this often
     max_poll_interval_s: float = 8.0  # backoff cap for robots that do not answer
-    # A missed grant is retried after miss_retry_s this many times before the backoff starts:
+    # A missed grant is retried after miss_retry_s (about one fade) this many times before the
+    # exponential backoff starts:
     # on a fading channel a robot in a fade misses a grant or two (a 2 Hz Rician fade lasts
     # about 0.1-0.3 s); backing off 0.5, 1, 2 s at once stretched a round from 1.5 to 26 s.
-    quick_retries: int = 2
-    miss_retry_s: float = 0.05
+    quick_retries: int = 3
+    miss_retry_s: float = 0.15
     beacon_interval_s: float = 1.0  # BEACON (registration) period
     contention_slots: int = 8  # JOIN slots after each BEACON (0: registration closed)
     join_backoff_exp: int = 6  # robots skip up to 2**min(attempts, this) - 1 beacons
