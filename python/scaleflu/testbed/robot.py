@@ -246,11 +246,14 @@ class RobotClient:
         """
         end = time.monotonic() + timeout
         wait = 1.0
+        # the retry interval on the link's clock: on ofdm-shared the medium's virtual time, which
+        # runs slower than the wall while it is busy (retrying on wall time re-registered)
+        clock = getattr(self.link, "virtual_time", time.monotonic)
         while time.monotonic() < end and not self.done:
             self._pending_nonce = secrets.token_hex(8)
             self._send_register(wait * 4)
-            until = time.monotonic() + wait * 4
-            while time.monotonic() < until and self._pending_nonce is not None:
+            until = clock() + wait * 4
+            while clock() < until and self._pending_nonce is not None:
                 self.poll(0.2)
             if self._pending_nonce is None:
                 return True
