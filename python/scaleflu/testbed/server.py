@@ -232,6 +232,9 @@ class EdgeServer:
         ``server.public_key``).
         """
         self.link = link
+        # deadlines of rounds and deployments on the link's clock: the shared medium's virtual
+        # time on ofdm-shared (a busy, slow medium stretches the wall time, not the round)
+        self.clock = getattr(link, "virtual_time", time.monotonic)
         self.signing_key = signing_key or Ed25519PrivateKey.generate()
         self.public_key = public_bytes(self.signing_key)
         self.keys = dict(keys)
@@ -622,7 +625,7 @@ class EdgeServer:
             "purpose": purpose,
             "sha256": sha,
             "base_sha256": robot.held_sha if ref is not None else None,
-            "deadline_s": max(0.0, (self.round.deadline - time.monotonic()) if self.round else 0),
+            "deadline_s": max(0.0, (self.round.deadline - self.clock()) if self.round else 0),
             **(extra or {}),
         }
         meta["sig"] = sign(
@@ -715,7 +718,7 @@ class EdgeServer:
                     "sha256": sha,
                     "base_sha256": base,
                     "deadline_s": max(
-                        0.0, (self.round.deadline - time.monotonic()) if self.round else 0
+                        0.0, (self.round.deadline - self.clock()) if self.round else 0
                     ),
                     "body_sha256": body_sha,
                     **(extra or {}),
@@ -809,14 +812,14 @@ class EdgeServer:
         w0 = time.perf_counter()
         bytes0 = self._air_bytes()
         link0 = link_counters(self.link)
-        rs = RoundState(t, self.global_np, time.monotonic() + float(tb["round_deadline_s"]))
+        rs = RoundState(t, self.global_np, self.clock() + float(tb["round_deadline_s"]))
         self.round = rs
         src = state_sha256(self.global_np)
         rs.scheduled.update(robot.robot_id for robot in self._active())
         self._send_model_many(self._active(), self.global_np, "train", t, src_sha=src)
         self._prev_broadcast = self.global_np
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
-        while time.monotonic() < rs.deadline:
+        while self.clock() < rs.deadline:
             grace = float(tb.get("refused_grace_s", 0.0))
             waiting = rs.scheduled - self._forgotten_ids() - rs.not_awaited(grace)
             if rs.scheduled and set(rs.updates) >= waiting:
@@ -912,9 +915,9 @@ class EdgeServer:
         src = state_sha256(state)
         sends = self._send_model_many(targets, state, purpose, t, extra, src)
         self._prev_broadcast = state
-        end = time.monotonic() + timeout
+        end = self.clock() + timeout
         want = {o.robot for o in sends}
-        while time.monotonic() < end:
+        while self.clock() < end:
             self.poll(0.2)
             # a robot that registered again (restart) or lost the model gets it (again)
             for rb in self.robots.values():
