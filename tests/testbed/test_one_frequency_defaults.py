@@ -49,7 +49,7 @@ def test_apps_open_ofdm_shared_and_uhd_with_the_mac(monkeypatch):
     assert srv["kind"] == "ofdm-shared" and srv["broker"] == "tcp://h:1"
     assert srv["members"] == (1, 2) and isinstance(srv["mac"], dict)
     rob = _captured_link(monkeypatch, ["--link", "uhd"], 2, [0])
-    assert rob["kind"] == "uhd" and rob["members"] == () and "mac" in rob
+    assert rob["kind"] == "uhd" and rob["members"] == (2,) and "mac" in rob
     assert rob["tx_args"] == "type=b200" and rob["freq"] == 2.45e9
     pairs = _captured_link(monkeypatch, ["--link", "ofdm-pairs", "--base-port", "5"], 1, [0])
     assert "mac" not in pairs and "broker" not in pairs

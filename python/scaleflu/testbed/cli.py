@@ -294,7 +294,9 @@ def build_link(
     elif kind in ("ofdm-shared", "uhd"):  # one frequency: the server-scheduled MAC
         opts.update(
             mac=dict(cfg["testbed"].get("mac") or {}),
-            members=tuple(peers) if node_id == SERVER_ID else (),
+            # an enrolled robot (it holds a key file) is a member from the start: no JOIN in
+            # contention, so every transmission on the frequency is scheduled
+            members=tuple(peers) if node_id == SERVER_ID else (node_id,),
             seed=int(cfg["seed"]) + node_id,
         )
         if kind == "ofdm-shared":

@@ -723,6 +723,17 @@ class EdgeServer:
                     "body_sha256": body_sha,
                     **(extra or {}),
                 }
+                # signed per robot as in _send_model (robots with the server's public key
+                # refused every broadcast model without it: "not signed by the server")
+                meta["sig"] = sign(
+                    self.signing_key,
+                    "model",
+                    session=self.session,
+                    robot=rb.robot_id,
+                    round=t,
+                    purpose=purpose,
+                    sha256=sha,
+                )
                 h = self.ep.send(
                     MsgType.MODEL,
                     rb.robot_id,
