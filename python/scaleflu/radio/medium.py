@@ -148,6 +148,12 @@ class MediumConfig:
     idle_blocks: int = 4  # quiet steps after the last burst before receivers stop getting noise
     idle_speed: float = 1.0  # virtual / wall time while idle (<= 0: as fast as possible)
     idle_stride: int = 16  # blocks per step while idle and nobody has anything to send
+    # Star of a hub (the edge server): the other nodes only take frames from the hub, so their
+    # receivers get no samples while only non-hub nodes transmit (after idle_blocks steps, as
+    # for silence). What they hear of the hub, collisions with anyone included, is unchanged;
+    # it saves the robots' receivers from demodulating each other's uploads (they would drop
+    # them). None: every receiver hears everything.
+    hub: int | None = None
 
     def __post_init__(self) -> None:
         if not 256 <= self.block <= 1 << 20:
@@ -160,6 +166,8 @@ class MediumConfig:
             raise ValueError("idle_stride must be within [1, 1024] blocks")
         for n in self.nodes:
             _check_node(n)
+        if self.hub is not None:
+            _check_node(self.hub)
         self.default.validate()
         for (a, b), ch in self.links.items():
             _check_node(a)
@@ -217,6 +225,10 @@ class MediumConfig:
                 d["positions"] = pos
             if "nodes" in d:
                 d["nodes"] = tuple(_check_node(int(n)) for n in d["nodes"])
+            if d.get("hub") is not None:
+                if isinstance(d["hub"], bool) or not isinstance(d["hub"], int):
+                    raise ValueError(f"hub must be a node id, got {d['hub']!r}")
+                d["hub"] = _check_node(d["hub"])
             for key, typ in (
                 ("samp_rate", float),
                 ("block", int),
@@ -446,9 +458,12 @@ class MediumModel:
         for j in self.nodes:
             # heard: another in-range transmitter was on while j's own receiver was not blanked
             heard = False
+            hub = self.cfg.hub
             for i in self.nodes:
                 if i == j or self._links[(i, j)].amp == 0.0 or not on[i].any():
                     continue
+                if hub is not None and hub not in (i, j):
+                    continue  # a robot listens to the hub only (MediumConfig.hub)
                 if self.cfg.half_duplex and on[j].any():
                     heard = heard or bool(np.any(on[i] & ~on[j]))
                 else:

@@ -243,6 +243,7 @@ def start_medium(cfg: dict[str, Any], args: argparse.Namespace) -> tuple[Any, st
         block=int(med.get("block", 8192)),
         default=ch,
         node_timeout=float(med.get("node_timeout_s", 60.0)),
+        hub=0,  # the robots take frames from the server only: they skip each other's uploads
     )
     broker = MediumBroker(mcfg).start()
     k = f", K = {ch.k_factor_db:g} dB" if fading == "rician" else ""
