@@ -197,6 +197,7 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
             self.config = replace(self.config, **arq_overrides)
         self.bad_pdus = 0  # PDUs on "send"/"frames_in" that were not usable
         self.frames_in_count = 0  # PDUs handled on "frames_in"
+        self.frames_done = 0  # ... and handed to the link (processed: feed() returned)
         self._pub_lock = threading.Lock()
         for p in ("send", "frames_in"):
             self.message_port_register_in(_PORTS[p])
@@ -253,11 +254,14 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
 
     def _handle_frame(self, msg: pmt.pmt_t) -> None:
         self.frames_in_count += 1
-        raw = pdu_to_frame(msg, self.mtu)
-        if raw is None:
-            self.bad_pdus += 1
-            return
-        self.link.feed(raw)
+        try:
+            raw = pdu_to_frame(msg, self.mtu)
+            if raw is None:
+                self.bad_pdus += 1
+                return
+            self.link.feed(raw)
+        finally:
+            self.frames_done += 1
 
     # -- publishing ------------------------------------------------------------------------
     def _transmit(self, raw: bytes) -> None:

@@ -1006,6 +1006,11 @@ class MediumPort:
         # node's decoding latency, in virtual time, a few blocks whatever the CPU load.
         self.rx_lag = rx_lag
         self._rx_queued = 0  # samples put in the receiver's queue
+        # frames the receiver decoded that the node has not acted on yet (SharedMediumLink: the
+        # receiver's frame count minus the frames its ARQ/MAC processed): the lockstep waits for
+        # them, so a node's answer to a frame (a robot's to its grant) does not depend on how
+        # fast its Python threads run
+        self.rx_pending: Any = None
         self.on_step: list[Any] = []  # called after every step (virtual time moved)
         self.on_error: Any = None  # called with the exception when the lockstep stops on one
         self._thread = threading.Thread(
@@ -1043,13 +1048,16 @@ class MediumPort:
             time.sleep(0.001)
 
     def _rx_wait(self) -> None:
-        if self.rx_lag is None:
+        if self.rx_lag is None and self.rx_pending is None:
             return
-        limit = self.rx_lag * self.block
+        limit = math.inf if self.rx_lag is None else self.rx_lag * self.block
+        pending = self.rx_pending or (lambda: 0)
         # the medium waits for this receiver (a loaded CPU makes it slower, not different), but
         # not for good: a receiver stuck this long lets the lockstep go on (under node_timeout)
         deadline = time.monotonic() + 30.0
-        while self._rx_queued - self.rx_source.fed > limit and not self._stop.is_set():
+        while (
+            self._rx_queued - self.rx_source.fed > limit or pending() > 0
+        ) and not self._stop.is_set():
             if time.monotonic() > deadline:
                 return
             time.sleep(0.0005)
@@ -1236,6 +1244,7 @@ def _make_shared_link_class() -> type:
                 arq.link.set_clock(self.port.virtual_time)
                 self.port.on_step.append(arq.link.clock_advanced)
             self.port.on_error = self._medium_lost
+            self.port.rx_pending = lambda: self.rx.frames_ok() - arq.frames_done
             self.tb.start()
             self.port.start()
 
