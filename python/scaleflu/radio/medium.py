@@ -1011,6 +1011,7 @@ class MediumPort:
         # them, so a node's answer to a frame (a robot's to its grant) does not depend on how
         # fast its Python threads run
         self.rx_pending: Any = None
+        self.frames_posted: Any = None  # frames handed to the transmitter (link_arq frames_out)
         self.on_step: list[Any] = []  # called after every step (virtual time moved)
         self.on_error: Any = None  # called with the exception when the lockstep stops on one
         self._thread = threading.Thread(
@@ -1038,12 +1039,19 @@ class MediumPort:
     def _flush_wait(self) -> None:
         if self._frames_built is None:
             return
-        deadline = time.monotonic() + 30.0  # as _rx_wait: slower, not different, under load
+        now = time.monotonic()
+        deadline = now + 30.0  # as _rx_wait: slower, not different, under load
+        posted_deadline = now + 2.0  # a frame the builder never builds must not stall us long
         while time.monotonic() < deadline and not self._stop.is_set():
+            built = int(self._frames_built())
             if (
-                self.tx_sink.bursts >= int(self._frames_built())
-                and not self.tx_sink.pending_bursts()
+                self.frames_posted is not None
+                and built < self.frames_posted()
+                and time.monotonic() < posted_deadline
             ):
+                time.sleep(0.0005)  # frames handed to the builder, not yet built: a train
+                continue  # would otherwise go out split by idle blocks, past its grant
+            if self.tx_sink.bursts >= built and not self.tx_sink.pending_bursts():
                 return
             time.sleep(0.001)
 
@@ -1245,6 +1253,7 @@ def _make_shared_link_class() -> type:
                 self.port.on_step.append(arq.link.clock_advanced)
             self.port.on_error = self._medium_lost
             self.port.rx_pending = lambda: self.rx.frames_ok() - arq.frames_done
+            self.port.frames_posted = lambda: arq.frames_out_count
             self.tb.start()
             self.port.start()
 
