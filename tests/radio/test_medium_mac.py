@@ -18,7 +18,7 @@ import pytest
 from scaleflu.link.wire import Message, MessageType
 from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig
 
-pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.gnuradio, pytest.mark.slow, pytest.mark.timeout(420)]
 
 SHAPES = {"w": (40, 100), "b": (40,), "v": (10, 40)}  # 4 440 float32 = 17.9 kB per message
 

@@ -1049,7 +1049,7 @@ class MediumPort:
                 and built < self.frames_posted()
                 and time.monotonic() < posted_deadline
             ):
-                time.sleep(0.0005)  # frames handed to the builder, not yet built: a train
+                time.sleep(0.001)  # frames handed to the builder, not yet built: a train
                 continue  # would otherwise go out split by idle blocks, past its grant
             if self.tx_sink.bursts >= built and not self.tx_sink.pending_bursts():
                 return
@@ -1068,7 +1068,7 @@ class MediumPort:
         ) and not self._stop.is_set():
             if time.monotonic() > deadline:
                 return
-            time.sleep(0.0005)
+            time.sleep(0.001)
 
     def _run(self) -> None:
         try:
