@@ -33,6 +33,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,7 @@ import pmt  # noqa: E402
 from gnuradio import blocks, channels, digital, gr, pdu  # noqa: E402
 
 from scaleflu.link.frame import FRAME_OVERHEAD, max_payload  # noqa: E402
+from scaleflu.link.samples import lenet_like  # noqa: E402
 from scaleflu.link.wire import Encoding, Message, MessageType, encode_message  # noqa: E402
 from scaleflu.radio.links import (  # noqa: E402
     ChannelConfig,
@@ -273,20 +275,7 @@ def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int, **arq: 
 
 # -- 3b. tail latency under heavy loss ------------------------------------------------------
 def _lenet_message(seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    shapes = {
-        "conv1.weight": (6, 1, 5, 5),
-        "conv1.bias": (6,),
-        "conv2.weight": (16, 6, 5, 5),
-        "conv2.bias": (16,),
-        "fc1.weight": (120, 400),
-        "fc1.bias": (120,),
-        "fc2.weight": (84, 120),
-        "fc2.bias": (84,),
-        "fc3.weight": (10, 84),
-        "fc3.bias": (10,),
-    }
-    tensors = {k: rng.standard_normal(v).astype(np.float32) for k, v in shapes.items()}
+    tensors = lenet_like(seed)
     return encode_message(Message(type=MessageType.MODEL, tensors=tensors))
 
 
@@ -308,63 +297,40 @@ def _tail_summary(times: list[float], statuses: list[str], extra: dict) -> dict:
     }
 
 
+def _tail_transfers(a: Any, b: Any, n: int, seed: int, extra: dict) -> dict:
+    """n LeNet messages from node 0 (link ``a``) to node 1 (link ``b``), each timed to delivery."""
+    times, statuses = [], []
+    for i in range(n):
+        data = _lenet_message(seed * 1000 + i)
+        t0 = time.monotonic()
+        res = a.send(1, data, timeout=120)
+        got = b.recv(timeout=10)
+        times.append(time.monotonic() - t0)
+        ok = res.ok and got is not None and got[1] == data
+        statuses.append("delivered" if ok else res.status.value)
+    stats = a.stats()["arq"]
+    extra = {**extra, "message_bytes": len(data)}
+    extra.update(rto_expiries=stats["rto_expiries"], retransmissions=stats["retransmissions"])
+    return _tail_summary(times, statuses, extra)
+
+
 def tail_memory(n: int, loss: float, seed: int) -> dict:
     """LeNet state dict (fp32) over a MemoryChannel with ``loss`` frame loss both ways, n times."""
     from scaleflu.link import MemoryChannel
 
-    times, statuses = [], []
     with MemoryChannel(loss=loss, delay=0.002, rate_bytes_per_s=700e3, seed=seed) as ch:
         a, b = ch.attach(0, rate_bytes_per_s=650e3), ch.attach(1)
-        for i in range(n):
-            data = _lenet_message(seed * 1000 + i)
-            t0 = time.monotonic()
-            res = a.send(1, data, timeout=120)
-            got = b.recv(timeout=10)
-            times.append(time.monotonic() - t0)
-            ok = res.ok and got is not None and got[1] == data
-            statuses.append("delivered" if ok else res.status.value)
-        stats = a.stats()["arq"]
-    return _tail_summary(
-        times,
-        statuses,
-        {
-            "kind": "memory",
-            "loss": loss,
-            "message_bytes": len(data),
-            "rto_expiries": stats["rto_expiries"],
-            "retransmissions": stats["retransmissions"],
-        },
-    )
+        return _tail_transfers(a, b, n, seed, {"kind": "memory", "loss": loss})
 
 
 def tail_ofdm(n: int, drop: float, seed: int, **arq: object) -> dict:
     """LeNet state dict over the OFDM loopback (20 dB, CFO, multipath) with ``drop`` of the
     frames dropped after each receiver (both directions), n transfers on one network."""
     ch = ChannelConfig(snr_db=20.0, cfo=CFO, taps=MULTIPATH, drop_rate=drop, seed=seed)
-    times, statuses = [], []
     with OfdmLoopbackNetwork(nodes=(0, 1), channel=ch, **arq) as net:
         s, r = net.link(0), net.link(1)
         time.sleep(0.2)
-        for i in range(n):
-            data = _lenet_message(seed * 1000 + i)
-            t0 = time.monotonic()
-            res = s.send(1, data, timeout=120)
-            got = r.recv(timeout=10)
-            times.append(time.monotonic() - t0)
-            ok = res.ok and got is not None and got[1] == data
-            statuses.append("delivered" if ok else res.status.value)
-        stats = s.stats()["arq"]
-    return _tail_summary(
-        times,
-        statuses,
-        {
-            "kind": "ofdm_loopback",
-            "drop_rate": drop,
-            "message_bytes": len(data),
-            "rto_expiries": stats["rto_expiries"],
-            "retransmissions": stats["retransmissions"],
-        },
-    )
+        return _tail_transfers(s, r, n, seed, {"kind": "ofdm_loopback", "drop_rate": drop})
 
 
 # -- 4. FER vs SNR -------------------------------------------------------------------------

@@ -42,20 +42,8 @@ import numpy as np
 
 from scaleflu.link.mac import MacConfig
 from scaleflu.link.macsim import simulate_round
+from scaleflu.link.samples import LENET_SHAPES
 from scaleflu.link.wire import encode_tensors
-
-LENET_SHAPES = {
-    "conv1.weight": (6, 1, 5, 5),
-    "conv1.bias": (6,),
-    "conv2.weight": (16, 6, 5, 5),
-    "conv2.bias": (16,),
-    "fc1.weight": (120, 400),
-    "fc1.bias": (120,),
-    "fc2.weight": (84, 120),
-    "fc2.bias": (84,),
-    "fc3.weight": (10, 84),
-    "fc3.bias": (10,),
-}
 
 
 def lenet_bytes() -> int:

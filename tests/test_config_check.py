@@ -94,3 +94,69 @@ def test_scaleflu_config_rejects_bad_values_with_status_2(capsys):
     assert main(["config", "--set", "fl.rounds=abc"]) == 2
     err = capsys.readouterr().err
     assert "fl.rounds must be an integer" in err and "Traceback" not in err
+
+
+def test_load_config_returns_one_typed_object():
+    from scaleflu.config import Config, Section
+
+    cfg = load_config(None, ["fl.lr=0.05", "data.poison.target_label=3"])
+    assert isinstance(cfg, Config) and isinstance(cfg.data.poison, Section)
+    assert cfg.fl.lr == cfg["fl"]["lr"] == 0.05  # attributes, and the mapping during migration
+    assert cfg.data.poison.target_label == 3 and cfg.scale["lambda"] == 0.5
+    with pytest.raises(AttributeError, match=r"'lrr' \(did you mean lr\?\)"):
+        _ = cfg.fl.lrr
+    with pytest.raises(AttributeError, match="no key 'lrr'"):
+        cfg.fl.lrr = 1.0
+    cfg.fl.rounds = 7
+    assert cfg["fl"]["rounds"] == 7
+
+
+def test_saved_config_is_plain_yaml_that_loads_back(tmp_path):
+    import yaml
+
+    from scaleflu.config import as_config, save_config
+
+    cfg = load_config(None, ["fl.rounds=4"])
+    path = save_config(cfg, tmp_path / "config.yaml")
+    back = yaml.safe_load(path.read_text())  # the safe loader: no Python objects in the file
+    assert back == cfg.to_dict() and as_config(back) == cfg
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("fl.clients_per_round=200", r"fl.clients_per_round \(200\) exceeds data.num_clients"),
+        ("data.poison.backdoor_clients=[100]", "backdoor_clients must be a list of client ids"),
+        ("data.poison.label_flip_clients=[true]", "label_flip_clients must be a list"),
+        ("model.name=vgg16", "model.name must be one of lenet, mobilenetv3, resnet18"),
+        ("data.dataset=mnist", "data.dataset must be one of fashion_mnist, cifar100"),
+    ],
+)
+def test_cross_key_rules_and_choices_fail_in_scaleflu_config(override, message, capsys):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [override])
+    assert main(["config", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_choices_are_the_registries_names():
+    from scaleflu.config import CHOICES
+    from scaleflu.fl.data import DATASET_NAMES
+    from scaleflu.fl.models import MODEL_NAMES
+
+    assert CHOICES["data.dataset"] == DATASET_NAMES and CHOICES["model.name"] == MODEL_NAMES
+
+
+def test_no_dead_link_section():
+    assert "link" not in default_config()  # nothing read link.fft_len/cp_len/samp_rate/mtu
+    with pytest.raises(ConfigError, match="unknown config key: link"):
+        load_config(None, ["link.mtu=1500"])
+
+
+def test_safe_dump_writes_a_config_as_plain_yaml():
+    import yaml
+
+    cfg = load_config(None, ["fl.rounds=5"])
+    text = yaml.safe_dump(dict(cfg), sort_keys=False)  # a plain top level, Section children
+    assert "!!python" not in text and yaml.safe_load(text) == cfg.to_dict()

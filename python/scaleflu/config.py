@@ -3,6 +3,12 @@
 Resolution order: ``configs/default.yaml`` < user file < ``key.path=value`` overrides.
 Override values are parsed as YAML scalars, so ``fl.lr=0.01`` gives a float and
 ``data.poison.backdoor_clients=[3]`` a list.
+
+:func:`load_config` returns one validated :class:`Config`: the schema is default.yaml itself
+(every key, its type from its default, nullability from its comment) plus the ranges, choices
+and cross-key rules below, checked by the one validator :func:`check_config`. A ``Config`` is
+read by attribute (``cfg.fl.lr``, ``cfg.data.poison.target_label``) or, for code not yet
+migrated, as the nested mapping it also is (``cfg["fl"]["lr"]``).
 """
 
 from __future__ import annotations
@@ -56,6 +62,66 @@ def yaml_load(text: str) -> Any:
 
 class ConfigError(ValueError):
     """A configuration file or override is malformed or holds an invalid value."""
+
+
+class Section(dict):
+    """A validated config section: attribute access (``cfg.fl.lr``) over the mapping.
+
+    An unknown attribute is an error naming the closest key (``did you mean``). A key that is
+    a Python keyword (``scale.lambda``) is read as ``cfg.scale["lambda"]``.
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            if name.startswith("__"):
+                raise AttributeError(name) from None
+            close = difflib.get_close_matches(name, [str(k) for k in self], n=1, cutoff=0.6)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise AttributeError(f"config has no key {name!r}{hint}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in self:
+            raise AttributeError(f"config has no key {name!r}")
+        self[name] = _typed(value)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dicts (for YAML, JSON and comparisons)."""
+        return {
+            k: v.to_dict() if isinstance(v, Section) else copy.deepcopy(v) for k, v in self.items()
+        }
+
+
+class Config(Section):
+    """The whole validated configuration (:func:`load_config`, :func:`as_config`)."""
+
+    __slots__ = ()
+
+
+def _typed(value: Any) -> Any:
+    if isinstance(value, Mapping) and not isinstance(value, Section):
+        return Section({k: _typed(v) for k, v in value.items()})
+    return value
+
+
+@functools.cache
+def _yaml_knows_sections() -> None:
+    """``yaml.safe_dump`` writes a Section as the plain mapping it is (registered on first use)."""
+    import yaml
+
+    yaml.SafeDumper.add_multi_representer(Section, yaml.SafeDumper.represent_dict)
+
+
+def as_config(cfg: Mapping[str, Any]) -> Config:
+    """Check a full config mapping (e.g. a run's saved config.yaml) and return it as a Config."""
+    _yaml_knows_sections()
+    check_config(cfg)
+    if isinstance(cfg, Config):
+        return cfg
+    return Config({k: _typed(v) for k, v in cfg.items()})
 
 
 def default_config() -> dict[str, Any]:
@@ -142,15 +208,18 @@ def parse_override(text: str) -> dict[str, Any]:
     return nested
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> dict[str, Any]:
-    """Defaults, merged with the file at ``path`` (YAML or TOML), then with each override."""
+def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
+    """Defaults, merged with the file at ``path`` (YAML or TOML), then with each override.
+
+    Returns the validated :class:`Config`; raises :class:`ConfigError` (one line naming the key)
+    on an unknown key, a wrong type, a value out of range or a broken cross-key rule.
+    """
     cfg = default_config()
     if path is not None:
         cfg = merge(cfg, _read_file(Path(path)))
     for item in overrides:
         cfg = merge(cfg, parse_override(item))
-    check_config(cfg)
-    return cfg
+    return as_config(cfg)
 
 
 # ----------------------------------------------------------------------------- checking
@@ -197,9 +266,13 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "data.poison.label_flip_fraction": (0, 1),
     "data.poison.target_label": (0, None),
     "data.poison.trigger_size": (1, None),
+    "data.poison.canaries": (0, None),
+    "data.poison.canary_copies": (1, None),
     "fl.rounds": (1, None),
     "fl.local_epochs": (1, None),
     "fl.lr": (0, None),
+    "fl.lr_decay": (0, 1),
+    "fl.lr_min_ratio": (0, 1),
     "fl.batch_size": (1, None),
     "fl.clients_per_round": (1, None),
     "fl.momentum": (0, 1),
@@ -228,15 +301,24 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.medium.block": (256, 1048576),
     "testbed.medium.node_timeout_s": (1, None),
 }
-RANGE_OPEN: set[str] = {"data.alpha<", "fl.lr<", "fl.momentum>", "history.link_goodput<"}
+RANGE_OPEN: set[str] = {
+    "data.alpha<",
+    "fl.lr<",
+    "fl.lr_decay<",
+    "fl.momentum>",
+    "history.link_goodput<",
+}
 
 # Nullable keys whose comment does not say so (null switches the feature off).
 NULLABLE_EXTRA: frozenset[str] = frozenset({"scale.budget"})
 
 CHOICES: dict[str, tuple[str, ...]] = {
+    "data.dataset": ("fashion_mnist", "cifar100"),  # scaleflu.fl.data.DATASET_NAMES
+    "model.name": ("lenet", "mobilenetv3", "resnet18"),  # scaleflu.fl.models.MODEL_NAMES
     "data.partition": ("iid", "dirichlet"),
     "fl.backend": ("local", "ray"),
     "fl.trainer": ("auto", "vmap", "sequential"),
+    "fl.lr_schedule": ("constant", "exponential", "cosine"),
     "scale.mode": ("default", "paper"),
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
     "baselines.scale.mode": ("default", "paper"),
@@ -350,6 +432,33 @@ def check_config(cfg: Mapping[str, Any], defaults: Mapping[str, Any] | None = No
             _check_leaf(where, value, ref[key])
 
     walk(cfg, defaults, "")
+    _check_relations(cfg)
+
+
+def _check_relations(cfg: Mapping[str, Any]) -> None:
+    """Rules across keys: selection and poisoned clients within data.num_clients."""
+    data, fl = cfg.get("data"), cfg.get("fl")
+    if not isinstance(data, Mapping) or not isinstance(data.get("num_clients"), int):
+        return
+    n = data["num_clients"]
+    per_round = fl.get("clients_per_round") if isinstance(fl, Mapping) else None
+    if isinstance(per_round, int) and per_round > n:
+        raise ConfigError(f"fl.clients_per_round ({per_round}) exceeds data.num_clients ({n})")
+    poison = data.get("poison")
+    for key in ("backdoor_clients", "label_flip_clients"):
+        clients = (poison.get(key) if isinstance(poison, Mapping) else None) or []
+        if not isinstance(clients, list) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c < n for c in clients
+        ):
+            raise ConfigError(
+                f"data.poison.{key} must be a list of client ids in 0..{n - 1}, got {clients!r}"
+            )
+
+
+def _plain(node: Any) -> Any:
+    if isinstance(node, Mapping):
+        return {k: _plain(v) for k, v in node.items()}
+    return node
 
 
 def save_config(cfg: Mapping[str, Any], path: str | Path) -> Path:
@@ -358,5 +467,6 @@ def save_config(cfg: Mapping[str, Any], path: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     import yaml
 
-    path.write_text(yaml.safe_dump(dict(cfg), sort_keys=False))
+    plain = cfg.to_dict() if isinstance(cfg, Section) else _plain(cfg)
+    path.write_text(yaml.safe_dump(plain, sort_keys=False))
     return path

@@ -16,3 +16,20 @@ def test_training_view_sees_what_shapes_the_run():
     base = training_view(load_config())
     for change in ("scale.groups_per_layer=4", "fl.lr=0.5", "data.alpha=0.1", "seed=3"):
         assert training_view(load_config(overrides=[change])) != base, change
+
+
+def test_runs_saved_before_the_schedule_and_canaries_still_match():
+    """A run config without fl.lr_* / data.poison.canar* keys (saved before they existed)."""
+    import copy
+
+    cfg = load_config("table2_cpu", ["data.poison.canaries=0"])
+    old = copy.deepcopy(cfg)
+    for k in ("lr_schedule", "lr_decay", "lr_min_ratio"):
+        del old["fl"][k]
+    for k in ("canary_clients", "canaries", "canary_copies"):
+        del old["data"]["poison"][k]
+    assert training_view(old) == training_view(cfg)
+    # switched on, they shape the run
+    for override in ("fl.lr_schedule=cosine", "data.poison.canaries=5"):
+        on = load_config("table2_cpu", ["data.poison.canaries=0", override])
+        assert training_view(on) != training_view(cfg)

@@ -201,12 +201,12 @@ def test_control_verdicts_call_out_methods_that_do_not_beat_the_control() -> Non
     cfg["experiment"]["methods"] = ["retrain", "scale", "pga", "fused", "finetune"]
     cfg["experiment"]["scenarios"] = {"client": "client:0"}
     vals = {
-        "retrain": (0.80, 0.05, 0.50),
-        "scale": (0.80, 0.30, 0.60),  # same as the control: no better
-        "pga": (0.79, 0.10, 0.60),  # forgets more at equal RA (within 0.02)
-        "fused": (0.60, 0.05, 0.50),  # forgets, but loses RA
-        "finetune": (0.80, 0.30, 0.60),
-        "original": (0.82, 0.95, 0.70),
+        "retrain": (0.80, 0.05, 0.50, 0.50),
+        "scale": (0.80, 0.30, 0.60, 0.90),  # same as the control: no better
+        "pga": (0.79, 0.10, 0.60, 0.90),  # forgets more at equal RA (within 0.02)
+        "fused": (0.60, 0.05, 0.50, 0.50),  # forgets, but loses RA
+        "finetune": (0.80, 0.30, 0.60, 0.90),
+        "original": (0.82, 0.95, 0.70, 0.97),
     }
     rows = [
         {
@@ -220,15 +220,17 @@ def test_control_verdicts_call_out_methods_that_do_not_beat_the_control() -> Non
             "n": 1,
         }
         for m, v in vals.items()
-        for i, metric in enumerate(("RA", "FA", "MIA_AUC"))
+        for i, metric in enumerate(("RA", "FA", "MIA_AUC", "MIA_canary_AUC"))
     ]
     got = {v["method"]: v["verdict"] for v in control_verdicts(cfg, rows)}
     assert got["scale"].startswith("does NOT beat the control")
     assert got["pga"] == "beats the control on FA"
     assert got["fused"].startswith("lower RA than the control")
-    assert got["retrain"] == "beats the control on FA, MIA_AUC"
+    assert got["retrain"] == "beats the control on FA, MIA_AUC, MIA_canary_AUC"
     assert "finetune" not in got
     md = verdict_table(control_verdicts(cfg, rows))
     assert "| client | lenet | SCALE | Control | 0.800 |" in md
     table = protocol_table(cfg, rows)
     assert "Original (trained)" in table and "0.950" in table
+    assert "canary MIA AUC (calibrated)" in table and "0.970" in table
+    assert "| 0.600 | 0.900 | 0.900 |" in md  # the canary MIA beside the control's

@@ -14,14 +14,22 @@ from scaleflu.fl.run import validate_config
 from scaleflu.unlearn.registry import method_names
 
 
-def test_gpu_config_plans_three_models_six_methods() -> None:
-    """table2_gpu: 3 models x 3 seeds x 3 scenarios x (5 methods + control) on the GPU."""
+def test_gpu_config_plans_three_models_seven_methods() -> None:
+    """table2_gpu: 3 models x 3 seeds x 3 scenarios x (5 methods + 2 controls) on the GPU."""
     cfg = load_config(resolve_config_path("table2_gpu"))
+    cpu = load_config(resolve_config_path("table2_cpu"))
     exp = cfg["experiment"]
     assert exp["models"] == ["lenet", "mobilenetv3", "resnet18"] and exp["seeds"] == [0, 1, 2]
-    assert exp["methods"] == ["retrain", "fedraser", "pga", "fused", "scale", "finetune"]
+    assert exp["methods"] == cpu["experiment"]["methods"]
+    assert exp["scenarios"] == cpu["experiment"]["scenarios"]
+    # in step with table2_cpu: the same protocol with power and MIA settings
+    assert cfg["data"] == cpu["data"]
+    assert cfg["scale"]["eval"] == cpu["scale"]["eval"]
+    assert {k: v for k, v in cfg["fl"].items() if k not in GPU_FL} == {
+        k: v for k, v in cpu["fl"].items() if k not in GPU_FL
+    }
     main, sweep = plan_cells(cfg)
-    assert len(main) == 3 * 3 * 3 * 6 and not sweep
+    assert len(main) == 3 * 3 * 3 * 7 and not sweep
     assert cfg["fl"]["device"] == "cuda" and cfg["fl"]["batch_size"] == 64
     mnv3 = run_config(cfg, RunKey("fashion_mnist", "mobilenetv3", 0.3, 1))
     assert mnv3["fl"]["local_epochs"] == 1 and mnv3["model"]["name"] == "mobilenetv3"
@@ -52,6 +60,9 @@ def test_model_settings_are_checked() -> None:
         run_config(cfg, RunKey("fashion_mnist", "resnet18", 0.3, 0))
 
 
+GPU_FL = ("batch_size", "device", "trainer", "threads", "eval_batch_size")  # may differ
+
+
 @needs_fmnist
 @pytest.mark.slow
 def test_gpu_config_runs_at_toy_size(tmp_path: Path) -> None:
@@ -63,8 +74,11 @@ def test_gpu_config_runs_at_toy_size(tmp_path: Path) -> None:
             "fl.device=cpu",
             "fl.threads=1",
             "data.num_clients=3",
-            "data.train_subset=90",
+            "data.train_subset=200",
             "data.test_subset=90",
+            "data.poison.canaries=1",
+            "data.poison.canary_copies=2",
+            "scale.eval.mia_shadow_rounds=1",
             "fl.rounds=1",
             "fl.clients_per_round=3",
             "scale.val_size=20",

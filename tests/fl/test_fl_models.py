@@ -74,3 +74,13 @@ def test_layer_groups() -> None:
     groups = layer_groups(build_model("lenet", 10, 1, 28), 8)
     assert groups["conv1.weight"][-1] == (132, 150)
     assert all(len(g) == 8 for g in groups.values())
+
+
+def test_link_samples_lenet_table_is_the_model():
+    """scaleflu.link.samples (torch-free, for link tests and benchmarks) matches the model."""
+    from scaleflu.fl.models import build_model
+    from scaleflu.link.samples import LENET_SHAPES, lenet_like
+
+    model = build_model("lenet", 10, 1, 28)
+    assert {k: tuple(v.shape) for k, v in model.state_dict().items()} == LENET_SHAPES
+    assert sum(a.size for a in lenet_like(3).values()) == 61706

@@ -9,7 +9,7 @@ from pathlib import Path
 from fl_helpers import needs_fmnist
 
 from scaleflu.cli import main
-from scaleflu.fl.cli import write_metrics_csv
+from scaleflu.fl.run import write_metrics_csv
 from scaleflu.plots import plot_training
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -63,3 +63,31 @@ def test_train_cli_writes_csv_and_png(tmp_path: Path) -> None:
         assert float(row["test_loss"]) == ref["test_loss"]
         assert int(row["bytes"]) == ref["bytes"]
     assert (out / "training.png").read_bytes()[:8] == PNG_MAGIC
+
+
+@needs_fmnist
+def test_every_train_call_writes_csv_and_png(tmp_path: Path) -> None:
+    """train() itself writes them (the Table II runs call it, not the CLI); outputs=False not."""
+    from scaleflu.config import load_config
+    from scaleflu.fl.run import train
+
+    sets = ["data.num_clients=3", "data.train_subset=300", "data.test_subset=100"]
+    sets += ["fl.rounds=2", "fl.clients_per_round=2", "fl.local_epochs=1", "fl.eval_every=2"]
+    cfg = load_config(None, sets)
+    res = train(cfg, tmp_path / "a", progress=False)
+    table = list(csv.DictReader((tmp_path / "a" / "metrics.csv").open()))
+    assert [r["test_acc"] for r in table] == ["", str(res.metrics[1]["test_acc"])]
+    assert (tmp_path / "a" / "training.png").read_bytes()[:8] == PNG_MAGIC
+    train(cfg, tmp_path / "b", progress=False, outputs=False)
+    assert not (tmp_path / "b" / "metrics.csv").exists()
+    assert not (tmp_path / "b" / "training.png").exists()
+
+
+def test_local_config_from_the_fl_section() -> None:
+    from scaleflu.fl.fedavg import LocalConfig
+
+    fl = {"local_epochs": 3, "lr": 0.01, "batch_size": None, "momentum": 0.5}
+    assert LocalConfig.from_config(fl) == LocalConfig(3, 0.01, None, 0.5)  # null: full batch
+    assert LocalConfig.from_config({**fl, "batch_size": 64}, epochs=1) == LocalConfig(
+        1, 0.01, 64, 0.5
+    )

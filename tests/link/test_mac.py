@@ -26,7 +26,7 @@ from scaleflu.link.mac import (
 )
 from scaleflu.link.macsim import MacSim, simulate_round
 
-LENET_PARAMS = 61706  # LeNet-5 as in conftest.LENET_SHAPES
+LENET_PARAMS = 61706  # LeNet-5 as in scaleflu.link.samples.LENET_SHAPES
 LENET_BYTES = len(encode_tensors({"w": np.zeros(LENET_PARAMS, dtype=np.float32)}))
 
 

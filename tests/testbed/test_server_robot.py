@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import csv
 import threading
 from pathlib import Path
 from typing import Any
@@ -119,6 +120,15 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
     # robot 2's genuine update was still aggregated in round 1
     assert report["rounds"][0]["participants"] == [1, 2, 3]
     assert server.history.last_completed_round() == 2
+    # the rounds as every FedAvg run writes them: metrics.csv (robot ids) and training.png
+    table = list(csv.DictReader((server.run_dir / "metrics.csv").open()))
+    assert [int(r["round"]) for r in table] == [1, 2]
+    assert table[0]["participants"] == "1 2 3"
+    for row, ref in zip(table, report["rounds"], strict=True):
+        assert float(row["test_acc"]) == ref["test_acc"]
+        assert float(row["test_loss"]) == ref["test_loss"]
+        assert int(row["air_bytes"]) == ref["air_bytes"]
+    assert (server.run_dir / "training.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     un = report["unlearning"]
     assert un["request"]["text"] == "client:0"
     assert all(un["bit_exact"].values()) and set(un["bit_exact"]) == {1, 2, 3}
@@ -248,6 +258,13 @@ def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
         assert "malformed" in reasons and "not_registered" in reasons
         assert len(server.rejections) >= len(junk) - 1  # the good REGISTER is accepted
         assert 2 in server.robots
+
+
+def test_robot_client_id_mapping():
+    from scaleflu.testbed.protocol import client_of, robot_of
+
+    assert [client_of(r) for r in (1, 2, 7)] == [0, 1, 6]
+    assert all(robot_of(client_of(r)) == r for r in range(1, 50))
 
 
 def test_unlearn_request_texts():

@@ -28,7 +28,7 @@ def _cmd_table2(args: argparse.Namespace) -> int:
         paths = write_report(cfg, args.out)
         log.info("report written: %s", ", ".join(str(p) for p in paths.values()))
         return 0
-    summary = run_table2(cfg, args.out, progress=not args.no_progress)
+    summary = run_table2(cfg, args.out, progress=not args.no_progress, report=not args.no_report)
     return 1 if summary["failed"] else 0
 
 
@@ -49,6 +49,12 @@ def add_experiment_parser(subparsers: Any) -> None:
     t.add_argument("--no-progress", action="store_true", help="hide progress bars")
     t.add_argument(
         "--report-only", action="store_true", help="only rewrite table and figures from the cells"
+    )
+    t.add_argument(
+        "--no-report",
+        action="store_true",
+        help="run the cells but write no table/figures (for several processes sharing one --out, "
+        "split by experiment.seeds / experiment.models; then one --report-only)",
     )
     add_config_args(t, example="experiment.seeds=[0]")
     t.set_defaults(func=_cmd_table2)

@@ -33,6 +33,8 @@ PROTOCOL_KEYS = (
     ("MIA_AUC", "mia_ref_auc"),
     ("MIA_TPR", "mia_ref_tpr_1fpr"),
     ("MIA_cm_loss_AUC", "mia_cm_loss_auc"),
+    ("MIA_canary_AUC", "mia_canary_auc"),
+    ("MIA_canary_TPR", "mia_canary_tpr_1fpr"),
 )
 ORIGINAL = "original"  # pseudo-method: the trained model before unlearning (every cell has it)
 
@@ -202,6 +204,8 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
         ("MIA_AUC", "MIA AUC (calibrated)"),
         ("MIA_TPR", "TPR @ 1 % FPR"),
         ("MIA_cm_loss_AUC", "MIA AUC (loss, class-matched)"),
+        ("MIA_canary_AUC", "canary MIA AUC (calibrated)"),
+        ("MIA_canary_TPR", "canary TPR @ 1 % FPR"),
         ("test_acc", "test acc"),
     ]
     head = ["Dataset", "Scenario", "Model", "Method", *[c[1] for c in cols]]
@@ -229,7 +233,9 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
     lines.append(
         "Original = the trained model before unlearning; Retrain and Original are the anchors. "
         "MIA: reference-model attack on D_u against class-matched held-out non-members "
-        "(0.5 AUC / 0.01 TPR: no trace of D_u); `--`: not measured (e.g. no reference models)."
+        "(0.5 AUC / 0.01 TPR: no trace of D_u); canary MIA: the same attack on D_u's membership "
+        "canaries against their held-out twins (data.poison.canaries); `--`: not measured (no "
+        "reference models, or no canary in D_u)."
     )
     return "\n".join(lines)
 
@@ -240,7 +246,8 @@ def control_verdicts(
     """Each method against each control present: does it forget more at equal RA?
 
     Equal RA: the method's mean RA is at least the control's minus ``experiment.control_ra_tol``.
-    Beating it: mean FA or calibrated MIA AUC lower than the control's by more than
+    Beating it: mean FA or a calibrated MIA AUC (class-matched, or on the membership canaries)
+    lower than the control's by more than
     ``experiment.control_margin``. Otherwise the verdict says that it does not beat the control.
     """
     exp = cfg["experiment"]
@@ -262,13 +269,13 @@ def control_verdicts(
                             continue
                         v = {
                             k: (mean(ds, model, sc, m, k), mean(ds, model, sc, ctl, k))
-                            for k in ("RA", "FA", "MIA_AUC")
+                            for k in ("RA", "FA", "MIA_AUC", "MIA_canary_AUC")
                         }
                         if v["RA"][0] is None or v["RA"][1] is None:
                             continue
                         better = [
                             k
-                            for k in ("FA", "MIA_AUC")
+                            for k in ("FA", "MIA_AUC", "MIA_canary_AUC")
                             if None not in v[k] and v[k][0] + margin < v[k][1]
                         ]
                         if v["RA"][0] < v["RA"][1] - tol:
@@ -306,6 +313,8 @@ def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
         "FA ctl",
         "MIA",
         "MIA ctl",
+        "canary MIA",
+        "canary MIA ctl",
         "verdict",
     ]
     lines = [
@@ -333,6 +342,8 @@ def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
                     f(v["FA_c"]),
                     f(v["MIA_AUC_m"]),
                     f(v["MIA_AUC_c"]),
+                    f(v["MIA_canary_AUC_m"]),
+                    f(v["MIA_canary_AUC_c"]),
                     v["verdict"],
                 ]
             )

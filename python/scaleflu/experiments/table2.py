@@ -23,6 +23,7 @@ from __future__ import annotations
 import copy
 import json
 import logging
+import os
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
@@ -87,7 +88,22 @@ def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(view.get("fl"), Mapping):  # where a run computed does not define it
         view["fl"] = {k: v for k, v in view["fl"].items() if k != "device"}
     view["scale.groups_per_layer"] = (cfg.get("scale") or {}).get("groups_per_layer")
+    # keys added later that are off by default: a run saved before they existed still matches
+    fl = view.get("fl")
+    if isinstance(fl, Mapping) and str(fl.get("lr_schedule") or "constant") == "constant":
+        view["fl"] = {k: v for k, v in fl.items() if k not in _LR_KEYS}
+    data = view.get("data")
+    poison = data.get("poison") if isinstance(data, Mapping) else None
+    if isinstance(poison, Mapping) and not int(poison.get("canaries") or 0):
+        view["data"] = {
+            **data,
+            "poison": {k: v for k, v in poison.items() if k not in _CANARY_KEYS},
+        }
     return view
+
+
+_LR_KEYS = ("lr_schedule", "lr_decay", "lr_min_ratio")
+_CANARY_KEYS = ("canary_clients", "canaries", "canary_copies")
 
 
 def ensure_run(cfg: Mapping[str, Any], key: RunKey, out: Path, progress: bool) -> Path:
@@ -304,7 +320,9 @@ def run_table2(
         except ValueError:
             pass
     summary["total_wall_s"] = wall + float(summary.get("previous_wall_s") or 0.0)
-    prev.write_text(json.dumps(summary, indent=2))
+    tmp = out / f"summary.json.{os.getpid()}.tmp"  # processes sharing --out: never a torn file
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(prev)
     if report:
         from scaleflu.experiments.report import write_report
 

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import csv
 import logging
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from scaleflu.cliargs import add_config_args
 
@@ -64,47 +61,10 @@ def run_train(args: argparse.Namespace) -> int:
     except DivergedError as exc:
         log.error("%s", exc)
         return 1
-    csv_path, png_path = write_training_outputs(result.metrics, out)
     log.info(
-        "run written to %s (final test accuracy %.4f; %s, %s)",
+        "run written to %s (final test accuracy %.4f; %s)",
         out,
         result.final_acc,
-        csv_path.name,
-        png_path.name if png_path else "no plot",
+        "metrics.csv, training.png" if (out / "training.png").is_file() else "metrics.csv",
     )
     return 0
-
-
-CSV_COLUMNS = ("round", "test_acc", "test_loss", "asr", "participants", "wall_s", "link_s")
-CSV_COLUMNS += ("cum_link_s", "bytes")
-
-
-def write_metrics_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """metrics.jsonl as a table: one row per round, participants space-separated."""
-    cols = [c for c in CSV_COLUMNS if c != "asr" or any(r.get("asr") is not None for r in rows)]
-    with path.open("w", newline="") as fh:
-        w = csv.writer(fh)
-        w.writerow(cols)
-        for r in rows:
-            cells = []
-            for c in cols:
-                v = r.get(c)
-                if c == "participants" and v is not None:
-                    v = " ".join(str(n) for n in v)
-                cells.append("" if v is None else v)
-            w.writerow(cells)
-    return path
-
-
-def write_training_outputs(rows: Sequence[Mapping[str, Any]], run_dir: Path) -> tuple[Path, Any]:
-    """``metrics.csv`` and ``training.png`` (accuracy and loss per round) in ``run_dir``."""
-    from scaleflu.plots import plot_training
-
-    run_dir = Path(run_dir)
-    csv_path = write_metrics_csv(rows, run_dir / "metrics.csv")
-    try:
-        png = plot_training(rows, run_dir / "training.png", title=f"FedAvg: {run_dir.name}")
-    except Exception as exc:  # a plotting problem must not fail a finished run
-        log.warning("training.png not written: %s", exc)
-        png = None
-    return csv_path, png

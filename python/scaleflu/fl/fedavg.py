@@ -32,10 +32,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -64,6 +65,45 @@ class LocalConfig:
     lr: float
     batch_size: int | None
     momentum: float = 0.0
+    lr_schedule: str = "constant"  # constant | exponential | cosine (LR_SCHEDULES)
+    lr_decay: float = 1.0  # exponential: lr x decay^(t-1)
+    lr_min_ratio: float = 0.0  # cosine: floor as a fraction of lr
+    lr_rounds: int = 0  # T of the schedule (fl.rounds); rounds t > T keep round T's lr
+
+    def lr_at(self, t: int) -> float:
+        """Learning rate of round ``t`` (1-based); ``constant``: ``lr`` itself, bit-exact.
+
+        Rounds after the schedule's T (fine-tuning, recovery, PGA's post rounds continue the
+        run's round numbers) keep round T's rate: the trained model's final rate.
+        """
+        if self.lr_schedule == "constant" or self.lr_rounds < 1:
+            return self.lr
+        k = min(max(int(t), 1), self.lr_rounds) - 1  # 0 .. T-1
+        if self.lr_schedule == "exponential":
+            return self.lr * self.lr_decay**k
+        if self.lr_schedule == "cosine":
+            floor = self.lr * self.lr_min_ratio
+            span = max(self.lr_rounds - 1, 1)
+            return floor + (self.lr - floor) * 0.5 * (1.0 + math.cos(math.pi * k / span))
+        raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose {LR_SCHEDULES}")
+
+    @classmethod
+    def from_config(cls, fl: Mapping[str, Any], epochs: int | None = None) -> LocalConfig:
+        """The ``fl`` config section's local settings and lr schedule (``epochs`` overrides E;
+        ``batch_size`` null: full batch)."""
+        return cls(
+            int(epochs if epochs is not None else fl["local_epochs"]),
+            float(fl["lr"]),
+            None if fl["batch_size"] is None else int(fl["batch_size"]),
+            float(fl["momentum"]),
+            str(fl.get("lr_schedule") or "constant"),
+            float(fl.get("lr_decay", 1.0) if fl.get("lr_decay") is not None else 1.0),
+            float(fl.get("lr_min_ratio") or 0.0),
+            int(fl.get("rounds") or 0),  # T of the schedule (0: constant)
+        )
+
+
+LR_SCHEDULES = ("constant", "exponential", "cosine")
 
 
 def derive_seed(*keys: int) -> int:
@@ -121,7 +161,7 @@ def train_client(
     model.train()
     dev = model_device(model)
     torch.manual_seed(derive_seed(seed, 3, t, n))  # seeds every device's generator
-    opt = torch.optim.SGD(model.parameters(), lr=local.lr, momentum=local.momentum)
+    opt = torch.optim.SGD(model.parameters(), lr=local.lr_at(t), momentum=local.momentum)
     idx_all = torch.as_tensor(indices, dtype=torch.int64, device=data.device)
     for pos in client_batches(len(indices), local.epochs, local.batch_size, seed, t, n):
         idx = idx_all[torch.as_tensor(pos, device=data.device)]
@@ -242,6 +282,7 @@ class VmapTrainer:
     ) -> dict[int, State]:
         """Local models of ``clients`` trained together with vmap."""
         local, data = self.local, self.data
+        lr = local.lr_at(t)
         batches = {
             n: client_batches(len(self.parts[n]), local.epochs, local.batch_size, self.seed, t, n)
             for n in clients
@@ -291,7 +332,7 @@ class VmapTrainer:
                         else:
                             buf.mul_(local.momentum).add_(g)
                         g = buf
-                    params[name][:a].sub_(local.lr * g)
+                    params[name][:a].sub_(lr * g)
         out: dict[int, State] = {}
         for i, n in enumerate(order):
             state = cpu_state(global_state)

@@ -14,10 +14,11 @@ an uninterrupted run reaches.
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,12 +30,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
-from scaleflu.config import ConfigError, save_config
+from scaleflu.config import Config, ConfigError, as_config, save_config
 from scaleflu.fl.data import (
-    DATASET_NAMES,
     ImageData,
     PoisonInfo,
     apply_poison,
+    insert_canaries,
     load_datasets,
     make_partitions,
     triggered_test_set,
@@ -50,7 +51,7 @@ from scaleflu.fl.fedavg import (
     select_clients,
 )
 from scaleflu.fl.history import HistoryStore, LinkModel
-from scaleflu.fl.models import MODEL_NAMES, build_model, layer_groups
+from scaleflu.fl.models import build_model, layer_groups
 
 log = logging.getLogger(__name__)
 
@@ -75,108 +76,12 @@ _RESUME_FREE = {
 # ----------------------------------------------------------------------------- validation
 
 
-def _get(cfg: Mapping[str, Any], dotted: str) -> Any:
-    node: Any = cfg
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            raise ConfigError(f"config is missing {dotted}")
-        node = node[part]
-    return node
-
-
-def _num(cfg: Mapping[str, Any], key: str) -> float:
-    v = _get(cfg, key)
-    if isinstance(v, bool) or not isinstance(v, int | float):
-        raise ConfigError(f"{key} must be a number, got {v!r}")
-    return float(v)
-
-
-def _int(cfg: Mapping[str, Any], key: str, low: int | None = None, none_ok: bool = False) -> None:
-    v = _get(cfg, key)
-    if v is None and none_ok:
-        return
-    if isinstance(v, bool) or not isinstance(v, int):
-        raise ConfigError(f"{key} must be an integer{' or null' if none_ok else ''}, got {v!r}")
-    if low is not None and v < low:
-        raise ConfigError(f"{key} must be >= {low}, got {v}")
-
-
-def _choice(cfg: Mapping[str, Any], key: str, options: Iterable[str]) -> None:
-    v = _get(cfg, key)
-    options = tuple(options)
-    if v not in options:
-        raise ConfigError(f"{key} must be one of {', '.join(options)}; got {v!r}")
-
-
-def _bool(cfg: Mapping[str, Any], key: str) -> None:
-    if not isinstance(_get(cfg, key), bool):
-        raise ConfigError(f"{key} must be true or false, got {_get(cfg, key)!r}")
-
-
-def validate_config(cfg: Mapping[str, Any]) -> None:
-    """Check the data/model/fl/history sections; raise ConfigError naming the bad key."""
-    _int(cfg, "seed", 0)
-    _choice(cfg, "data.dataset", DATASET_NAMES)
-    _int(cfg, "data.num_clients", 1)
-    _choice(cfg, "data.partition", ("iid", "dirichlet"))
-    if _num(cfg, "data.alpha") <= 0:
-        raise ConfigError(
-            f"data.alpha (Dirichlet concentration) must be > 0, got {cfg['data']['alpha']}"
-        )
-    _int(cfg, "data.train_subset", 1, none_ok=True)
-    _int(cfg, "data.test_subset", 1, none_ok=True)
-    _bool(cfg, "data.download")
-    n_clients = int(cfg["data"]["num_clients"])
-    for key in ("backdoor_fraction", "label_flip_fraction"):
-        f = _num(cfg, f"data.poison.{key}")
-        if not 0.0 <= f <= 1.0:
-            raise ConfigError(f"data.poison.{key} must be in [0, 1], got {f}")
-    for key in ("backdoor_clients", "label_flip_clients"):
-        clients = _get(cfg, f"data.poison.{key}") or []
-        if not isinstance(clients, list) or not all(
-            isinstance(c, int) and 0 <= c < n_clients for c in clients
-        ):
-            raise ConfigError(
-                f"data.poison.{key} must be a list of client ids in 0..{n_clients - 1}, "
-                f"got {clients!r}"
-            )
-    _int(cfg, "data.poison.target_label", 0)
-    _int(cfg, "data.poison.trigger_size", 1)
-    _choice(cfg, "model.name", MODEL_NAMES)
-    _int(cfg, "fl.rounds", 1)
-    _int(cfg, "fl.local_epochs", 1)
-    if _num(cfg, "fl.lr") <= 0:
-        raise ConfigError(f"fl.lr (learning rate eta) must be > 0, got {cfg['fl']['lr']}")
-    _int(cfg, "fl.batch_size", 1, none_ok=True)
-    _int(cfg, "fl.clients_per_round", 1)
-    if cfg["fl"]["clients_per_round"] > n_clients:
-        raise ConfigError(
-            f"fl.clients_per_round ({cfg['fl']['clients_per_round']}) exceeds "
-            f"data.num_clients ({n_clients})"
-        )
-    mom = _num(cfg, "fl.momentum")
-    if not 0.0 <= mom < 1.0:
-        raise ConfigError(f"fl.momentum must be in [0, 1), got {mom}")
-    _choice(cfg, "fl.backend", ("local", "ray"))
-    _choice(cfg, "fl.trainer", ("auto", "vmap", "sequential"))
-    if "device" in cfg["fl"]:
-        config_device(cfg)  # auto | cpu | cuda[:k], and CUDA present when asked for
-    _int(cfg, "fl.eval_every", 1)
-    _int(cfg, "fl.eval_batch_size", 1)
-    _int(cfg, "fl.threads", 0)
-    _int(cfg, "fl.workers", 1)
-    _int(cfg, "fl.ray_num_cpus", 1, none_ok=True)
-    _int(cfg, "fl.ray_cpus_per_client", 1)
-    _int(cfg, "history.keep_rounds", 1, none_ok=True)
-    _bool(cfg, "history.fp16")
-    _bool(cfg, "history.count_uplink")
-    if _num(cfg, "history.link_goodput") <= 0:
-        raise ConfigError("history.link_goodput (bytes/s) must be > 0")
-    if _num(cfg, "history.link_latency") < 0:
-        raise ConfigError("history.link_latency must be >= 0")
-    if _num(cfg, "history.update_tol") < 0:
-        raise ConfigError("history.update_tol must be >= 0")
-    _int(cfg, "scale.groups_per_layer", 1)
+def validate_config(cfg: Mapping[str, Any]) -> Config:
+    """The config as a checked :class:`~scaleflu.config.Config` (:func:`~scaleflu.config.as_config`:
+    types, ranges, choices, cross-key rules), and ``fl.device`` available on this machine."""
+    cfg = as_config(cfg)
+    config_device(cfg)  # auto | cpu | cuda[:k], and CUDA present when asked for
+    return cfg
 
 
 # ----------------------------------------------------------------------------- setup
@@ -186,7 +91,7 @@ def validate_config(cfg: Mapping[str, Any]) -> None:
 class FLSetup:
     """Everything a run derives from its config: data, partitions, poisoning, initial model."""
 
-    cfg: dict[str, Any]
+    cfg: Config
     train: ImageData  # training set as the clients hold it (poisoned where configured)
     clean_train: ImageData  # training set before poisoning
     test: ImageData
@@ -203,7 +108,7 @@ class FLSetup:
     def model_args(self) -> tuple[str, int, int, int]:
         """Arguments of :func:`build_model` for this run."""
         return (
-            str(self.cfg["model"]["name"]),
+            str(self.cfg.model.name),
             self.train.num_classes,
             self.train.in_channels,
             self.train.image_size,
@@ -218,33 +123,33 @@ class FLSetup:
 
 def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
     """Validate ``cfg`` and rebuild data, partitions, poisoning and the initial model from it."""
-    cfg = dict(cfg)
-    validate_config(cfg)
-    seed = int(cfg["seed"])
-    clean, test = load_datasets(cfg["data"], seed)
-    parts = make_partitions(cfg["data"], clean.labels, seed)
-    train, poison = apply_poison(clean, parts, cfg["data"].get("poison"), seed)
+    cfg = validate_config(cfg)
+    seed = int(cfg.seed)
+    clean, test = load_datasets(cfg.data, seed)
+    parts = make_partitions(cfg.data, clean.labels, seed)
+    train, poison = apply_poison(clean, parts, cfg.data.poison, seed)
+    clean, train, parts, poison = insert_canaries(
+        clean, train, parts, cfg.data.poison, poison, seed
+    )
     triggered = None
     if len(poison.backdoor_indices):
         triggered = triggered_test_set(test, poison.target_label, poison.trigger_size)
     torch.manual_seed(derive_seed(seed, 0))
-    model = build_model(
-        str(cfg["model"]["name"]), train.num_classes, train.in_channels, train.image_size
-    )
+    model = build_model(str(cfg.model.name), train.num_classes, train.in_channels, train.image_size)
     return FLSetup(cfg, train, clean, test, parts, poison, triggered, model)
 
 
-def open_history(cfg: Mapping[str, Any], run_dir: str | Path, model: nn.Module) -> HistoryStore:
+def open_history(cfg: Config, run_dir: str | Path, model: nn.Module) -> HistoryStore:
     """The run's history store with the config's retention, precision, groups and link model."""
-    h = cfg["history"]
-    link = LinkModel(float(h["link_goodput"]), float(h["link_latency"]), bool(h["count_uplink"]))
+    h = cfg.history
+    link = LinkModel(float(h.link_goodput), float(h.link_latency), bool(h.count_uplink))
     return HistoryStore(
         run_dir,
-        keep_rounds=h["keep_rounds"],
-        fp16=bool(h["fp16"]),
-        groups=layer_groups(model, int(cfg["scale"]["groups_per_layer"])),
+        keep_rounds=h.keep_rounds,
+        fp16=bool(h.fp16),
+        groups=layer_groups(model, int(cfg.scale.groups_per_layer)),
         link=link,
-        update_tol=float(h["update_tol"]),
+        update_tol=float(h.update_tol),
     )
 
 
@@ -256,7 +161,7 @@ class RunResult:
     """Outcome of :func:`train`: the final model, per-round metrics and the history store."""
 
     run_dir: Path
-    cfg: dict[str, Any]
+    cfg: Config
     model: nn.Module
     metrics: list[dict[str, Any]] = field(default_factory=list)
     history: HistoryStore | None = None
@@ -297,10 +202,51 @@ def metrics_from_history(history: HistoryStore, up_to: int | None = None) -> lis
     return rows
 
 
+def close_round(
+    history: HistoryStore,
+    setup: FLSetup,
+    eval_model: nn.Module,
+    t: int,
+    clients: list[int],
+    sizes: Mapping[int, int],
+    states: Mapping[int, dict[str, torch.Tensor]],
+    new_global: dict[str, torch.Tensor],
+    started: float,
+    eval_batch_size: int,
+    evaluate_now: bool = True,
+) -> tuple[dict[str, Any], float, dict[str, Any]]:
+    """Close round t once aggregated: evaluate, ASR, record. Shared by :func:`train` and the
+    testbed's edge server (``scaleflu.testbed.rounds``).
+
+    When ``evaluate_now``: ``eval_model`` is loaded with ``new_global`` and scored on the test
+    set (test_acc, test_loss) and, with a backdoor configured, on the triggered set (asr).
+    The round is then recorded in ``history`` with ``wall_s`` measured from ``started``
+    (``time.perf_counter``). Returns (metrics, wall_s, the history's link accounting).
+    """
+    metrics: dict[str, Any] = {"test_acc": None, "test_loss": None}
+    if evaluate_now:
+        eval_model.load_state_dict(new_global)
+        ev = evaluate(eval_model, setup.test, int(eval_batch_size))
+        metrics["test_acc"], metrics["test_loss"] = ev["acc"], ev["loss"]
+        if setup.triggered_test is not None:
+            metrics["asr"] = attack_success_rate(
+                eval_model, setup.triggered_test, setup.poison.target_label
+            )
+    wall = time.perf_counter() - started
+    link = history.record_round(t, clients, dict(sizes), dict(states), new_global, metrics, wall)
+    return metrics, wall, link
+
+
+def append_jsonl(path: Path, row: Mapping[str, Any]) -> None:
+    """Append one JSON line (the runs' metrics.jsonl, the testbed's rounds/rejections logs)."""
+    with Path(path).open("a") as fh:
+        fh.write(json.dumps(row) + "\n")
+
+
 def _make_trainer(setup: FLSetup, model: nn.Module, local: LocalConfig) -> Any:
-    fl = setup.cfg["fl"]
-    seed = int(setup.cfg["seed"])
-    if fl["backend"] == "ray":
+    fl = setup.cfg.fl
+    seed = int(setup.cfg.seed)
+    if fl.backend == "ray":
         from scaleflu.fl.ray_backend import RayTrainer
 
         return RayTrainer(
@@ -309,18 +255,18 @@ def _make_trainer(setup: FLSetup, model: nn.Module, local: LocalConfig) -> Any:
             setup.parts,
             local,
             seed,
-            address=fl["ray_address"],
-            num_cpus=fl["ray_num_cpus"],
-            cpus_per_client=int(fl["ray_cpus_per_client"]),
+            address=fl.ray_address,
+            num_cpus=fl.ray_num_cpus,
+            cpus_per_client=int(fl.ray_cpus_per_client),
         )
     return make_trainer(
-        fl["trainer"],
+        fl.trainer,
         model,
         setup.train,
         setup.parts,
         local,
         seed,
-        int(fl["workers"]),
+        int(fl.workers),
         config_device(setup.cfg),
     )
 
@@ -331,10 +277,13 @@ def train(
     resume: bool = False,
     progress: bool = True,
     callbacks: Iterable[RoundCallback] = (),
+    outputs: bool = True,
 ) -> RunResult:
-    """Train FedAvg per ``cfg`` into ``run_dir`` (resuming its last completed round if asked)."""
-    cfg = dict(cfg)
-    validate_config(cfg)
+    """Train FedAvg per ``cfg`` into ``run_dir`` (resuming its last completed round if asked).
+
+    ``outputs``: also write ``metrics.csv`` and ``training.png`` (:func:`write_training_outputs`).
+    """
+    cfg = validate_config(cfg)
     run_dir = Path(run_dir)
     saved_cfg_path = run_dir / "config.yaml"
     if saved_cfg_path.is_file() and (run_dir / "history").is_dir():
@@ -351,8 +300,8 @@ def train(
     save_config(cfg, saved_cfg_path)
 
     setup = build_setup(cfg)
-    seed = int(cfg["seed"])
-    fl = cfg["fl"]
+    seed = int(cfg.seed)
+    fl = cfg.fl
     model = setup.model
     history = open_history(cfg, run_dir, model)
     last = history.last_completed_round()
@@ -366,17 +315,11 @@ def train(
     metrics = metrics_from_history(history, last)
     metrics_path.write_text("".join(json.dumps(r) + "\n" for r in metrics))
 
-    local = LocalConfig(
-        int(fl["local_epochs"]),
-        float(fl["lr"]),
-        None if fl["batch_size"] is None else int(fl["batch_size"]),
-        float(fl["momentum"]),
-    )
+    local = LocalConfig.from_config(fl)
     trainer = _make_trainer(setup, setup.new_model(), local)
     eval_model = setup.new_model().to(config_device(cfg))  # fl.device; the states stay on CPU
     sizes = setup.data_sizes
-    T = int(fl["rounds"])
-    target = setup.poison.target_label
+    T = int(fl.rounds)
     bar = tqdm(
         range(last + 1, T + 1),
         desc="FedAvg",
@@ -386,33 +329,30 @@ def train(
         total=T,
     )
     threads_before = torch.get_num_threads()
-    if int(fl["threads"]) > 0:
-        torch.set_num_threads(int(fl["threads"]))  # restored when train() returns
+    if int(fl.threads) > 0:
+        torch.set_num_threads(int(fl.threads))  # restored when train() returns
     try:
         for t in bar:
             t0 = time.perf_counter()
-            clients = select_clients(seed, t, len(setup.parts), int(fl["clients_per_round"]))
+            clients = select_clients(seed, t, len(setup.parts), int(fl.clients_per_round))
             states = trainer.train(global_state, clients, t)
             clients = [n for n in clients if n in states]  # a backend may drop failed clients
             global_state = aggregate(states, {n: sizes[n] for n in clients})
             model.load_state_dict(global_state)
-            row: dict[str, Any] = {"round": t, "test_acc": None, "test_loss": None}
-            if t % int(fl["eval_every"]) == 0 or t == T:
-                eval_model.load_state_dict(global_state)
-                ev = evaluate(eval_model, setup.test, int(fl["eval_batch_size"]))
-                row["test_acc"], row["test_loss"] = ev["acc"], ev["loss"]
-                if setup.triggered_test is not None:
-                    row["asr"] = attack_success_rate(eval_model, setup.triggered_test, target)
-            wall = time.perf_counter() - t0
-            link = history.record_round(
+            metrics_t, wall, link = close_round(
+                history,
+                setup,
+                eval_model,
                 t,
                 clients,
                 {n: sizes[n] for n in clients},
                 states,
                 global_state,
-                {k: v for k, v in row.items() if k != "round"},
-                wall,
+                t0,
+                int(fl.eval_batch_size),
+                evaluate_now=t % int(fl.eval_every) == 0 or t == T,
             )
+            row: dict[str, Any] = {"round": t, **metrics_t}
             row.update(
                 participants=clients,
                 wall_s=wall,
@@ -421,8 +361,7 @@ def train(
                 bytes=int(link["bytes"]),
             )
             metrics.append(row)
-            with metrics_path.open("a") as fh:
-                fh.write(json.dumps(row) + "\n")
+            append_jsonl(metrics_path, row)
             if row["test_acc"] is not None:
                 bar.set_postfix(acc=f"{row['test_acc']:.3f}")
             for cb in callbacks:
@@ -435,6 +374,8 @@ def train(
         {k: v.contiguous() for k, v in model.state_dict().items()}, run_dir / "model.safetensors"
     )
     (run_dir / "poison.json").write_text(json.dumps(setup.poison.to_json()))
+    if outputs:
+        write_training_outputs(metrics, run_dir)
     final = metrics[-1].get("test_acc") if metrics else None
     log.info(
         "run %s done: %d rounds, final test acc %s",
@@ -445,6 +386,60 @@ def train(
     return RunResult(run_dir, cfg, model, metrics, history)
 
 
+# ----------------------------------------------------------------------------- outputs
+
+
+CSV_COLUMNS = ("round", "test_acc", "test_loss", "asr", "participants", "wall_s", "link_s")
+CSV_COLUMNS += ("cum_link_s", "bytes")
+
+
+def write_metrics_csv(
+    rows: Sequence[Mapping[str, Any]], path: Path, columns: Sequence[str] = CSV_COLUMNS
+) -> Path:
+    """metrics.jsonl as a table: one row per round, lists (participants) space-separated.
+
+    ``columns``: which keys, in order (asr only when some round has it).
+    """
+    cols = [c for c in columns if c != "asr" or any(r.get("asr") is not None for r in rows)]
+    with path.open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for r in rows:
+            cells = []
+            for c in cols:
+                v = r.get(c)
+                if isinstance(v, list | tuple):
+                    v = " ".join(str(n) for n in v)
+                cells.append("" if v is None else v)
+            w.writerow(cells)
+    return path
+
+
+def write_training_outputs(
+    rows: Sequence[Mapping[str, Any]],
+    run_dir: Path,
+    columns: Sequence[str] = CSV_COLUMNS,
+    title: str | None = None,
+) -> tuple[Path, Path | None]:
+    """``metrics.csv`` and ``training.png`` (accuracy and loss per round) in ``run_dir``.
+
+    Every FedAvg run writes them: :func:`train` (``scaleflu train``, the Table II runs) and
+    the testbed's edge server. A plotting failure is logged; the png is then None.
+    """
+    from scaleflu.plots import plot_training
+
+    run_dir = Path(run_dir)
+    csv_path = write_metrics_csv(rows, run_dir / "metrics.csv", columns)
+    try:
+        png = plot_training(
+            rows, run_dir / "training.png", title=title or f"FedAvg: {run_dir.name}"
+        )
+    except Exception as exc:  # a plotting problem must not fail a finished run
+        log.warning("training.png not written: %s", exc)
+        png = None
+    return csv_path, png
+
+
 # ----------------------------------------------------------------------------- loading
 
 
@@ -453,7 +448,7 @@ class LoadedRun:
     """A finished (or interrupted) run rebuilt from its directory."""
 
     run_dir: Path
-    cfg: dict[str, Any]
+    cfg: Config
     setup: FLSetup  # data sets, partitions, poisoning; setup.model holds the initial model
     model: nn.Module  # the final global model (the last completed round's)
     history: HistoryStore
@@ -481,13 +476,13 @@ def load_run(run_dir: str | Path) -> LoadedRun:
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    cfg = yaml.safe_load(cfg_path.read_text())
-    setup = build_setup(cfg)
+    setup = build_setup(yaml.safe_load(cfg_path.read_text()))
+    cfg = setup.cfg
     history = open_history(cfg, run_dir, setup.model)
     model = setup.new_model()
     final = run_dir / "model.safetensors"
     last = history.last_completed_round()
-    if final.is_file() and last == int(cfg["fl"]["rounds"]):
+    if final.is_file() and last == int(cfg.fl.rounds):
         model.load_state_dict(load_file(final))
     elif last > 0 or (history.dir / "global_00001.safetensors").is_file():
         model.load_state_dict(history.final_model())

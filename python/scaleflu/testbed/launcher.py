@@ -36,6 +36,7 @@ from scaleflu.link import ChannelModel
 from scaleflu.link.kinds import canonical_kind
 from scaleflu.log import setup_logging
 from scaleflu.testbed.keys import KeyStore
+from scaleflu.testbed.protocol import client_of, robot_of
 from scaleflu.unlearn.registry import method_names
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,7 @@ def largest_robot(cfg: dict[str, Any]) -> int:
 
     clean, _ = load_datasets(cfg["data"], int(cfg["seed"]))
     parts = make_partitions(cfg["data"], clean.labels, int(cfg["seed"]))
-    return 1 + max(range(len(parts)), key=lambda n: len(parts[n]))
+    return robot_of(max(range(len(parts)), key=lambda n: len(parts[n])))
 
 
 def build_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -215,7 +216,7 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
     if args.backdoor_robot is None:
         args.backdoor_robot = largest_robot(cfg)
     if not cfg["data"]["poison"]["backdoor_clients"]:
-        cfg["data"]["poison"]["backdoor_clients"] = [args.backdoor_robot - 1]
+        cfg["data"]["poison"]["backdoor_clients"] = [client_of(args.backdoor_robot)]
     return cfg
 
 

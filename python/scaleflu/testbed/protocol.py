@@ -67,6 +67,18 @@ HKDF_SALT = b"scaleflu-testbed-v2"
 MAX_META = 64 * 1024
 SERVER_ID = 0
 MAX_ROBOT_ID = 0xFFFE
+
+
+def client_of(robot: int) -> int:
+    """The FL client index of robot ``robot``: robot ids 1..N are clients 0..N-1 (0: server)."""
+    return int(robot) - 1
+
+
+def robot_of(client: int) -> int:
+    """The robot id of FL client ``client`` (the inverse of :func:`client_of`)."""
+    return int(client) + 1
+
+
 KEY_BYTES = 32
 
 

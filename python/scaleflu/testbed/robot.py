@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from scaleflu.config import as_config
 from scaleflu.fl.data import ImageData, add_trigger, apply_poison, load_datasets, make_partitions
 from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
 from scaleflu.fl.models import build_model
@@ -45,6 +46,7 @@ from scaleflu.testbed.protocol import (
     MsgType,
     ProtocolError,
     ReplayGuard,
+    client_of,
     open_envelope,
     peek,
     state_sha256,
@@ -73,11 +75,12 @@ class RobotData:
 
     def __init__(self, cfg: Mapping[str, Any], robot_id: int) -> None:
         """Rebuild the seeded split from ``cfg`` and keep only this robot's samples."""
-        seed = int(cfg["seed"])
-        n = robot_id - 1
-        clean, test = load_datasets(cfg["data"], seed)
-        parts = make_partitions(cfg["data"], clean.labels, seed)
-        train, poison = apply_poison(clean, parts, cfg["data"].get("poison"), seed)
+        cfg = as_config(cfg)
+        seed = int(cfg.seed)
+        n = client_of(robot_id)
+        clean, test = load_datasets(cfg.data, seed)
+        parts = make_partitions(cfg.data, clean.labels, seed)
+        train, poison = apply_poison(clean, parts, cfg.data.get("poison"), seed)
         self.part = parts[n]
         self.train: ImageData = train.subset(self.part)
         self.clean: ImageData = clean.subset(self.part)
@@ -85,7 +88,7 @@ class RobotData:
         self.trigger_size = poison.trigger_size
         self.backdoor = np.isin(self.part, poison.backdoor_indices)  # positions in own data
         self.flipped = np.isin(self.part, poison.flipped_indices)
-        k = min(int(cfg["testbed"]["eval_test_samples"]), len(test))
+        k = min(int(cfg.testbed.eval_test_samples), len(test))
         rng = np.random.default_rng(np.random.SeedSequence([seed, 77, robot_id]))
         self.test: ImageData = test.subset(np.sort(rng.choice(len(test), k, replace=False)))
         keep = torch.nonzero(self.test.labels != self.target_label).flatten().numpy()
@@ -93,7 +96,7 @@ class RobotData:
         self.triggered.pixels = add_trigger(self.triggered.pixels, self.trigger_size)
         self.num_classes = train.num_classes
         self.model_args = (
-            str(cfg["model"]["name"]),
+            str(cfg.model.name),
             train.num_classes,
             train.in_channels,
             train.image_size,
@@ -183,8 +186,8 @@ class RobotClient:
         self.link = link
         self.robot_id = robot_id
         self.key = key
-        self.cfg = cfg
-        self.tb = cfg["testbed"]
+        self.cfg = cfg = as_config(cfg)
+        self.tb = cfg.testbed
         self.unlearn = dict(unlearn) if unlearn else None
         self.unlearn_after_round = unlearn_after_round
         self.faults = tuple(faults)
@@ -200,12 +203,10 @@ class RobotClient:
         self.server_public_key = server_public_key
         if server_public_key is None:
             log.warning("robot %d: no server public key; model signatures unchecked", robot_id)
-        fl = cfg["fl"]
-        torch.set_num_threads(max(1, int(fl["threads"]) or 1))
-        self.local = LocalConfig(
-            int(fl["local_epochs"]), float(fl["lr"]), int(fl["batch_size"]), float(fl["momentum"])
-        )
-        self.seed = int(cfg["seed"])
+        fl = cfg.fl
+        torch.set_num_threads(max(1, int(fl.threads) or 1))
+        self.local = LocalConfig.from_config(fl)  # batch_size null: full batch, as in train()
+        self.seed = int(cfg.seed)
         t0 = time.perf_counter()
         self.data = data or RobotData(cfg, robot_id)
         self.load_s = time.perf_counter() - t0
@@ -450,7 +451,7 @@ class RobotClient:
             self.local,
             self.seed,
             t,
-            self.robot_id - 1,
+            client_of(self.robot_id),
         )
         train_s = time.perf_counter() - t0
         local_np = to_numpy(local)
@@ -468,10 +469,10 @@ class RobotClient:
             "model_sha256": self.state_sha,
             "link_bytes_tx": int(stats.get("bytes_tx", self.ep.sent_bytes)),
         }
-        body = encode_state(local_np, str(self.tb["upload_encoding"]))
+        body = encode_state(local_np, str(self.tb.upload_encoding))
         # No point uploading past the round deadline (the server would refuse it as late).
         left = float(meta.get("deadline_s") or 0.0) - train_s
-        timeout = float(self.tb["send_timeout_s"])
+        timeout = float(self.tb.send_timeout_s)
         if left > 0:
             timeout = min(timeout, left + 2.0)
         if fault_now:
@@ -619,7 +620,7 @@ class RobotClient:
         while not self.done and not self.register(timeout=60.0):
             if max_runtime is not None and time.monotonic() - start > max_runtime:
                 break
-        idle = float(self.tb["robot_idle_s"])
+        idle = float(self.tb.robot_idle_s)
         while not self.done:
             if max_runtime is not None and time.monotonic() - start > max_runtime:
                 log.warning("robot %d: max runtime reached", self.robot_id)

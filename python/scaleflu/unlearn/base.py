@@ -10,6 +10,7 @@ so a method only produces the model and its costs.
 Result schema (``UnlearnResult.to_dict()``, ``schema: 1``) -- documented in docs/scale.md:
 ``method, mode, request{...}, protocol, run_dir, metrics{test_acc, ra, ra_clean, fa, fr,
 fa_protocol, fa_clean, backdoor_asr, mia_cm_loss_auc, mia_ref_auc, mia_ref_tpr_1fpr,
+mia_canary_n, mia_canary_loss_auc, mia_canary_auc, mia_canary_tpr_1fpr,
 fa_class_test, ra_class_test, mia_loss_member_rate, mia_loss_auc,
 mia_entropy_member_rate, mia_entropy_auc, relearn_rounds}, original{same keys for the model
 before unlearning}, cost{wall_s, cpu_s, bytes, link_s, fl_rounds, steps,
@@ -244,13 +245,19 @@ class UnlearnContext:
         self.mia_target, self.mia_nonmembers = class_matched_sets(
             setup.train,
             setup.clean_train.labels,
-            self.forget_idx,
+            np.setdiff1d(self.forget_idx, setup.poison.canary_indices),  # canaries: below
             setup.poison,
             self.test,
             mia_n,
             self.seed,
         )
+        # the canary MIA: D_u's membership canaries against their held-out twins (same true
+        # class, random wrong label alike, trained on by nobody; scaleflu.fl.data.insert_canaries)
+        in_du = np.isin(setup.poison.canary_members, self.forget_idx)
+        self.canary_target: ImageData = setup.train.subset(setup.poison.canary_members[in_du])
+        self.canary_nonmembers: ImageData = setup.train.subset(setup.poison.canary_heldout[in_du])
         self._mia_ref: tuple[np.ndarray, np.ndarray] | None = None
+        self._canary_ref: tuple[np.ndarray, np.ndarray] | None = None
         self.mia_reference_info: dict[str, Any] = {}
         self.groups = run.history.groups
         self.link = run.history.link
@@ -300,6 +307,7 @@ class UnlearnContext:
             setup.poison.backdoor_indices,
             setup.poison.flipped_indices,
             int(cfg["seed"]),
+            setup.poison.canary_copies,
         )
         return cls(run, resolved, cfg, mode, progress)
 
@@ -327,13 +335,7 @@ class UnlearnContext:
 
     def local_config(self, epochs: int | None = None) -> LocalConfig:
         """The run's local SGD settings (optionally another epoch count)."""
-        fl = self.cfg["fl"]
-        return LocalConfig(
-            int(epochs if epochs is not None else fl["local_epochs"]),
-            float(fl["lr"]),
-            None if fl["batch_size"] is None else int(fl["batch_size"]),  # None: full batch
-            float(fl["momentum"]),
-        )
+        return LocalConfig.from_config(self.cfg["fl"], epochs)
 
     # -- FedAvg with the remaining clients -----------------------------------------------
 
@@ -433,6 +435,21 @@ class UnlearnContext:
         n = int(ev.get("mia_shadows") or 0)
         if n <= 0 or len(self.mia_target) == 0:
             return None
+        self._reference_scores()
+        return self._mia_ref
+
+    def canary_reference(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The same reference models' mean phi on D_u's canaries and their held-out twins."""
+        n = int(self.scale_cfg["eval"].get("mia_shadows") or 0)
+        if n <= 0 or len(self.canary_target) == 0:
+            return None
+        self._reference_scores()
+        return self._canary_ref
+
+    def _reference_scores(self) -> None:
+        """Train the ``mia_shadows`` reference models once; score every MIA set with them."""
+        ev = self.scale_cfg["eval"]
+        n = int(ev.get("mia_shadows") or 0)
         if self._mia_ref is None:
             from scaleflu.fl.fedavg import derive_seed
             from scaleflu.fl.models import build_model
@@ -440,24 +457,30 @@ class UnlearnContext:
 
             rounds = int(ev.get("mia_shadow_rounds") or self.cfg["fl"]["rounds"])
             t0 = time.perf_counter()
-            phi_t = np.zeros(len(self.mia_target))
-            phi_n = np.zeros(len(self.mia_nonmembers))
+            sets = (
+                self.mia_target,
+                self.mia_nonmembers,
+                self.canary_target,
+                self.canary_nonmembers,
+            )
+            phi = [np.zeros(len(d)) for d in sets]
             for k in range(n):
                 torch.manual_seed(derive_seed(self.seed, 900 + k))
                 init = build_model(*self.run.setup.model_args()).state_dict()
                 state, _ = self.fedavg_rounds(init, rounds, 1, desc=f"MIA reference {k + 1}")
                 model = self.new_model(state)
-                phi_t += logit_confidence(predict(model, self.mia_target), self.mia_target.labels)
-                phi_n += logit_confidence(
-                    predict(model, self.mia_nonmembers), self.mia_nonmembers.labels
-                )
-            self._mia_ref = (phi_t / n, phi_n / n)
+                for acc, d in zip(phi, sets, strict=True):
+                    if len(d):
+                        acc += logit_confidence(predict(model, d), d.labels)
+            self._mia_ref = (phi[0] / n, phi[1] / n)
+            self._canary_ref = (phi[2] / n, phi[3] / n)
             self.mia_reference_info = {
                 "models": n,
                 "rounds": rounds,
                 "wall_s": time.perf_counter() - t0,
                 "target": len(self.mia_target),
                 "nonmembers": len(self.mia_nonmembers),
+                "canaries": len(self.canary_target),
             }
             log.info(
                 "MIA reference: %d model(s) of %d rounds in %.1fs",
@@ -465,7 +488,6 @@ class UnlearnContext:
                 rounds,
                 self.mia_reference_info["wall_s"],
             )
-        return self._mia_ref
 
     def evaluate(self, state: Mapping[str, torch.Tensor], relearn: bool = True) -> dict[str, Any]:
         """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`)."""
@@ -488,6 +510,9 @@ class UnlearnContext:
             mia_target=self.mia_target,
             mia_nonmembers=self.mia_nonmembers,
             mia_reference=self.mia_reference(),
+            canary_target=self.canary_target,
+            canary_nonmembers=self.canary_nonmembers,
+            canary_reference=self.canary_reference(),
         )
         out["relearn_rounds"] = None
         ev = self.scale_cfg["eval"]

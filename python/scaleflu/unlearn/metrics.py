@@ -19,6 +19,12 @@
   difficulty calibration). ``mia_ref_auc`` separates D_u from the non-members (0.5: no trace),
   ``mia_ref_tpr_1fpr`` is the share of D_u above the non-members' 99th percentile (0.01: no
   trace). ``mia_cm_loss_auc`` is the uncalibrated loss attack on the same two sets.
+* Canary MIA (docs/reproducing.md): the same reference-model attack on D_u's membership
+  canaries (``data.poison.canaries``: clean samples with a random wrong label, duplicated in
+  their client's data so the model memorises them) against their held-out twins (same true
+  class, relabelled alike, never trained on). ``mia_canary_auc`` / ``mia_canary_tpr_1fpr``
+  (calibrated), ``mia_canary_loss_auc`` (uncalibrated loss), ``mia_canary_n`` canaries scored.
+  The canaries are left out of the class-matched sets above (their labels are random).
 * ``ra_clean``: RA on D_r's clean images and true labels (``ra`` uses the labels as held).
 * relearn time: rounds of fine-tuning on D_u (one local epoch each, the run's SGD settings)
   until FA reaches ``relearn_target`` x the original model's FA.
@@ -260,11 +266,15 @@ def evaluate_model(
     mia_target: ImageData | None = None,
     mia_nonmembers: ImageData | None = None,
     mia_reference: tuple[np.ndarray, np.ndarray] | None = None,
+    canary_target: ImageData | None = None,
+    canary_nonmembers: ImageData | None = None,
+    canary_reference: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> dict[str, Any]:
     """Every accuracy-type metric and the MIAs of ``model`` (see the module docstring).
 
     ``mia_target`` / ``mia_nonmembers``: the class-matched MIA sets; ``mia_reference``: the
-    reference models' mean ``phi`` on them (None: no calibrated attack).
+    reference models' mean ``phi`` on them (None: no calibrated attack). ``canary_*``: D_u's
+    membership canaries, their held-out twins and the references' ``phi`` on both.
     """
     p_test = predict(model, test)
     p_rem = predict(model, remaining)
@@ -320,6 +330,23 @@ def evaluate_model(
                 *mia_reference,
             )
             out["mia_ref_auc"], out["mia_ref_tpr_1fpr"] = cal["auc"], cal["tpr"]
+    out.update(
+        mia_canary_n=0, mia_canary_loss_auc=None, mia_canary_auc=None, mia_canary_tpr_1fpr=None
+    )
+    if canary_target is not None and canary_nonmembers is not None and len(canary_target):
+        p_t = predict(model, canary_target)
+        p_n = predict(model, canary_nonmembers)
+        out["mia_canary_n"] = len(canary_target)
+        out["mia_canary_loss_auc"] = auc(
+            -_losses(p_t, canary_target.labels), -_losses(p_n, canary_nonmembers.labels)
+        )
+        if canary_reference is not None:
+            cal = calibrated_mia(
+                logit_confidence(p_t, canary_target.labels),
+                logit_confidence(p_n, canary_nonmembers.labels),
+                *canary_reference,
+            )
+            out["mia_canary_auc"], out["mia_canary_tpr_1fpr"] = cal["auc"], cal["tpr"]
     out.update(
         mia_loss_member_rate=loss["member_rate"],
         mia_loss_auc=loss["auc"],

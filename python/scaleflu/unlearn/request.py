@@ -7,8 +7,11 @@ Text forms (the ``--request`` argument):
   a Retrain FA near zero is only possible when no other client keeps the class);
   ``class:3@7`` removes class 3 from client 7 only (the paper's literal case).
 * ``sample:7:0.1``: a fraction of client 7's samples. The forget set is the client's poisoned
-  samples first (triggered or label-flipped by the evaluation protocol, in index order), then,
-  when the fraction asks for more, a seeded random choice of its other samples.
+  samples first -- its membership canaries (every copy of a canary together, never split), then
+  its triggered or label-flipped samples in index order -- then, when the fraction asks for
+  more, a seeded random choice of its other samples.
+* ``sample:7:poisoned``: exactly client 7's poisoned samples (canaries with all their copies,
+  triggered and flipped samples), whatever their share of its data.
 
 Resolution gives, per client, the global training-sample indices to forget and to keep.
 """
@@ -44,6 +47,7 @@ class UnlearnRequest:
     classes: tuple[int, ...] = ()
     fraction: float | None = None
     text: str = ""
+    poisoned_only: bool = False  # sample:N:poisoned
 
     @property
     def slug(self) -> str:
@@ -82,6 +86,8 @@ def parse_request(text: str) -> UnlearnRequest:
     if len(parts) != 2:
         raise RequestError(f"request {text!r}: sample requests look like sample:CLIENT:FRACTION")
     clients = _ints(parts[0], "client ids", full)
+    if parts[1].strip().lower() == "poisoned":
+        return UnlearnRequest("sample", clients=clients, text=full, poisoned_only=True)
     try:
         frac = float(parts[1])
     except ValueError as exc:
@@ -98,7 +104,7 @@ class ResolvedRequest:
     request: UnlearnRequest
     forget: dict[int, np.ndarray]  # client -> global indices of D_u,n (only non-empty entries)
     remaining: list[np.ndarray]  # client -> global indices of D_n minus D_u,n
-    protocol: str  # backdoor | label_flip | class | clean: what the forget set carries
+    protocol: str  # backdoor | label_flip | canary | class | clean: what the forget set carries
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -170,14 +176,24 @@ def resolve_request(
     backdoor_indices: np.ndarray | None = None,
     flipped_indices: np.ndarray | None = None,
     seed: int = 0,
+    canary_copies: np.ndarray | None = None,
 ) -> ResolvedRequest:
-    """Bind ``req`` to a run's partitions and labels (as the clients hold them)."""
+    """Bind ``req`` to a run's partitions and labels (as the clients hold them).
+
+    ``canary_copies``: one row per membership canary, the training indices of its copies
+    (:class:`scaleflu.fl.data.PoisonInfo`); a sample request takes them as whole rows.
+    """
     n_clients = len(parts)
     _check_clients(req, n_clients)
     labels = np.asarray(labels)
     backdoor = np.asarray(backdoor_indices if backdoor_indices is not None else [], np.int64)
     flipped = np.asarray(flipped_indices if flipped_indices is not None else [], np.int64)
     poisoned = np.union1d(backdoor, flipped)
+    canaries = (
+        np.asarray(canary_copies, np.int64)
+        if canary_copies is not None and len(canary_copies)
+        else np.empty((0, 1), np.int64)
+    )
     forget: dict[int, np.ndarray] = {}
     notes: list[str] = []
     if req.kind == "client":
@@ -211,14 +227,28 @@ def resolve_request(
         frac = float(req.fraction or 0.0)
         for n in req.clients:
             idx = np.asarray(parts[n], np.int64)
-            k = int(round(frac * len(idx)))
+            # the client's canaries (rows whose original it holds), every copy together
+            rows = canaries[np.isin(canaries[:, 0], idx)] if len(canaries) else canaries[:0]
+            bad = idx[np.isin(idx, poisoned) & ~np.isin(idx, rows)]
+            if req.poisoned_only:
+                k = len(bad) + rows.size
+                if k == 0:
+                    raise RequestError(
+                        f"request {req.text!r}: client {n} holds no poisoned sample or canary"
+                    )
+            else:
+                k = int(round(frac * len(idx)))
             if k == 0:
                 raise RequestError(
                     f"request {req.text!r}: fraction {frac} of client {n}'s {len(idx)} samples "
                     "is an empty forget set"
                 )
-            bad = idx[np.isin(idx, poisoned)]
-            chosen = bad[:k]
+            n_rows = min(len(rows), k // max(rows.shape[1], 1)) if len(rows) else 0
+            if n_rows < len(rows):
+                notes.append(f"client {n}: {len(rows) - n_rows} canaries stay (fraction {frac})")
+            picked = rows[:n_rows].ravel()
+            chosen = np.concatenate([picked, bad[: k - len(picked)]])
+            bad = np.concatenate([picked, bad])
             if len(chosen) < k:
                 rest = idx[~np.isin(idx, chosen)]
                 rng = np.random.default_rng(np.random.SeedSequence([seed, 31, n]))
@@ -244,6 +274,8 @@ def resolve_request(
         protocol = "backdoor"
     elif np.isin(all_forget, flipped).any():
         protocol = "label_flip"
+    elif len(canaries) and np.isin(all_forget, canaries).any():
+        protocol = "canary"  # FA (held labels) on canaries: their memorised random labels
     else:
         protocol = "clean"
     if protocol == "clean":

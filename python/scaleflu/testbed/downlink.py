@@ -1,0 +1,279 @@
+"""Model sends of the edge server: unicast or broadcast, delta encoding, what each robot holds,
+and the age of information (AoI) of the parameter groups at the robots.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from scaleflu.link.arq import SendHandle
+from scaleflu.testbed.common import (
+    cast_like,
+    decode_state,
+    encode_state,
+)
+from scaleflu.testbed.keys import sign
+from scaleflu.testbed.protocol import (
+    MsgType,
+    state_sha256,
+)
+from scaleflu.testbed.sessions import RobotInfo
+from scaleflu.testbed.transport import (
+    JointHandle,
+    link_stats,
+    pack_broadcast_body,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Outgoing:
+    """A model send in flight, with what the robot will hold once it is delivered."""
+
+    robot: int
+    handle: SendHandle
+    state: dict[str, np.ndarray]
+    sha: str
+    src_sha: str
+    purpose: str
+    round: int
+    changed: set[tuple[str, int]] = field(default_factory=set)
+    started: float = field(default_factory=time.monotonic)
+
+
+class DownlinkMixin:
+    """Sending models to the robots and accounting what they hold."""
+
+    def _all_groups(self) -> list[tuple[str, int]]:
+        return [(layer, j) for layer, g in self.groups.items() for j in range(len(g))]
+
+    def _send_model(
+        self,
+        robot: RobotInfo,
+        state: dict[str, np.ndarray],
+        purpose: str,
+        t: int,
+        extra: dict[str, Any] | None = None,
+        src_sha: str | None = None,
+    ) -> Outgoing:
+        """Start sending ``state`` to a robot, as a delta against what it holds when allowed."""
+        tb = self.tb
+        src_sha = src_sha or state_sha256(state)
+        ref = robot.held if tb.broadcast == "delta" and robot.held is not None else None
+        enc = str(tb.broadcast_encoding)
+        G = int(self.cfg.scale.groups_per_layer)
+        body = encode_state(state, enc, ref, G)
+        # What the robot will hold: decode our own bytes (lossy encodings included).
+        held = cast_like(decode_state(body, reference=ref), state)
+        sha = state_sha256(held)
+        meta = self._model_meta(purpose, sha, robot.held_sha if ref is not None else None, extra)
+        meta["sig"] = sign(
+            self.signing_key,
+            "model",
+            session=self.session,
+            robot=robot.robot_id,
+            round=t,
+            purpose=purpose,
+            sha256=sha,
+        )
+        h = self.ep.send(
+            MsgType.MODEL,
+            robot.robot_id,
+            self.keys[robot.robot_id],
+            self.session,
+            t,
+            meta,
+            body,
+            timeout=float(tb.send_timeout_s),
+        )
+        changed = {
+            g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
+        }
+        out = Outgoing(robot.robot_id, h, held, sha, src_sha, purpose, t, changed)
+        self.outgoing.append(out)
+        log.info(
+            "%s model r%d -> robot %d: %d B (%s)",
+            purpose,
+            t,
+            robot.robot_id,
+            len(body),
+            "delta" if ref is not None else "full",
+        )
+        return out
+
+    def _send_model_many(
+        self,
+        robots: list[RobotInfo],
+        state: dict[str, np.ndarray],
+        purpose: str,
+        t: int,
+        extra: dict[str, Any] | None = None,
+        src_sha: str | None = None,
+    ) -> list[Outgoing]:
+        """Send ``state`` to several robots: one broadcast per distinct body over a MAC link.
+
+        ``testbed.downlink``: ``unicast`` sends one model per robot (``_send_model``);
+        ``broadcast`` (or ``auto`` on a link that can broadcast: frames-shared) puts each
+        distinct body (full, or a delta against a base several robots hold) on air once and
+        sends every robot a small sealed MODEL envelope naming the body's SHA-256.
+        """
+        tb = self.tb
+        mode = str(tb.get("downlink", "auto"))
+        bcast = getattr(self.link, "broadcast", None)
+        if mode == "unicast" or not callable(bcast) or not getattr(self.link, "is_server", False):
+            if mode == "broadcast":
+                log.warning("testbed.downlink=broadcast but the link cannot broadcast: unicast")
+            return [self._send_model(rb, state, purpose, t, extra, src_sha) for rb in robots]
+        src_sha = src_sha or state_sha256(state)
+        enc = str(tb.broadcast_encoding)
+        G = int(self.cfg.scale.groups_per_layer)
+        groups: dict[str | None, list[RobotInfo]] = {}
+        for rb in robots:
+            delta = tb.broadcast == "delta" and rb.held is not None
+            groups.setdefault(rb.held_sha if delta else None, []).append(rb)
+        changed = {
+            g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
+        }
+        timeout = float(tb.send_timeout_s)
+        outs: list[Outgoing] = []
+        for base, members in groups.items():
+            ref = members[0].held if base is not None else None
+            body = encode_state(state, enc, ref, G)
+            held = cast_like(decode_state(body, reference=ref), state)
+            sha = state_sha256(held)
+            body_sha, packed = pack_broadcast_body(body)
+            bh = bcast(packed, [rb.robot_id for rb in members], timeout=timeout)
+            log.info(
+                "%s model r%d -> robots %s: %d B once (%s, broadcast)",
+                purpose,
+                t,
+                [rb.robot_id for rb in members],
+                len(body),
+                "delta" if ref is not None else "full",
+            )
+            for rb in members:
+                meta = self._model_meta(purpose, sha, base, extra, body_sha256=body_sha)
+                # signed per robot as in _send_model (robots with the server's public key
+                # refused every broadcast model without it: "not signed by the server")
+                meta["sig"] = sign(
+                    self.signing_key,
+                    "model",
+                    session=self.session,
+                    robot=rb.robot_id,
+                    round=t,
+                    purpose=purpose,
+                    sha256=sha,
+                )
+                h = self.ep.send(
+                    MsgType.MODEL,
+                    rb.robot_id,
+                    self.keys[rb.robot_id],
+                    self.session,
+                    t,
+                    meta,
+                    b"",
+                    timeout=timeout,
+                )
+                joint = JointHandle(h, bh, rb.robot_id)
+                out = Outgoing(rb.robot_id, joint, held, sha, src_sha, purpose, t, changed)  # type: ignore[arg-type]
+                self.outgoing.append(out)
+                outs.append(out)
+        return outs
+
+    def _model_meta(
+        self,
+        purpose: str,
+        sha: str,
+        base: str | None,
+        extra: dict[str, Any] | None,
+        **more: Any,
+    ) -> dict[str, Any]:
+        """A MODEL envelope's meta: purpose, the SHA-256 the robot will hold, the delta's base,
+        the open round's remaining time, then ``more`` (broadcast: the body's SHA) and ``extra``.
+        """
+        deadline = max(0.0, (self.round.deadline - self.clock()) if self.round else 0)
+        meta = {"purpose": purpose, "sha256": sha, "base_sha256": base, "deadline_s": deadline}
+        return {**meta, **more, **(extra or {})}
+
+    def _group_changed(
+        self, g: tuple[str, int], new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]
+    ) -> bool:
+        layer, j = g
+        a, b = self.groups[layer][j]
+        x = new[layer].reshape(-1)[a:b]
+        y = old[layer].reshape(-1)[a:b]
+        return bool(np.max(np.abs(x.astype(np.float64) - y)) > float(self.history.update_tol))
+
+    def _check_sends(self) -> None:
+        """Account finished model sends: what each robot holds, and AoI of the groups."""
+        still = []
+        for o in self.outgoing:
+            if not o.handle.done():
+                still.append(o)
+                continue
+            robot = self.robots.get(o.robot)
+            if o.handle.status.value == "delivered":
+                if robot is not None and robot.resync_at < o.started:
+                    robot.held, robot.held_sha, robot.held_src = o.state, o.sha, o.src_sha
+                now = time.monotonic() - self.t0
+                for g in o.changed:
+                    self.group_time[g] = max(self.group_time.get(g, 0.0), now)
+            else:
+                log.warning(
+                    "%s model r%d to robot %d failed: %s",
+                    o.purpose,
+                    o.round,
+                    o.robot,
+                    o.handle.reason,
+                )
+                if robot is not None:
+                    robot.held, robot.held_sha, robot.held_src = None, None, None
+        self.outgoing = still
+
+    def aoi_seconds(self) -> float:
+        """Mean age (s) over parameter groups of their latest version at the robots."""
+        now = time.monotonic() - self.t0
+        vals = [now - v for v in self.group_time.values()]
+        return float(np.mean(vals)) if vals else 0.0
+
+    def _air_bytes(self) -> int:
+        """Bytes the server's ARQ put on the link plus what the robots report for theirs."""
+        st = link_stats(self.link).get("arq", {})
+        own = int(st.get("bytes_tx", self.ep.sent_bytes))
+        return own + sum(r.link_bytes_tx for r in self.robots.values())
+
+    def _needs(self, robot: RobotInfo, src_sha: str) -> bool:
+        """Whether a robot should be sent the state ``src_sha``: it lacks it, none in flight."""
+        if any(o.robot == robot.robot_id for o in self.outgoing):
+            return False
+        return robot.held is None or robot.held_src != src_sha
+
+    def deploy(
+        self, state: dict[str, np.ndarray], purpose: str, extra: dict[str, Any], timeout: float
+    ) -> dict[int, dict[str, Any]]:
+        """Send a model to every registered robot and collect their evaluation reports."""
+        self.eval_reports[purpose] = {}
+        targets = list(self.robots.values())
+        t = self.history.last_completed_round()
+        src = state_sha256(state)
+        sends = self._send_model_many(targets, state, purpose, t, extra, src)
+        self._prev_broadcast = state
+        end = self.clock() + timeout
+        want = {o.robot for o in sends}
+        while self.clock() < end:
+            self.poll(0.2)
+            # a robot that registered again (restart) or lost the model gets it (again)
+            for rb in self.robots.values():
+                if rb.robot_id not in self.eval_reports[purpose] and self._needs(rb, src):
+                    want.add(rb.robot_id)
+                    self._send_model(rb, state, purpose, t, extra, src)
+            if set(self.eval_reports[purpose]) >= want:
+                break
+        return self.eval_reports[purpose]

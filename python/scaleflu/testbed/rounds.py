@@ -1,0 +1,217 @@
+"""The edge server's round scheduler: uploads of the open round, their checks, and round closing."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from scaleflu.fl.aggregation import NoUpdateAcceptedError, robust_aggregate
+from scaleflu.fl.run import append_jsonl, close_round
+from scaleflu.testbed.common import (
+    cast_like,
+    decode_state,
+    to_numpy,
+    to_torch,
+)
+from scaleflu.testbed.protocol import (
+    MsgType,
+    ProtocolError,
+    client_of,
+    robot_of,
+    state_sha256,
+    validate_update,
+)
+from scaleflu.testbed.sessions import RobotInfo
+from scaleflu.testbed.transport import (
+    link_counters,
+    round_link_row,
+)
+from scaleflu.testbed.validation import UpdateMeta
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundState:
+    """The open round: scheduled robots and the uploads accepted so far."""
+
+    t: int
+    global_np: dict[str, np.ndarray]
+    deadline: float
+    scheduled: set[int] = field(default_factory=set)
+    updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    refused: dict[int, float] = field(default_factory=dict)  # robot -> when its upload was refused
+
+    def not_awaited(self, grace_s: float) -> set[int]:
+        """Robots refused more than ``grace_s`` ago: the round no longer waits for them."""
+        now = time.monotonic()
+        return {r for r, at in self.refused.items() if now - at > grace_s}
+
+    reported: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+
+class RoundsMixin:
+    """Rounds of an :class:`EdgeServer`: schedule, collect, check, aggregate, record."""
+
+    def _on_update(self, robot: RobotInfo, t: int, meta: Mapping[str, Any], body: bytes) -> None:
+        r = robot.robot_id
+        rs = self.round
+        if t in self.closed_rounds and r in self.closed_rounds[t]:
+            self._reject("duplicate", r, f"UPDATE r{t}", "round already closed with its update")
+            self._notify_reject(r, t, "duplicate")
+            return
+        if rs is None or t != rs.t:
+            self._reject("late" if rs is None or t < rs.t else "wrong_round", r, f"UPDATE r{t}")
+            self._notify_reject(r, t, "late or wrong round")
+            return
+        if robot.forgotten:
+            self._reject("forgotten", r, f"UPDATE r{t}")
+            return
+        if r not in rs.scheduled:
+            self._reject("not_scheduled", r, f"UPDATE r{t}")
+            return
+        if r in rs.updates:
+            self._reject("duplicate", r, f"UPDATE r{t}")
+            self._notify_reject(r, t, "duplicate")
+            return
+        try:  # typed meta first: nothing is decoded or stored before it parses
+            um = UpdateMeta.parse(meta)
+        except ProtocolError as exc:
+            self._refuse_update(rs, r, t, exc.reason, exc.detail)
+            return
+        try:
+            ref = rs.global_np if um.delta else None
+            state = decode_state(body, reference=ref)
+            if ref is not None:  # a delta decodes in the reference's dtypes
+                state = cast_like(state, rs.global_np)
+        except Exception as exc:
+            self._refuse_update(rs, r, t, "malformed_tensors", repr(exc))
+            return
+        mn = self.tb.get("max_update_norm")
+        # dtypes are compared, not cast: a float64 upload of a float32 model is refused
+        reason = validate_update(state, rs.global_np, None if mn is None else float(mn))
+        if reason is not None:
+            self._refuse_update(rs, r, t, reason.split(":")[0], reason)
+            return
+        rs.updates[r] = state
+        rs.reported[r] = {"num_samples": um.num_samples, "train_s": um.train_s}
+        robot.link_bytes_tx = um.link_bytes_tx
+        log.info(
+            "round %d: update from robot %d accepted (%d/%d)",
+            t,
+            r,
+            len(rs.updates),
+            len(rs.scheduled),
+        )
+
+    def _refuse_update(self, rs: RoundState, r: int, t: int, reason: str, detail: str) -> None:
+        """Refuse a robot's upload of the open round; the round stops waiting for it."""
+        rs.refused.setdefault(r, time.monotonic())
+        self._reject(reason, r, f"UPDATE r{t}", detail, round_=t)
+        self._notify_reject(r, t, f"{reason}: {detail}"[:200])
+
+    def _notify_reject(self, r: int, t: int, reason: str) -> None:
+        self.ep.send(
+            MsgType.REJECT, r, self.keys[r], self.session, t, {"reason": reason}, timeout=10.0
+        )
+
+    def run_round(self, t: int) -> dict[str, Any] | None:
+        """Round t: send, collect until all are in or the deadline, aggregate, record."""
+        tb = self.tb
+        w0 = time.perf_counter()
+        bytes0 = self._air_bytes()
+        link0 = link_counters(self.link)
+        rs = RoundState(t, self.global_np, self.clock() + float(tb.round_deadline_s))
+        self.round = rs
+        src = state_sha256(self.global_np)
+        rs.scheduled.update(robot.robot_id for robot in self._active())
+        self._send_model_many(self._active(), self.global_np, "train", t, src_sha=src)
+        self._prev_broadcast = self.global_np
+        self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
+        while self.clock() < rs.deadline:
+            grace = float(tb.get("refused_grace_s", 0.0))
+            waiting = rs.scheduled - self._forgotten_ids() - rs.not_awaited(grace)
+            if rs.scheduled and set(rs.updates) >= waiting:
+                break
+            self.poll(0.2)
+            # robots that joined, re-registered or lost their model get it (again)
+            for robot in self._active():
+                busy = robot.robot_id in rs.updates or robot.robot_id in rs.refused
+                if not busy and self._needs(robot, src):
+                    rs.scheduled.add(robot.robot_id)
+                    self._send_model(robot, self.global_np, "train", t, src_sha=src)
+        self.round = None
+        self.closed_rounds[t] = set(rs.updates)
+        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids() - set(rs.refused))
+        if missing:
+            log.warning(
+                "round %d closed with robots %s missing (deadline %.0fs)",
+                t,
+                missing,
+                float(tb.round_deadline_s),
+            )
+            self._event("round_missing", round=t, robots=missing)
+        if not rs.updates:
+            log.warning("round %d: no update accepted", t)
+            self._event("round_failed", round=t, reason="no valid update")
+            return None
+        sizes_all = {r: self.setup.data_sizes[client_of(r)] for r in rs.updates}
+        try:
+            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg)
+        except NoUpdateAcceptedError as exc:
+            log.warning("round %d: %s", t, exc)
+            self._event("round_failed", round=t, reason=str(exc)[:200])
+            for r, why in exc.refused.items():
+                self._refuse_update(rs, r, t, why.split(":")[0], why)
+            return None
+        for r, why in res.refused.items():
+            self._refuse_update(rs, r, t, why.split(":")[0], why)
+        accepted = sorted(res.accepted)
+        clients = [client_of(r) for r in accepted]
+        sizes = {client_of(r): sizes_all[r] for r in accepted}
+        states = {client_of(r): to_torch(rs.updates[r]) for r in accepted}
+        new_global = to_torch(res.state)
+        metrics, wall, _ = close_round(
+            self.history,
+            self.setup,
+            self.model,
+            t,
+            clients,
+            sizes,
+            states,
+            new_global,
+            w0,
+            int(self.cfg.fl.eval_batch_size),
+        )
+        self.global_state = {k: v.clone() for k, v in new_global.items()}
+        self.global_np = to_numpy(self.global_state)
+        row = {
+            "round": t,
+            **metrics,
+            "participants": [robot_of(c) for c in clients],
+            "missing": missing,
+            "rejected": sum(1 for x in self.rejections if x["round"] == t),
+            "aggregation": self.agg_cfg.strategy,
+            "update_norms": {r: round(v, 6) for r, v in res.norms.items()},
+            "air_bytes": self._air_bytes() - bytes0,
+            "aoi_s": self.aoi_seconds(),
+            "wall_s": wall,
+            "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
+        }
+        row["link"] = round_link_row(link0, link_counters(self.link), row["air_bytes"])
+        self.rounds_log.append(row)
+        append_jsonl(self.run_dir / "rounds.jsonl", row)
+        self._event("round_end", **{k: row[k] for k in ("round", "test_acc", "participants")})
+        log.info(
+            "round %d done: acc %.3f, robots %s, %.1fs",
+            t,
+            metrics["test_acc"],
+            row["participants"],
+            wall,
+        )
+        return row
