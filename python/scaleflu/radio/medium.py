@@ -1043,14 +1043,13 @@ class MediumPort:
         deadline = now + 30.0  # as _rx_wait: slower, not different, under load
         posted_deadline = now + 2.0  # a frame the builder never builds must not stall us long
         while time.monotonic() < deadline and not self._stop.is_set():
+            posted = None if self.frames_posted is None else int(self.frames_posted())
             built = int(self._frames_built())
-            if (
-                self.frames_posted is not None
-                and built < self.frames_posted()
-                and time.monotonic() < posted_deadline
-            ):
-                time.sleep(0.001)  # frames handed to the builder, not yet built: a train
-                continue  # would otherwise go out split by idle blocks, past its grant
+            if posted is not None and built != posted and time.monotonic() < posted_deadline:
+                # frames handed to the builder and not built yet (or a burst being posted now):
+                # a train would otherwise go out split by idle blocks, past its grant window
+                time.sleep(0.001)
+                continue
             if self.tx_sink.bursts >= built and not self.tx_sink.pending_bursts():
                 return
             time.sleep(0.001)
@@ -1253,7 +1252,16 @@ def _make_shared_link_class() -> type:
                 self.port.on_step.append(arq.link.clock_advanced)
             self.port.on_error = self._medium_lost
             self.port.rx_pending = lambda: self.rx.frames_ok() - arq.frames_done
-            self.port.frames_posted = lambda: arq.frames_out_count
+            link_lock = arq.link._lock
+
+            def frames_posted() -> int:
+                # under the link's lock: the MAC posts a whole downlink burst or grant answer
+                # under it, so the port never starts a train the MAC is still posting (a train
+                # split by idle blocks ended after the window the grant announced)
+                with link_lock:
+                    return arq.frames_out_count
+
+            self.port.frames_posted = frames_posted
             self.tb.start()
             self.port.start()
 
