@@ -299,6 +299,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.medium.k_factor_db": (-30, 60),
     "testbed.medium.doppler_hz": (0, 1000),
     "testbed.medium.block": (256, 1048576),
+    "testbed.medium.idle_blocks": (1, None),
     "testbed.medium.node_timeout_s": (1, None),
 }
 RANGE_OPEN: set[str] = {

@@ -245,6 +245,10 @@ def start_medium(cfg: dict[str, Any], args: argparse.Namespace) -> tuple[Any, st
         default=ch,
         node_timeout=float(med.get("node_timeout_s", 60.0)),
         hub=0,  # the robots take frames from the server only: they skip each other's uploads
+        # stride only after 16 quiet blocks (26 ms): a robot that trains beside its radio may
+        # decode its grant a few blocks late, and a 16-block stride then would put its answer
+        # past the grant's window (collided samples in the demo, never in the benchmarks)
+        idle_blocks=int(med.get("idle_blocks", 16)),
     )
     broker = MediumBroker(mcfg).start()
     k = f", K = {ch.k_factor_db:g} dB" if fading == "rician" else ""
