@@ -151,3 +151,28 @@ def test_attach_mac_under_an_existing_arq_link():
         st = links[0].stats()["mac"]
         assert st["grants_tx"] >= 2 and st["bcast_frames_tx"] >= 41
         assert links[2].stats()["mac"]["reports_tx"] >= 1
+
+
+def test_shared_hub_places_bursts_at_the_senders_stamps():
+    """Collisions follow the senders' send times, not the hub thread's lag; stamps are clamped."""
+    from scaleflu.link.hub import MAX_STAMP_AGE_S
+
+    hub = FrameHub(model=ChannelModel(rate_bytes_per_s=10_000), shared=True)
+    try:
+        frame = b"x" * 100  # 100 bytes at 10 kB/s: ~10 ms of airtime
+        now = time.monotonic()
+        # sent 0.2 s apart, ingested together (a late hub): no collision
+        hub._ingest(1, frame, now - 0.25)
+        hub._ingest(2, frame, now - 0.05)
+        assert hub.collided_frames == 0
+        # sent at the same time by two nodes: both collide
+        hub._ingest(1, frame, now)
+        hub._ingest(2, frame, now)
+        assert hub.collided_frames == 2
+        # a stamp far in the past is taken as MAX_STAMP_AGE_S old, one in the future as now
+        hub._ingest(3, frame, now - 100.0)
+        assert hub._recent[-1].start >= time.monotonic() - MAX_STAMP_AGE_S - 0.1
+        hub._ingest(3, frame, now + 100.0)
+        assert hub._recent[-1].start <= time.monotonic()
+    finally:
+        hub.close()

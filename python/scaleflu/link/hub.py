@@ -59,6 +59,12 @@ class _HubTx:
 
 
 _NODE = struct.Struct(">H")
+# A node's frames carry its send time (time.monotonic(), one clock for every process on the
+# host) so that the shared medium places a burst when the node sent it, not when the hub's
+# thread got to it (under CPU load that lag made frames sent apart overlap at the hub).
+_STAMP = struct.Struct("!d")
+# A stamp older than this is taken as this old: nobody can place a burst further back in time.
+MAX_STAMP_AGE_S = 0.5
 
 
 class FrameHub:
@@ -106,10 +112,12 @@ class FrameHub:
         self._thread.join(timeout=5.0)
         self._router.close(0)
 
-    def _ingest(self, node: int, raw: bytes) -> None:
+    def _ingest(self, node: int, raw: bytes, stamp: float | None = None) -> None:
         self.frames_in += 1
         self.bytes_in += len(raw)
         now = time.monotonic()
+        if stamp is not None:  # the sender's send time, never in the future, at most 0.5 s old
+            now = min(now, max(stamp, now - MAX_STAMP_AGE_S))
         if self.shared:
             self._ingest_shared(node, raw, now)
             return
@@ -164,18 +172,25 @@ class FrameHub:
                 continue
             while True:
                 try:
-                    ident, payload = self._router.recv_multipart(zmq.NOBLOCK)
+                    parts = self._router.recv_multipart(zmq.NOBLOCK)
                 except zmq.ZMQError:
                     break
-                except ValueError:  # wrong part count: ignore
+                stamp = None
+                if len(parts) == 3 and len(parts[1]) == _STAMP.size:  # [ident, stamp, frame]
+                    stamp = _STAMP.unpack(parts[1])[0]
+                    if stamp != stamp:  # NaN: no stamp
+                        stamp = None
+                    parts = [parts[0], parts[2]]
+                if len(parts) != 2:  # wrong part count: ignore
                     continue
+                ident, payload = parts
                 if len(ident) != 3 or ident[:1] not in (b"R", b"T"):
                     continue
                 node = _NODE.unpack(ident[1:])[0]
                 if ident[:1] == b"R":  # the node's receive socket: a keep-alive
                     self._nodes[node] = time.monotonic()
                 elif payload:
-                    self._ingest(node, payload)
+                    self._ingest(node, payload, stamp)
 
 
 class _HubIO:
@@ -213,7 +228,7 @@ class _HubIO:
 
         with self._tx_lock:
             try:
-                self._tx.send(raw, zmq.NOBLOCK)
+                self._tx.send_multipart([_STAMP.pack(time.monotonic()), raw], zmq.NOBLOCK)
             except zmq.ZMQError:
                 log.debug("hub link %d: frame dropped at the socket", self.node_id)
 
