@@ -5,6 +5,7 @@ Run by hand (about a minute on 2 cores)::
 
     .venv/bin/python benchmarks/mac_bench.py           # -> benchmarks/results/mac_bench.{json,png}
     .venv/bin/python benchmarks/mac_bench.py --quick   # one seed, N = 3 and 10
+    .venv/bin/python benchmarks/mac_bench.py --sample-level  # + N = 3 over the sample-level medium
 
 Frame-level virtual time (``scaleflu.link.macsim``): no PHY, each frame occupies the medium for
 its bytes at the PHY rate plus a preamble (``MacConfig``: 748,000 B/s and 90 us, a fit of the
@@ -87,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="one seed, N = 3 and 10")
     ap.add_argument("--out", default="benchmarks/results", help="output folder")
     ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument(
+        "--sample-level",
+        action="store_true",
+        help="also run the N = 3 round over the sample-level shared medium "
+        "(benchmarks/mac_sample_level.py, GNU Radio, about a minute) and print both side by side",
+    )
     ap.add_argument("--loss", type=float, default=0.01, help="per-frame loss of the lossy runs")
     ap.add_argument(
         "--unscheduled-cpu-s", type=float, default=60.0, help="CPU cap of one unscheduled run"
@@ -168,6 +175,13 @@ def main(argv: list[str] | None = None) -> int:
             f"registration N={r['robots']}: {r['seconds']:.2f}s, "
             f"max JOINs {max(r['join_attempts'].values())}, ok {r['ok']}"
         )
+    if args.sample_level:  # issue 11 item 5: the N = 3 point at sample level, in a fresh process
+        import subprocess
+
+        dest = Path(args.out) / "mac_sample_level.json"
+        script = Path(__file__).with_name("mac_sample_level.py")
+        subprocess.run([sys.executable, str(script), "--out", str(dest)], check=True)
+        out["sample_level_n3"] = json.loads(dest.read_text())["agreement"]
     out["targets"] = targets(out["summary"], ns)
     out["bench_cpu_s"] = time.perf_counter() - t_start
     dest = Path(args.out)

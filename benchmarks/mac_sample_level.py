@@ -1,17 +1,24 @@
 #!/usr/bin/env python3
-"""The MAC over the sample-level shared medium: one LeNet-size round with N = 3 robots.
+"""The MAC over the sample-level shared medium beside the frame-level model: one round, N = 3.
 
-The broker (scaleflu.radio.medium, issue 11's radio side) and 4 ``ofdm-shared`` links (server 0,
-robots 1..3) with the MAC under them (scaleflu.link.kinds.open_link -> attach_mac) run in this
-process: the server broadcasts a 247,210-byte payload once (repaired as robots report gaps),
-then the 3 robots upload 247,210 bytes each at once; the MAC schedules them. Airtime comes from
-the broker in virtual samples. Compare with ``benchmarks/mac_bench.py`` (frame level). Run by
-hand (about 3 minutes on 2 cores)::
+Sample level: the broker (scaleflu.radio.medium) and 4 ``ofdm-shared`` links (server 0, robots
+1..3, the MAC under each: scaleflu.link.kinds.open_link -> attach_mac) in this process. The
+server broadcasts a LeNet-size payload (247,210 bytes) once and repairs what the robots report
+missing; each robot uploads 247,210 bytes as soon as it has the model (no training time), the
+MAC schedules the uploads. The ARQ's and the MAC's timers run on the medium's virtual clock
+(``SharedMediumLink.virtual_time``), so a slow machine runs slower, not differently. Airtime
+comes from the broker (non-zero virtual samples per node), times from the virtual clock.
 
-    .venv/bin/python benchmarks/mac_sample_level.py   # -> benchmarks/results/mac_sample_level.json
+Frame level: the same round (same MacConfig, same ARQ settings, same payload size, no training
+time) in ``scaleflu.link.macsim.simulate_round`` with the per-frame airtime of the PHY
+(``MacConfig``: 90 us + bytes / 748,000 B/s, the OFDM PHY at 5 MS/s including its 160 zero
+samples of padding; the broker counts only non-zero samples, so the frame-level airtime is
+reported without the padding as well). Both are printed side by side, with their ratio.
 
-The MAC's timers run on wall-clock time while the medium runs in virtual time (slower than real
-time here), so the grant guard is wide (``--guard-s``, 3 s) and registration slots are off.
+    .venv/bin/python benchmarks/mac_sample_level.py                 # AWGN 20 dB, ~3 min on 2 cores
+    .venv/bin/python benchmarks/mac_sample_level.py --fading rician # 20 dB mean, K = 6 dB
+
+Results: ``benchmarks/results/mac_sample_level[-<fading>-s<seed>].json``.
 """
 
 from __future__ import annotations
@@ -19,26 +26,106 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import random
 import threading
 import time
 from pathlib import Path
 
-from scaleflu.link.kinds import open_link
+from scaleflu.link.arq import ArqConfig
+from scaleflu.link.kinds import MAC_ARQ_DEFAULTS, open_link
+from scaleflu.link.mac import MacConfig
+from scaleflu.link.macsim import simulate_round
 
 SIZE = 247210  # the LeNet-5 state dict in the wire format (raw float32)
+PAD = 160  # zero samples after every burst (ofdm_link_tx post_padding): not counted as airtime
+SAMP_RATE = 5e6
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=SIZE)
-    ap.add_argument("--guard-s", type=float, default=3.0)
-    ap.add_argument("--snr-db", type=float, default=20.0)
-    ap.add_argument("--fading", default="rician")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--out", default="benchmarks/results/mac_sample_level.json")
-    args = ap.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+BLOCK = 8192  # the medium's lockstep block (MediumConfig.block)
+# Fitted to the sample level (AWGN runs, docs/link.md 11.2): a burst starts at the next lockstep
+# block, and a node acts on a frame about 2.5 blocks after its last sample (the node's port may
+# run one block ahead of its receiver, rx_lag=1, plus the OFDM receiver's own pipeline).
+START_QUANTUM_S = BLOCK / SAMP_RATE
+RX_LATENCY_S = 2.5 * BLOCK / SAMP_RATE
+
+
+# Frame error rate of 1500-byte frames of the OFDM PHY per SNR, AWGN + CFO (docs/link.md 9.4,
+# link_bench.py, 200 frames per point); shorter frames: 1 - (1 - FER)^(bytes / 1500).
+FER_SNR_DB = (15.0, 16.0, 17.0, 18.0, 19.0, 20.0)
+FER_1500 = (1.0, 0.995, 0.87, 0.42, 0.09, 0.0)
+
+
+def fading_loss(args: argparse.Namespace, t_offset: float):
+    """loss_fn for MacSim: the medium's own fading trace (same seed, same links, same virtual
+    time) -> instantaneous SNR of each frame -> the PHY's frame error rate at that SNR."""
+    import numpy as np
+
+    from scaleflu.radio.medium import LinkChannel, MediumConfig, _Link
+
+    cfg = MediumConfig(seed=args.seed, default=LinkChannel(snr_db=args.snr_db, fading=args.fading))
+    links: dict = {}
+
+    def loss(src: int, dst: int, start: float, end: float, nbytes: int) -> float:
+        lk = links.get((src, dst))
+        if lk is None:
+            lk = links[(src, dst)] = _Link(cfg, src, dst)
+        n = ((start + end) / 2 + t_offset) * SAMP_RATE
+        gain = float(np.sum(np.abs(lk.taps_at(n)) ** 2))
+        snr = args.snr_db + 10 * np.log10(max(gain, 1e-12))
+        fer = float(np.interp(snr, FER_SNR_DB, FER_1500))
+        return 1.0 - (1.0 - fer) ** (nbytes / 1500)
+
+    return loss
+
+
+def frame_level(
+    size: int,
+    mac: MacConfig,
+    seed: int,
+    deadline: float,
+    fitted: bool = True,
+    loss_fn=None,
+) -> dict:
+    """The same round at frame level: ideal, or with the sample level's timing fitted in."""
+    arq = ArqConfig(**MAC_ARQ_DEFAULTS, deadline=deadline)
+    r = simulate_round(
+        "scheduled",
+        3,
+        size,
+        train_s=0.0,
+        train_jitter_s=0.0,
+        deadline_s=deadline,
+        seed=seed,
+        mac=mac,
+        arq=arq,
+        loss_fn=loss_fn,
+        rx_latency_s=RX_LATENCY_S if fitted else 0.0,
+        start_quantum_s=START_QUANTUM_S if fitted else 0.0,
+    )
+    pad = PAD / SAMP_RATE
+    by_node = {int(n): a for n, a in r["airtime_by_node_s"].items()}
+    frames = {int(n): k for n, k in r["frames_by_node"].items()}
+    nonzero = {n: by_node[n] - frames[n] * pad for n in by_node}
+    return {
+        "round_s": max(r["update_s"].values()) if r["update_s"] else None,
+        "models_s": r["model_s"],
+        "updates_s": r["update_s"],
+        "airtime_by_node_s": nonzero,
+        "airtime_total_s": sum(nonzero.values()),
+        "server_s": nonzero.get(0, 0.0),
+        "robots_s": sum(v for n, v in nonzero.items() if n != 0),
+        "frames_by_node": frames,
+        "collided_frames": r["collided_frames"],
+        "bcast_passes": r["broadcast"]["passes"],
+        "grants": r["mac"]["grants_tx"],
+        "grant_timeouts": r["mac"]["grant_timeouts"],
+        "lost_link": r["lost_link"],
+        "bit_exact": r["models_bit_exact"] == 3 and r["updates_bit_exact"] == 3,
+    }
+
+
+def sample_level(args: argparse.Namespace, mac: dict) -> dict:
     from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig, broker_stats
 
     cfg = MediumConfig(
@@ -47,55 +134,160 @@ def main() -> int:
         address="tcp://127.0.0.1:0",  # a free port (others may run a broker on the default)
         default=LinkChannel(snr_db=args.snr_db, fading=args.fading),
     )
-    mac = {"guard_s": args.guard_s, "contention_slots": 0}
-    out: dict = {"args": vars(args)}
-    t0 = time.monotonic()
+    out: dict = {}
+    w0, c0 = time.monotonic(), time.process_time()
     with MediumBroker(cfg).start() as br:
-        srv = open_link("ofdm-shared", 0, broker=br.address, members=(1, 2, 3), seed=0, mac=mac)
+        arq = {"deadline": args.deadline}
+        srv = open_link(
+            "ofdm-shared", 0, broker=br.address, members=(1, 2, 3), seed=0, mac=mac, arq=arq
+        )
         robots = {
-            r: open_link("ofdm-shared", r, broker=br.address, seed=r, mac=mac) for r in (1, 2, 3)
+            r: open_link("ofdm-shared", r, broker=br.address, seed=r, mac=mac, arq=arq)
+            for r in (1, 2, 3)
         }
         rng = random.Random(args.seed)
         model = rng.randbytes(args.size)
-        h = srv.broadcast(model, [1, 2, 3], timeout=600)
-        got = {r: robots[r].recv(600) for r in robots}
-        h.wait(60)
-        s0 = broker_stats(br.address)
-        out["broadcast"] = {
-            "ok": h.ok,
-            "passes": h.passes,
-            "bit_exact": {r: g is not None and g[1] == model for r, g in got.items()},
-            "wall_s": time.monotonic() - t0,
-        }
         ups = {r: rng.randbytes(args.size) for r in robots}
-        res: dict[int, bool] = {}
-        threads = [
-            threading.Thread(
-                target=lambda r=r: res.__setitem__(r, robots[r].send(0, ups[r], timeout=900).ok)
-            )
-            for r in robots
-        ]
+        got: dict[int, bool] = {}
+        t_model: dict[int, float] = {}
+        sent: dict[int, str] = {}
+
+        def robot(r: int) -> None:  # receive the model, upload at once (no training time)
+            m = robots[r].recv(args.wall_limit)
+            if m is None:
+                return
+            got[r] = m[1] == model
+            t_model[r] = robots[r].virtual_time() - t0
+            res = robots[r].send(0, ups[r], timeout=args.deadline)
+            sent[r] = res.status.value
+
+        threads = [threading.Thread(target=robot, args=(r,), daemon=True) for r in robots]
         for t in threads:
             t.start()
+        s0 = broker_stats(br.address)
+        t0 = srv.virtual_time()
+        out["t0_virtual_s"] = t0
+        h = srv.broadcast(model, [1, 2, 3], timeout=args.deadline)
         rx: dict[int, bool] = {}
-        while len(rx) < 3 and time.monotonic() - t0 < 1500:
-            m = srv.recv(5)
-            if m is not None:
+        t_up: dict[int, float] = {}
+        while len(rx) < 3 and time.monotonic() - w0 < args.wall_limit:
+            m = srv.recv(1)
+            if m is not None and m[0] in ups and m[0] not in rx:
                 rx[m[0]] = m[1] == ups[m[0]]
+                t_up[m[0]] = srv.virtual_time() - t0
         for t in threads:
             t.join(30)
+        h.wait(10)
         s1 = broker_stats(br.address)
-        out["uploads"] = {"delivered": res, "bit_exact": rx, "wall_s": time.monotonic() - t0}
-        out["broker_after_broadcast"] = {k: v for k, v in s0.items() if k != "links"}
-        out["broker_after_uploads"] = {k: v for k, v in s1.items() if k != "links"}
-        out["mac_server"] = srv.stats().get("mac")
-        out["airtime_total_s"] = sum(s1["airtime_s"].values())
+        air0, air1 = s0["airtime_s"], s1["airtime_s"]
+        air = {int(n): air1[n] - air0.get(n, 0.0) for n in air1}
+        stats = {n: lk.stats() for n, lk in [(0, srv), *robots.items()]}
+        out.update(
+            {
+                "round_s": max(t_up.values()) if len(t_up) == 3 else None,
+                "models_s": t_model,
+                "updates_s": t_up,
+                "airtime_by_node_s": air,
+                "airtime_total_s": sum(air.values()),
+                "server_s": air.get(0, 0.0),
+                "robots_s": sum(v for n, v in air.items() if n != 0),
+                "collision_samples": s1["collision_samples"] - s0.get("collision_samples", 0),
+                "bcast_passes": h.passes,
+                "bcast_ok": h.ok,
+                "grants": stats[0]["mac"]["grants_tx"],
+                "grant_timeouts": stats[0]["mac"]["grant_timeouts"],
+                "arq_retransmissions": {n: s["arq"]["retransmissions"] for n, s in stats.items()},
+                "uploads": sent,
+                "bit_exact": len(got) == 3
+                and all(got.values())
+                and len(rx) == 3
+                and all(rx.values()),
+                "virtual_s": s1["virtual_s"] - s0["virtual_s"],
+                "wall_s": time.monotonic() - w0,
+                "cpu_s": time.process_time() - c0,
+                "load": os.getloadavg(),
+            }
+        )
         for link in [srv, *robots.values()]:
             link.close()
-    dest = Path(args.out)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", type=int, default=SIZE)
+    ap.add_argument("--snr-db", type=float, default=20.0)
+    ap.add_argument("--fading", default="none", choices=("none", "rayleigh", "rician"))
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--turnaround-s", type=float, default=None, help="MAC turnaround (virtual s)")
+    ap.add_argument("--guard-s", type=float, default=None, help="MAC guard (virtual s)")
+    ap.add_argument("--deadline", type=float, default=60.0, help="virtual s")
+    ap.add_argument("--wall-limit", type=float, default=1500.0)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    from scaleflu.link.kinds import SHARED_MAC_DEFAULTS
+
+    mac = dict(SHARED_MAC_DEFAULTS)
+    if args.turnaround_s is not None:
+        mac["turnaround_s"] = args.turnaround_s
+    if args.guard_s is not None:
+        mac["guard_s"] = args.guard_s
+    mac["contention_slots"] = 0  # members configured: every transmission is scheduled
+    mcfg = MacConfig(**mac)
+    res = {"args": vars(args), "mac": mac}
+    res["sample_level"] = sample_level(args, mac)
+    loss_fn = None
+    if args.fading != "none":  # the same fading trace, from the sample level's start time
+        loss_fn = fading_loss(args, res["sample_level"]["t0_virtual_s"])
+    res["frame_level_ideal"] = frame_level(args.size, mcfg, args.seed, args.deadline, False)
+    res["frame_level"] = frame_level(args.size, mcfg, args.seed, args.deadline, True, loss_fn)
+    res["fit"] = {
+        "start_quantum_s": START_QUANTUM_S,
+        "rx_latency_s": RX_LATENCY_S,
+        "fer_snr_db": FER_SNR_DB if loss_fn else None,
+        "fer_1500": FER_1500 if loss_fn else None,
+    }
+    f0, f, s = res["frame_level_ideal"], res["frame_level"], res["sample_level"]
+    rows = []
+    for key in ("airtime_total_s", "server_s", "robots_s", "round_s"):
+        a, b = f.get(key), s.get(key)
+        ratio = None if not a or b is None else b / a
+        rows.append(
+            {
+                "what": key,
+                "frame_level_ideal": f0.get(key),
+                "frame_level": a,
+                "sample_level": b,
+                "sample/frame": ratio,
+            }
+        )
+    res["agreement"] = rows
+    name = "mac_sample_level" + ("" if args.fading == "none" else f"-{args.fading}")
+    name += "" if args.seed == 1 else f"-s{args.seed}"
+    dest = Path(args.out or f"benchmarks/results/{name}.json")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_text(json.dumps(out, indent=1, default=str))
-    print(json.dumps({k: out[k] for k in ("broadcast", "uploads", "airtime_total_s")}, default=str))
+    dest.write_text(json.dumps(res, indent=1, default=str))
+    print(f"N = 3, {args.snr_db} dB, fading {args.fading}, seed {args.seed}")
+    print(
+        f"{'virtual s':<16} {'frame ideal':>12} {'frame fitted':>13} {'sample level':>13} "
+        f"{'sample/fitted':>13}"
+    )
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.3f}"
+
+    for r in rows:
+        print(
+            f"{r['what']:<16} {fmt(r['frame_level_ideal']):>12} {fmt(r['frame_level']):>13} "
+            f"{fmt(r['sample_level']):>13} {fmt(r['sample/frame']):>13}"
+        )
+    print(
+        f"sample level: bit-exact {s['bit_exact']}, collided samples {s['collision_samples']}, "
+        f"broadcast passes {s['bcast_passes']}, grants {s['grants']} "
+        f"({s['grant_timeouts']} timed out), ARQ retransmissions {s['arq_retransmissions']}, "
+        f"wall {s['wall_s']:.0f} s, CPU {s['cpu_s']:.0f} s, load {s['load'][0]:.1f}"
+    )
     print(f"wrote {dest}")
     return 0
 

@@ -244,6 +244,8 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "testbed.arq.window": int,
     "testbed.arq.initial_rto": (int, float),
     "testbed.arq.rate_bytes_per_s": (int, float),
+    "testbed.mac.turnaround_s": (int, float),
+    "testbed.mac.guard_s": (int, float),
     "baselines.retrain.rounds": int,
     "baselines.scale.mode": str,
     "baselines.pga.batch_size": int,
@@ -295,6 +297,12 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.robots": (1, None),
     "testbed.rounds": (1, None),
     "testbed.min_robots": (1, None),
+    "testbed.medium.snr_db": (-20, 80),
+    "testbed.medium.k_factor_db": (-30, 60),
+    "testbed.medium.doppler_hz": (0, 1000),
+    "testbed.medium.block": (256, 1048576),
+    "testbed.medium.idle_blocks": (1, None),
+    "testbed.medium.node_timeout_s": (1, None),
 }
 RANGE_OPEN: set[str] = {
     "data.alpha<",
@@ -315,6 +323,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fl.trainer": ("auto", "vmap", "sequential"),
     "fl.lr_schedule": ("constant", "exponential", "cosine"),
     "scale.mode": ("default", "paper"),
+    "testbed.medium.fading": ("none", "rayleigh", "rician"),
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),
 }

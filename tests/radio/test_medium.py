@@ -483,3 +483,34 @@ def test_idle_medium_strides_and_wakes_up_for_a_burst():
         assert s["samples"] == 53 * B and s["airtime_samples"]["0"] == B
         a.close()
         b.close()
+
+
+def test_hub_star_robots_do_not_get_each_others_bursts():
+    """MediumConfig.hub: a robot's receiver gets nothing while only other robots transmit."""
+    cfg = _cfg(nodes=(0, 1, 2), idle_stride=1, idle_speed=0.0, idle_blocks=2, hub=0)
+    with MediumBroker(cfg).start() as br:
+        c = {n: MediumClient(n, br.address, timeout=10) for n in (0, 1, 2)}
+        got: dict[int, list] = {0: [], 1: [], 2: []}
+        plan = {1: range(0, 6), 0: range(6, 8)}  # robot 1 uploads 6 blocks, then the hub sends
+
+        def run(n: int) -> None:
+            for k in range(9):
+                tx = _tone(B) if k in plan.get(n, ()) else None
+                got[n].append(c[n].exchange(tx))
+
+        threads = [threading.Thread(target=run, args=(n,)) for n in (0, 1, 2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        # the hub hears robot 1 throughout; robot 2 stops getting samples after idle_blocks
+        assert all(y is not None for y in got[0][:6])
+        assert [y is None for y in got[2][:6]] == [False, False, True, True, True, True]
+        # ... and hears the hub again from its first block
+        assert got[2][6] is not None and np.mean(np.abs(got[2][6]) ** 2) > 50
+        s = br.stats()
+        assert s["airtime_samples"]["1"] == 6 * B and s["airtime_samples"]["0"] == 2 * B
+        for n in c:
+            c[n].close()
+    with pytest.raises(ValueError, match="hub"):
+        MediumConfig.from_dict({"hub": "server"})

@@ -160,7 +160,9 @@ class ArqLink(Link):
         self._wake = threading.Condition(self._lock)
         self._inbox: queue.Queue[tuple[int, bytes]] = queue.Queue()
         self._closed = False
-        self._wait_until = 0.0  # when the timer thread wakes up next on its own
+        self._wait_until = 0.0  # when the timer thread wakes up next on its own (clock units)
+        self._clock: Callable[[], float] = time.monotonic
+        self._timer_waits: dict[str, float] = {}  # other timer threads (the MAC's): wake-up times
         self.endpoint = ArqEndpoint(
             node_id,
             transmit,
@@ -186,6 +188,37 @@ class ArqLink(Link):
             nd = self.endpoint.next_deadline()
             if nd is not None and nd < self._wait_until:
                 self._wake.notify()
+
+    def set_clock(self, clock: Callable[[], float]) -> None:
+        """Run every timer of this link (ARQ, reassembly, a MAC put under it) on ``clock``.
+
+        For a medium with its own time (the sample-level shared medium's virtual time): call it
+        before the first send, and have the clock's owner call :meth:`clock_advanced` whenever
+        the clock moved, so timers fire on time even when the clock runs faster than the wall.
+        Deadlines (``send(timeout=...)``) and ``elapsed`` are then in seconds of ``clock``.
+        """
+        with self._wake:
+            self._clock = clock
+            self.endpoint.clock = clock
+            self.endpoint.reassembler.clock = clock
+            self.endpoint._tokens_at = clock()
+            self._wait_until = 0.0
+            self._wake.notify_all()
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The clock of this link's timers (time.monotonic unless set_clock was called)."""
+        return self._clock
+
+    def clock_advanced(self) -> None:
+        """The link's clock moved (called by its owner): wake the timer threads that are due."""
+        now = self._clock()
+        due = 0.0 < self._wait_until <= now or any(
+            0.0 < t <= now for t in self._timer_waits.values()
+        )
+        if due:
+            with self._wake:
+                self._wake.notify_all()
 
     def send_async(
         self, peer: int, message: bytes | Message, timeout: float | None = None
@@ -250,7 +283,7 @@ class ArqLink(Link):
                 except Exception:  # keep the link alive; the error is a bug worth a traceback
                     logger.exception("ARQ poll failed")
                     deadline = None
-                now = time.monotonic()
+                now = self._clock()
                 wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - now))
                 if wait > 0:
                     self._wait_until = now + wait

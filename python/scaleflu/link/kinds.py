@@ -31,6 +31,12 @@ from typing import Any
 from .api import MemoryChannel
 
 MAC_ARQ_DEFAULTS: dict[str, Any] = {"window": 64, "initial_rto": 5.0, "min_rto": 1.0}
+# The MAC on the sample-level medium (ofdm-shared) runs on the medium's virtual clock: a robot's
+# answer to its grant starts after its receiver decoded the grant and its transmitter modulated
+# the burst, which costs a few lockstep blocks of virtual time (1.6 ms each at 8192 samples and
+# 5 MS/s; the node's receive queue lets it run at most 4 blocks ahead of its receiver), not the
+# wall-clock milliseconds of a Python thread waking up (REALTIME_MAC of the frames-shared hub).
+SHARED_MAC_DEFAULTS: dict[str, Any] = {"turnaround_s": 0.005, "guard_s": 0.03}
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +119,8 @@ def open_link(kind: str, node_id: int, **opts: Any) -> Any:
     if k == "ofdm-shared":  # one frequency: the MAC schedules every transmission
         arq = {**MAC_ARQ_DEFAULTS, **arq}
         seed = opts.pop("seed", None)  # the channel's seed lives at the broker
+    elif k == "uhd" and "mac" in mac_opts:
+        seed = opts.pop("seed", None)  # the MAC's (radios have no simulated channel)
     link = radio_links.make_link(_RADIO_NAME[k], node_id, **opts, **arq)
     if k == "ofdm-shared" or (k == "uhd" and "mac" in mac_opts):
         _put_mac_under(link, node_id, mac_opts, seed)
@@ -122,12 +130,17 @@ def open_link(kind: str, node_id: int, **opts: Any) -> Any:
 def _put_mac_under(link: Any, node_id: int, mac_opts: dict[str, Any], seed: Any) -> None:
     """Run the MAC under a radio back-end's ArqLink and expose it on the Link the app holds."""
     from .hub import mac_config  # noqa: PLC0415
+    from .mac import MacConfig  # noqa: PLC0415
     from .maclink import attach_mac  # noqa: PLC0415
 
     arq_link = link.arq.link if hasattr(link, "arq") else link
+    mac = mac_opts.get("mac")
+    if getattr(link, "virtual_clock", False) and not isinstance(mac, MacConfig):
+        given = {k: v for k, v in (mac or {}).items() if v is not None}
+        mac = {**SHARED_MAC_DEFAULTS, **given}  # virtual-time margins (ofdm-shared)
     m = attach_mac(
         arq_link,
-        mac_config(mac_opts.get("mac")),
+        mac_config(mac),
         server_id=int(mac_opts.get("server", 0)),
         members=tuple(mac_opts.get("members", ())),
         seed=None if seed is None else int(seed),

@@ -267,6 +267,12 @@ class MacConfig:
     downlink_bytes: int = 96 * 1024  # server burst between two grants
     idle_poll_s: float = 0.5  # poll a robot with nothing to say this often
     max_poll_interval_s: float = 8.0  # backoff cap for robots that do not answer
+    # A missed grant is retried after miss_retry_s (about one fade) this many times before the
+    # exponential backoff starts:
+    # on a fading channel a robot in a fade misses a grant or two (a 2 Hz Rician fade lasts
+    # about 0.1-0.3 s); backing off 0.5, 1, 2 s at once stretched a round from 1.5 to 26 s.
+    quick_retries: int = 3
+    miss_retry_s: float = 0.15
     beacon_interval_s: float = 1.0  # BEACON (registration) period
     contention_slots: int = 8  # JOIN slots after each BEACON (0: registration closed)
     join_backoff_exp: int = 6  # robots skip up to 2**min(attempts, this) - 1 beacons
@@ -282,6 +288,8 @@ class MacConfig:
             raise ValueError("MAC rate and budgets must be positive (budgets >= 64 bytes)")
         if min(self.preamble_s, self.turnaround_s, self.guard_s) < 0:
             raise ValueError("MAC times must be >= 0")
+        if self.quick_retries < 0 or self.miss_retry_s < 0:
+            raise ValueError("quick_retries and miss_retry_s must be >= 0")
         if self.contention_slots < 0 or self.contention_slots > 0xFFFF:
             raise ValueError("contention_slots must be in 0..65535")
 
@@ -665,7 +673,11 @@ class MacServer:
             m = self.members.get(g.robot)
             if m is not None:
                 m.missed += 1
-                back = min(cfg.max_poll_interval_s, cfg.idle_poll_s * 2 ** (m.missed - 1))
+                if m.missed <= cfg.quick_retries:
+                    back = cfg.miss_retry_s
+                else:
+                    k = m.missed - cfg.quick_retries - 1
+                    back = min(cfg.max_poll_interval_s, cfg.idle_poll_s * 2**k)
                 m.next_poll = now + back
             for mid in g.bcasts:
                 b = self._bcasts.get(mid)

@@ -11,7 +11,6 @@ for every frame received.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -110,7 +109,7 @@ class MacLink(ArqLink):
                 except Exception:  # keep the link alive; the error is a bug worth a traceback
                     logger.exception("MAC/ARQ poll failed")
                     deadline = None
-                now = time.monotonic()
+                now = self._clock()
                 wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - now))
                 if wait > 0:
                     self._wake.wait(wait)
@@ -130,6 +129,8 @@ def attach_mac(
     through the MAC, and a second thread runs the MAC's timers under the link's lock (waking at
     least every ``tick`` seconds, since the link's own thread does not know them). The link
     gains ``mac``, ``is_server``, ``broadcast`` (server) and MAC counters in ``stats()``.
+    The MAC's timers run on the link's clock (``ArqLink.set_clock``: the shared medium's virtual
+    time on ``ofdm-shared``); set it before attaching.
     """
     import threading  # noqa: PLC0415
 
@@ -178,13 +179,17 @@ def attach_mac(
                 except Exception:
                     logger.exception("MAC poll failed")
                     deadline = None
-                now = time.monotonic()
+                now = link.clock()  # the link's clock: the medium's virtual time on ofdm-shared
                 wait = tick if deadline is None else min(tick, max(0.0, deadline - now))
                 if wait > 0:
+                    # clock_advanced() wakes this thread when its clock outruns the wall
+                    link._timer_waits[name] = now + wait
                     link._wake.wait(wait)
+                link._timer_waits.pop(name, None)
 
     link.feed = feed  # type: ignore[method-assign]
     link.broadcast = broadcast  # type: ignore[attr-defined]
     link.stats = stats  # type: ignore[method-assign]
-    threading.Thread(target=run, name=f"mac-{link.node_id}", daemon=True).start()
+    name = f"mac-{link.node_id}"
+    threading.Thread(target=run, name=name, daemon=True).start()
     return m

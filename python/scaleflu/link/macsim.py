@@ -73,11 +73,15 @@ class MediumStats:
     captured: int = 0  # receptions that survived an overlap by the capture margin
     data_repeats: int = 0  # link DATA frames put on air again (same src, msg_id, seq)
     delivered: int = 0
+    airtime_by_node: dict[int, float] = field(default_factory=dict)  # seconds each node sent
+    frames_by_node: dict[int, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """Counters as a plain dict (airtime in seconds)."""
         d = dict(self.__dict__)
         d["airtime"] = dict(self.airtime)
+        d["airtime_by_node"] = dict(self.airtime_by_node)
+        d["frames_by_node"] = dict(self.frames_by_node)
         return d
 
 
@@ -108,8 +112,19 @@ class MacSim:
         seed: int = 0,
         full_duplex_pairs: bool = False,
         prop_delay: float = 0.0,
+        start_quantum: float = 0.0,
+        loss_fn: Callable[[int, int, float, float, int], float] | None = None,
     ) -> None:
+        if prop_delay < 0 or start_quantum < 0:
+            raise ValueError("prop_delay and start_quantum must be >= 0")
         self.config = config or MacConfig()
+        # A sample-level PHY starts a burst at the next lockstep block (start_quantum seconds)
+        # and hands a frame to the node some time after its last sample (prop_delay: receiver
+        # latency). Both 0: the ideal frame-level medium.
+        self.start_quantum = start_quantum
+        # loss_fn(src, dst, start, end, nbytes) -> loss probability of that frame on that link
+        # (time-varying channels: a fading trace and the PHY's frame error rate per SNR)
+        self.loss_fn = loss_fn
         self.server = server
         self.capture_db = capture_db
         self.full_duplex_pairs = full_duplex_pairs
@@ -180,6 +195,9 @@ class MacSim:
         cat, dst = classify(raw, self.server)
         port = (src, dst) if self.full_duplex_pairs else (src, -1)  # one transmitter per node
         start = max(self.now, self._tx_busy.get(port, 0.0))
+        if self.start_quantum and start > self._tx_busy.get(port, -1.0):  # not back to back
+            q = self.start_quantum
+            start = math.ceil(start / q - 1e-9) * q
         end = start + self.config.airtime(len(raw))
         self._tx_busy[port] = end
         tx = _Tx(src, self.tx_freq.get(src, 0.0), start, end, raw, dst, cat)
@@ -194,6 +212,8 @@ class MacSim:
             else:
                 self._seen.add(key)
         self.stats.airtime[cat] += end - start
+        self.stats.airtime_by_node[src] = self.stats.airtime_by_node.get(src, 0.0) + end - start
+        self.stats.frames_by_node[src] = self.stats.frames_by_node.get(src, 0) + 1
         # collision bookkeeping: anything on the same frequency overlapping in time
         self._active = [t for t in self._active if t.end > self.now - self._horizon]
         if not self.full_duplex_pairs:
@@ -242,6 +262,8 @@ class MacSim:
                         continue
                     self.stats.captured += 1
             p = self._loss.get((tx.src, r), 0.0)
+            if self.loss_fn is not None and p < 1.0:
+                p = max(p, self.loss_fn(tx.src, r, tx.start, tx.end, len(tx.raw)))
             if p and self.rng.random() < p:
                 self.stats.lost_link += 1
                 continue
@@ -328,6 +350,9 @@ def simulate_round(
     arq: ArqConfig | None = None,
     capture_db: float = 6.0,
     max_wall_s: float | None = None,
+    rx_latency_s: float = 0.0,
+    start_quantum_s: float = 0.0,
+    loss_fn: Callable[[int, int, float, float, int], float] | None = None,
 ) -> dict[str, Any]:
     """One FedAvg round in virtual time: model down to ``n_robots`` robots, training, uploads.
 
@@ -336,7 +361,10 @@ def simulate_round(
     (ideal: every pair its own collision-free channel; unicast). Robots are nodes 1..N, the
     server is 0. Payloads are seeded random bytes; the result says whether every delivered
     model and update is bit-exact. The round closes when every robot's update is in, or at
-    ``deadline_s`` (seconds of virtual time after the model went out).
+    ``deadline_s`` (seconds of virtual time after the model went out). ``rx_latency_s`` and
+    ``start_quantum_s`` fit the model to the sample-level medium (MacSim's ``prop_delay`` and
+    ``start_quantum``: receiver latency, bursts starting at lockstep block boundaries);
+    ``loss_fn`` a time-varying frame loss per link (MacSim).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -347,7 +375,14 @@ def simulate_round(
     rng = random.Random(seed)
     robots = list(range(1, n_robots + 1))
     sim = MacSim(
-        mac, server=0, capture_db=capture_db, seed=seed, full_duplex_pairs=mode == "per-pair"
+        mac,
+        server=0,
+        capture_db=capture_db,
+        seed=seed,
+        full_duplex_pairs=mode == "per-pair",
+        prop_delay=rx_latency_s,
+        start_quantum=start_quantum_s,
+        loss_fn=loss_fn,
     )
     model = rng.randbytes(model_bytes)
     updates = {r: rng.randbytes(update_bytes or model_bytes) for r in robots}
@@ -456,6 +491,12 @@ def simulate_round(
             "model_own_airtime_s": own_model,
             "updates_own_airtime_s": own_updates,
             "collided_frames": st["collided_frames"] - base["collided_frames"],
+            "airtime_by_node_s": {
+                n: a - base["airtime_by_node"].get(n, 0.0) for n, a in st["airtime_by_node"].items()
+            },
+            "frames_by_node": {
+                n: k - base["frames_by_node"].get(n, 0) for n, k in st["frames_by_node"].items()
+            },
             "lost_collision": st["lost_collision"] - base["lost_collision"],
             "lost_link": st["lost_link"] - base["lost_link"],
             "retransmissions_on_air": st["data_repeats"] - base["data_repeats"],

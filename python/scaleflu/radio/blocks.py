@@ -237,6 +237,8 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
             self.config = replace(self.config, **arq_overrides)
         self.bad_pdus = 0  # PDUs on "send"/"frames_in" that were not usable
         self.frames_in_count = 0  # PDUs handled on "frames_in"
+        self.frames_done = 0  # ... and handed to the link (processed: feed() returned)
+        self.frames_out_count = 0  # frames published on "frames_out"
         self._pub_lock = threading.Lock()
         for p in ("send", "frames_in"):
             self.message_port_register_in(_PORTS[p])
@@ -293,16 +295,20 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
 
     def _handle_frame(self, msg: pmt.pmt_t) -> None:
         self.frames_in_count += 1
-        raw = pdu_to_frame(msg, self.mtu)
-        if raw is None:
-            self.bad_pdus += 1
-            return
-        self.link.feed(raw)
+        try:
+            raw = pdu_to_frame(msg, self.mtu)
+            if raw is None:
+                self.bad_pdus += 1
+                return
+            self.link.feed(raw)
+        finally:
+            self.frames_done += 1
 
     # -- publishing ------------------------------------------------------------------------
     def _transmit(self, raw: bytes) -> None:
         # Called by the endpoint with the link lock held: publish and return, never block.
         self.message_port_pub(_PORTS["frames_out"], self._to_pdu(raw))
+        self.frames_out_count += 1
 
     def _publish_delivered(self, src: int, payload: bytes) -> None:
         meta = pmt.make_dict()

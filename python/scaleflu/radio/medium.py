@@ -148,6 +148,12 @@ class MediumConfig:
     idle_blocks: int = 4  # quiet steps after the last burst before receivers stop getting noise
     idle_speed: float = 1.0  # virtual / wall time while idle (<= 0: as fast as possible)
     idle_stride: int = 16  # blocks per step while idle and nobody has anything to send
+    # Star of a hub (the edge server): the other nodes only take frames from the hub, so their
+    # receivers get no samples while only non-hub nodes transmit (after idle_blocks steps, as
+    # for silence). What they hear of the hub, collisions with anyone included, is unchanged;
+    # it saves the robots' receivers from demodulating each other's uploads (they would drop
+    # them). None: every receiver hears everything.
+    hub: int | None = None
 
     def __post_init__(self) -> None:
         if not 256 <= self.block <= 1 << 20:
@@ -160,6 +166,8 @@ class MediumConfig:
             raise ValueError("idle_stride must be within [1, 1024] blocks")
         for n in self.nodes:
             _check_node(n)
+        if self.hub is not None:
+            _check_node(self.hub)
         self.default.validate()
         for (a, b), ch in self.links.items():
             _check_node(a)
@@ -217,6 +225,10 @@ class MediumConfig:
                 d["positions"] = pos
             if "nodes" in d:
                 d["nodes"] = tuple(_check_node(int(n)) for n in d["nodes"])
+            if d.get("hub") is not None:
+                if isinstance(d["hub"], bool) or not isinstance(d["hub"], int):
+                    raise ValueError(f"hub must be a node id, got {d['hub']!r}")
+                d["hub"] = _check_node(d["hub"])
             for key, typ in (
                 ("samp_rate", float),
                 ("block", int),
@@ -446,9 +458,12 @@ class MediumModel:
         for j in self.nodes:
             # heard: another in-range transmitter was on while j's own receiver was not blanked
             heard = False
+            hub = self.cfg.hub
             for i in self.nodes:
                 if i == j or self._links[(i, j)].amp == 0.0 or not on[i].any():
                     continue
+                if hub is not None and hub not in (i, j):
+                    continue  # a robot listens to the hub only (MediumConfig.hub)
                 if self.cfg.half_duplex and on[j].any():
                     heard = heard or bool(np.any(on[i] & ~on[j]))
                 else:
@@ -973,6 +988,7 @@ class MediumPort:
         timeout: float = 120.0,
         frames_built: Any = None,
         rx_depth: int = 4,
+        rx_lag: int | None = None,
     ) -> None:
         tx_tap, rx_feed = _gr_blocks()
         self.client = MediumClient(node_id, address, timeout)
@@ -985,6 +1001,19 @@ class MediumPort:
         self.error: BaseException | None = None
         self.steps = 0
         self.tx_samples = 0
+        # at most this many blocks handed to the receiver and not yet taken in by the flowgraph
+        # before the next step (None: only the queue's depth bounds it). Small values keep a
+        # node's decoding latency, in virtual time, a few blocks whatever the CPU load.
+        self.rx_lag = rx_lag
+        self._rx_queued = 0  # samples put in the receiver's queue
+        # frames the receiver decoded that the node has not acted on yet (SharedMediumLink: the
+        # receiver's frame count minus the frames its ARQ/MAC processed): the lockstep waits for
+        # them, so a node's answer to a frame (a robot's to its grant) does not depend on how
+        # fast its Python threads run
+        self.rx_pending: Any = None
+        self.frames_posted: Any = None  # frames handed to the transmitter (link_arq frames_out)
+        self.on_step: list[Any] = []  # called after every step (virtual time moved)
+        self.on_error: Any = None  # called with the exception when the lockstep stops on one
         self._thread = threading.Thread(
             target=self._run, name=f"medium-node-{node_id}", daemon=True
         )
@@ -1010,12 +1039,33 @@ class MediumPort:
     def _flush_wait(self) -> None:
         if self._frames_built is None:
             return
-        deadline = time.monotonic() + 1.0
+        now = time.monotonic()
+        deadline = now + 30.0  # as _rx_wait: slower, not different, under load
+        posted_deadline = now + 2.0  # a frame the builder never builds must not stall us long
         while time.monotonic() < deadline and not self._stop.is_set():
-            if (
-                self.tx_sink.bursts >= int(self._frames_built())
-                and not self.tx_sink.pending_bursts()
-            ):
+            posted = None if self.frames_posted is None else int(self.frames_posted())
+            built = int(self._frames_built())
+            if posted is not None and built != posted and time.monotonic() < posted_deadline:
+                # frames handed to the builder and not built yet (or a burst being posted now):
+                # a train would otherwise go out split by idle blocks, past its grant window
+                time.sleep(0.001)
+                continue
+            if self.tx_sink.bursts >= built and not self.tx_sink.pending_bursts():
+                return
+            time.sleep(0.001)
+
+    def _rx_wait(self) -> None:
+        if self.rx_lag is None and self.rx_pending is None:
+            return
+        limit = math.inf if self.rx_lag is None else self.rx_lag * self.block
+        pending = self.rx_pending or (lambda: 0)
+        # the medium waits for this receiver (a loaded CPU makes it slower, not different), but
+        # not for good: a receiver stuck this long lets the lockstep go on (under node_timeout)
+        deadline = time.monotonic() + 30.0
+        while (
+            self._rx_queued - self.rx_source.fed > limit or pending() > 0
+        ) and not self._stop.is_set():
+            if time.monotonic() > deadline:
                 return
             time.sleep(0.001)
 
@@ -1023,16 +1073,20 @@ class MediumPort:
         try:
             while not self._stop.is_set():
                 self._flush_wait()
+                self._rx_wait()
                 x = self.tx_sink.take(self.block)
                 if x is not None:
                     self.tx_samples += int(np.count_nonzero(x))
                 y = self.client.exchange(x)
                 self.steps += 1
+                for cb in self.on_step:
+                    cb()
                 if y is None:
                     continue
                 while not self._stop.is_set():
                     try:
                         self.rx_source.q.put(y, timeout=0.1)
+                        self._rx_queued += len(y)
                         break
                     except queue.Full:
                         continue
@@ -1040,6 +1094,8 @@ class MediumPort:
             if not self._stop.is_set():
                 self.error = exc
                 logger.error("medium node %d stopped: %s", self.client.node_id, exc)
+                if self.on_error is not None:
+                    self.on_error(exc)
 
     def close(self) -> None:
         """Stop the lockstep thread and leave the medium."""
@@ -1173,6 +1229,8 @@ def _make_shared_link_class() -> type:
             broker: str = DEFAULT_MEDIUM_ADDRESS,
             phy: PhyConfig | None = None,
             timeout: float = 120.0,
+            virtual_clock: bool = True,
+            rx_lag: int | None = 1,
             **arq_opts: Any,
         ) -> None:
             self.phy = phy or PhyConfig()
@@ -1180,18 +1238,53 @@ def _make_shared_link_class() -> type:
             arq = _arq_block(node_id, self.phy, arq_opts)
             self.tx = self.phy.tx(node_id, amplitude=1.0 / math.sqrt(burst_power(self.phy)))
             self.rx = self.phy.rx(node_id)
-            self.port = MediumPort(node_id, broker, timeout, frames_built=self.tx.frames_built)
+            self.port = MediumPort(
+                node_id, broker, timeout, frames_built=self.tx.frames_built, rx_lag=rx_lag
+            )
             self.tb.msg_connect(arq, "frames_out", self.tx, "in")
             self.tb.connect(self.tx, self.port.tx_sink)
             self.tb.connect(self.port.rx_source, self.rx)
             self.tb.msg_connect(self.rx, "out", arq, "frames_in")
             super().__init__(arq, on_close=self._stop)
+            self.virtual_clock = virtual_clock
+            if virtual_clock:  # ARQ timers (and a MAC put under the link) on the medium's time
+                arq.link.set_clock(self.port.virtual_time)
+                self.port.on_step.append(arq.link.clock_advanced)
+            self.port.on_error = self._medium_lost
+            self.port.rx_pending = lambda: self.rx.frames_ok() - arq.frames_done
+            link_lock = arq.link._lock
+
+            def frames_posted() -> int:
+                # under the link's lock: the MAC posts a whole downlink burst or grant answer
+                # under it, so the port never starts a train the MAC is still posting (a train
+                # split by idle blocks ended after the window the grant announced)
+                with link_lock:
+                    return arq.frames_out_count
+
+            self.port.frames_posted = frames_posted
             self.tb.start()
             self.port.start()
+
+        def _wait_limit(self, timeout: float | None) -> float | None:
+            # On the medium's clock the ARQ ends every send at its deadline in virtual time,
+            # however slowly the medium runs; a lost medium cancels the sends (_medium_lost).
+            if self.virtual_clock:
+                return None
+            return super()._wait_limit(timeout)
+
+        def _medium_lost(self, exc: BaseException) -> None:
+            link = self.arq.link
+            with link._wake:
+                link.endpoint.cancel_all(f"medium lost: {exc}")
+                link._wake.notify_all()
 
         def virtual_time(self) -> float:
             """The medium's virtual time in seconds (see MediumPort.virtual_time)."""
             return self.port.virtual_time()
+
+        def medium_stats(self) -> dict[str, Any]:
+            """The broker's counters: virtual time, airtime per node, collided samples."""
+            return broker_stats(self.port.client.address, timeout=2.0)
 
         def counters(self) -> dict[str, int]:
             """Receiver counters and lockstep steps of this node."""
@@ -1215,8 +1308,10 @@ def _make_shared_link_class() -> type:
 def SharedMediumLink(node_id: int, broker: str = DEFAULT_MEDIUM_ADDRESS, **opts: Any):  # noqa: N802
     """A Link (scaleflu.link.api) of ``node_id`` on the medium of the broker at ``broker``.
 
-    Options: ``phy`` (PhyConfig), ``timeout`` (wall seconds to wait for the broker), ARQ
-    options (window, initial_rto, deadline, ...). Also ``make_link("ofdm-shared", ...)``.
+    Options: ``phy`` (PhyConfig), ``timeout`` (wall seconds to wait for the broker),
+    ``virtual_clock`` (True: the ARQ's timers, send deadlines and a MAC put under the link run
+    on the medium's virtual time, so a slow machine runs slower, not differently), ARQ options
+    (window, initial_rto, deadline, ...). Also ``make_link("ofdm-shared", ...)``.
     """
     return _make_shared_link_class()(node_id, broker, **opts)
 

@@ -74,6 +74,11 @@ COMMON_OPTIONS: list[Option] = [
         dict(default=None, help="link back-end (default: testbed.link)"),
     ),
     ("link", ("--hub",), dict(default="tcp://127.0.0.1:5560", help="frames: hub address")),
+    (
+        "link",
+        ("--broker",),
+        dict(default=None, help="ofdm-shared: the shared medium's broker (tcp://host:port)"),
+    ),
     ("link", ("--base-port",), dict(type=int, default=None, help="ofdm-zmq: base TCP port")),
     ("link", ("--host",), dict(default="127.0.0.1", help="ofdm-zmq: host of the peers")),
     (
@@ -286,7 +291,19 @@ def build_link(
             rate_bytes_per_s=(cfg["testbed"].get("channel") or {}).get("rate_bytes_per_s"),
             seed=int(cfg["seed"]) + node_id,
         )
-    elif kind == "ofdm-pairs":
+    elif kind in ("ofdm-shared", "uhd"):  # one frequency: the server-scheduled MAC
+        opts.update(
+            mac=dict(cfg["testbed"].get("mac") or {}),
+            # an enrolled robot (it holds a key file) is a member from the start: no JOIN in
+            # contention, so every transmission on the frequency is scheduled
+            members=tuple(peers) if node_id == SERVER_ID else (node_id,),
+            seed=int(cfg["seed"]) + node_id,
+        )
+        if kind == "ofdm-shared":
+            from scaleflu.radio.medium import DEFAULT_MEDIUM_ADDRESS
+
+            opts["broker"] = args.broker or DEFAULT_MEDIUM_ADDRESS
+    if kind == "ofdm-pairs":
         opts.update(
             peers={p: args.host for p in peers},
             base_port=args.base_port,
@@ -294,7 +311,7 @@ def build_link(
             drop_rate=args.drop_rate,
             seed=int(cfg["seed"]) + node_id,
         )
-    elif kind == "uhd":
+    if kind == "uhd":
         opts.update(
             tx_args=tx_args,
             rx_args=rx_args,

@@ -198,7 +198,7 @@ class DownlinkMixin:
         """A MODEL envelope's meta: purpose, the SHA-256 the robot will hold, the delta's base,
         the open round's remaining time, then ``more`` (broadcast: the body's SHA) and ``extra``.
         """
-        deadline = max(0.0, (self.round.deadline - time.monotonic()) if self.round else 0)
+        deadline = max(0.0, (self.round.deadline - self.clock()) if self.round else 0)
         meta = {"purpose": purpose, "sha256": sha, "base_sha256": base, "deadline_s": deadline}
         return {**meta, **more, **(extra or {})}
 
@@ -265,9 +265,9 @@ class DownlinkMixin:
         src = state_sha256(state)
         sends = self._send_model_many(targets, state, purpose, t, extra, src)
         self._prev_broadcast = state
-        end = time.monotonic() + timeout
+        end = self.clock() + timeout
         want = {o.robot for o in sends}
-        while time.monotonic() < end:
+        while self.clock() < end:
             self.poll(0.2)
             # a robot that registered again (restart) or lost the model gets it (again)
             for rb in self.robots.values():

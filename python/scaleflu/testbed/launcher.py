@@ -2,9 +2,10 @@
 
 ``apps/testbed.py`` (``make demo``) generates random pre-shared keys, writes the resolved config
 (the demo settings below over the defaults, then the user's file and ``--set`` overrides),
-starts the channel (the frame hub of the ``frames-shared`` (default: one frequency, MAC) and
-``frames`` links, or nothing for ``ofdm-pairs`` where the processes exchange OFDM samples over
-ZeroMQ), the edge server and the robots, shows progress,
+starts the channel (``ofdm-shared``, the default: the sample-level shared medium's broker, one
+simulated frequency with fading, every node an OFDM transmitter and receiver with the MAC; the
+frame hub of the ``frames-shared`` and ``frames`` links; nothing for ``ofdm-pairs`` where the
+processes exchange OFDM samples over ZeroMQ), the edge server and the robots, shows progress,
 and prints the server's summary. The last robot's data carries the backdoor trigger (GUIDE
 3.6) and it asks to be forgotten after ``--unlearn-after-round``. Ctrl-C stops every child.
 Everything lands in ``runs/testbed-<time>/``: config, logs, history, report, plots.
@@ -227,6 +228,46 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
     return cfg
 
 
+def start_medium(cfg: dict[str, Any], args: argparse.Namespace) -> tuple[Any, str]:
+    """The sample-level shared medium of ``ofdm-shared`` (a broker thread in the launcher).
+
+    Server 0 and robots 1..N on one frequency, every link with ``testbed.medium``'s fading and
+    mean SNR (``--fading``, ``--snr-db`` override), seeded by the run's seed.
+    """
+    from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig
+
+    med = dict(cfg["testbed"].get("medium") or {})
+    fading = args.fading or str(med.get("fading", "rician"))
+    snr = float(med.get("snr_db", 20.0) if args.snr_db is None else args.snr_db)
+    ch = LinkChannel(
+        snr_db=snr,
+        fading=fading,
+        k_factor_db=float(med.get("k_factor_db", 6.0)),
+        doppler_hz=float(med.get("doppler_hz", 2.0)),
+    )
+    mcfg = MediumConfig(
+        nodes=tuple(range(args.robots + 1)),
+        seed=int(cfg["seed"]),
+        address="tcp://127.0.0.1:0",
+        block=int(med.get("block", 8192)),
+        default=ch,
+        node_timeout=float(med.get("node_timeout_s", 60.0)),
+        hub=0,  # the robots take frames from the server only: they skip each other's uploads
+        # stride only after 16 quiet blocks (26 ms): a robot that trains beside its radio may
+        # decode its grant a few blocks late, and a 16-block stride then would put its answer
+        # past the grant's window (collided samples in the demo, never in the benchmarks)
+        idle_blocks=int(med.get("idle_blocks", 16)),
+    )
+    broker = MediumBroker(mcfg).start()
+    k = f", K = {ch.k_factor_db:g} dB" if fading == "rician" else ""
+    desc = (
+        f"one simulated frequency (ofdm-shared, broker {broker.address}): {fading} fading"
+        f"{k}, {ch.doppler_hz:g} Hz Doppler, {snr:g} dB mean SNR on every link, "
+        f"{mcfg.samp_rate / 1e6:g} MS/s; server-scheduled MAC, broadcast downlink"
+    )
+    return broker, desc
+
+
 DESCRIPTION = (
     "Local SCALE testbed: edge server + robots as processes over a simulated channel, FL "
     "rounds on FashionMNIST, one robot asks to be forgotten, report."
@@ -239,12 +280,19 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3, help="FL rounds")
     p.add_argument(
         "--link",
-        choices=("frames-shared", "frames", "ofdm-pairs", "ofdm-zmq"),
-        default="frames-shared",
-        help="frames-shared (default): every node on one frequency (overlapping frames collide) "
-        "with the server-scheduled MAC and the broadcast downlink, no PHY; frames: ideal frame "
-        "hub (no collisions); ofdm-pairs (old name ofdm-zmq): OFDM/QPSK samples over ZeroMQ, "
-        "a private channel per pair (GNU Radio PHY in every process)",
+        choices=("ofdm-shared", "frames-shared", "frames", "ofdm-pairs", "ofdm-zmq"),
+        default="ofdm-shared",
+        help="ofdm-shared (default): every node on one simulated frequency at sample level "
+        "(OFDM/QPSK PHY in every process, a fading channel, bursts that overlap collide) with "
+        "the server-scheduled MAC and the broadcast downlink; frames-shared: the same at frame "
+        "level, no PHY (cheaper); frames: ideal frame hub (no collisions); ofdm-pairs (old name "
+        "ofdm-zmq): OFDM over ZeroMQ, a private channel per pair (ideal FDMA)",
+    )
+    p.add_argument(
+        "--fading",
+        choices=("rician", "rayleigh", "none"),
+        default=None,
+        help="ofdm-shared: fading of every link (default: testbed.medium.fading)",
     )
     p.add_argument(
         "--method",
@@ -267,7 +315,13 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
         help="the requesting robot asks after this round (default: the last)",
     )
     p.add_argument("--loss", type=float, default=None, help="frames link: frame loss")
-    p.add_argument("--snr-db", type=float, default=20.0, help="ofdm-zmq: receive SNR, dB")
+    p.add_argument(
+        "--snr-db",
+        type=float,
+        default=None,
+        help="ofdm-shared: mean SNR of every link (default: testbed.medium.snr_db); "
+        "ofdm-pairs: receive SNR (default 20), dB",
+    )
     p.add_argument("--drop-rate", type=float, default=0.02, help="ofdm-zmq: frame drop rate")
     p.add_argument(
         "--kill-robot",
@@ -361,8 +415,13 @@ def run_testbed(args: argparse.Namespace) -> int:
     )
 
     hub = None
+    broker = None
     link_args: list[str] = ["--link", args.link]
-    if args.link in ("frames", "frames-shared"):
+    if args.link == "ofdm-shared":
+        broker, desc = start_medium(cfg, args)
+        link_args += ["--broker", broker.address]
+        out.write(f"channel: {desc}\n")
+    elif args.link in ("frames", "frames-shared"):
         from scaleflu.link.hub import FrameHub
 
         ch = dict(tb["channel"])
@@ -379,17 +438,17 @@ def run_testbed(args: argparse.Namespace) -> int:
         )
     else:
         base = free_port_block(args.robots + 1)
+        snr = 20.0 if args.snr_db is None else args.snr_db
         link_args += [
             "--base-port",
             str(base),
             "--snr-db",
-            str(args.snr_db),
+            str(snr),
             "--drop-rate",
             str(args.drop_rate),
         ]
         out.write(
-            f"channel: OFDM over ZeroMQ ports {base}.., SNR {args.snr_db} dB, "
-            f"frame drop {args.drop_rate}\n"
+            f"channel: OFDM over ZeroMQ ports {base}.., SNR {snr} dB, frame drop {args.drop_rate}\n"
         )
     common = ["--config", str(cfg_path), *link_args]  # keys: the server's store, each robot its own
     server_cmd = [*app_command("edge_server"), *common, "--keys", str(keys_path)]
@@ -449,13 +508,17 @@ def run_testbed(args: argparse.Namespace) -> int:
                 f"[testbed] keyless outsider floods the hub at {args.outsider_rate:g} frames/s\n"
             )
         deadline = time.monotonic() + args.timeout
-        collisions: dict[int, int] = {}  # hub's collided frames when each round was recorded
+        collisions: dict[int, Any] = {}  # collisions so far when each round was recorded
         while time.monotonic() < deadline:
             time.sleep(0.5)
-            if hub is not None:
+            if hub is not None or broker is not None:
                 done = _rounds_done(run_dir)
                 if done and done not in collisions:
-                    collisions[done] = hub.collided_frames
+                    collisions[done] = (
+                        hub.collided_frames
+                        if hub is not None
+                        else broker.stats()["collision_samples"] / broker.cfg.samp_rate
+                    )
             if not server.alive():
                 rc = server.proc.returncode if server.proc else 1
                 if rc == 0 or restarted or args.restart_server_after_round is None:
@@ -500,6 +563,10 @@ def run_testbed(args: argparse.Namespace) -> int:
             ch.stop()
         if hub is not None:
             hub.close()
+        medium = None
+        if broker is not None:
+            medium = {k: v for k, v in broker.stats().items() if k != "links"}
+            broker.close()
         shutil.rmtree(key_dir, ignore_errors=True)
     total = time.monotonic() - t_start
     text = "".join(server.lines)
@@ -521,6 +588,9 @@ def run_testbed(args: argparse.Namespace) -> int:
                 "collided_frames": hub.collided_frames,
                 "collided_frames_at_round_end": collisions,
             },
+            "medium": None
+            if medium is None
+            else {**medium, "collision_s_at_round_end": collisions},
             "robot_starts": {r: ch.starts for r, ch in robots.items()},
             "outsider": _read_json(run_dir / "logs" / "outsider.json"),
             "server_starts": server.starts,
@@ -530,6 +600,13 @@ def run_testbed(args: argparse.Namespace) -> int:
             out.write(
                 f"collided frames on the shared medium: {hub.collided_frames} in all; "
                 f"cumulative at the end of each round {collisions}\n"
+            )
+        if medium is not None:
+            air = sum(medium["airtime_s"].values())
+            out.write(
+                f"shared medium: {medium['virtual_s']:.1f} s of virtual time, {air:.2f} s on "
+                f"air, {medium['collision_s']:.4f} s of collided samples in all (cumulative at "
+                f"the end of each round { ({k: round(v, 4) for k, v in collisions.items()}) })\n"
             )
         out.write(f"testbed done in {total:.0f}s; report {report} and plots in {run_dir}\n")
         return 0 if rc in (0, None) else rc

@@ -106,17 +106,29 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
     )
     links = [(r["round"], r["link"]) for r in report.get("rounds") or [] if r.get("link")]
     if links:
+        medium = any("collision_s" in lk for _, lk in links)
         w(
             f"\n{'round':>5} {'airtime s':>9} {'retx':>6} {'sched %':>7} {'grants':>6} "
-            f"{'timeouts':>8} {'bcast':>6} {'repair':>6}   (link: server's view)\n"
+            f"{'timeouts':>8} {'bcast':>6} {'repair':>6}"
+            + (f" {'collided ms':>11} {'virtual s':>9}" if medium else "")
+            + "   (link: server's view"
+            + ("; airtime, collisions, virtual time: the shared medium's)\n" if medium else ")\n")
         )
         for t, lk in links:
             sched = lk.get("sched_overhead")
+            coll = lk.get("collision_s")
             w(
                 f"{t:>5} {_f(lk.get('airtime_s'), '{:.2f}'):>9} {lk.get('retransmissions', 0):>6} "
                 f"{_f(None if sched is None else 100 * sched, '{:.1f}'):>7} "
                 f"{lk.get('grants', '-'):>6} {lk.get('grant_timeouts', '-'):>8} "
-                f"{lk.get('bcast_frames', '-'):>6} {lk.get('bcast_repair_frames', '-'):>6}\n"
+                f"{lk.get('bcast_frames', '-'):>6} {lk.get('bcast_repair_frames', '-'):>6}"
+                + (
+                    f" {_f(None if coll is None else 1e3 * coll, '{:.2f}'):>11} "
+                    f"{_f(lk.get('virtual_s'), '{:.2f}'):>9}"
+                    if medium
+                    else ""
+                )
+                + "\n"
             )
     for k, v in (report.get("timings") or {}).items():
         w(f"  {k}: {v:.1f}s\n")

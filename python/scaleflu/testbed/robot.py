@@ -222,6 +222,7 @@ class RobotClient:
         self.done = False
         self._pending_nonce: str | None = None
         self._challenge: int | None = None  # the session the server announced (SERVER_HELLO)
+        self._early_model: Any = None  # a MODEL that came before our REGISTER_ACK
         self._last_heard = time.monotonic()
         self._requested = False
 
@@ -247,11 +248,14 @@ class RobotClient:
         """
         end = time.monotonic() + timeout
         wait = 1.0
+        # the retry interval on the link's clock: on ofdm-shared the medium's virtual time, which
+        # runs slower than the wall while it is busy (retrying on wall time re-registered)
+        clock = getattr(self.link, "virtual_time", time.monotonic)
         while time.monotonic() < end and not self.done:
             self._pending_nonce = secrets.token_hex(8)
             self._send_register(wait * 4)
-            until = time.monotonic() + wait * 4
-            while time.monotonic() < until and self._pending_nonce is not None:
+            until = clock() + wait * 4
+            while clock() < until and self._pending_nonce is not None:
                 self.poll(0.2)
             if self._pending_nonce is None:
                 return True
@@ -317,6 +321,9 @@ class RobotClient:
             self.registrations += 1
             self.state, self.state_sha = None, None  # the server sends a full model next
             log.info("robot %d registered, session %08x", self.robot_id, env.session)
+            early, self._early_model = self._early_model, None
+            if early is not None and early.session == self.session:
+                self._on_model(early.round, early.meta, early.body)
             return
         if env.type is MsgType.SERVER_HELLO:
             if env.session == self.session:
@@ -336,6 +343,17 @@ class RobotClient:
             self.register(timeout=30.0)
             return
         if self.session is None or env.session != self.session:
+            if (
+                env.type is MsgType.MODEL
+                and self.session is None
+                and self._pending_nonce is not None
+                and env.session == self._challenge
+            ):
+                # the round's model overtook our REGISTER_ACK (the ARQ does not order
+                # messages): keep it for when the ACK comes, rather than miss the round
+                self._early_model = env
+                log.info("robot %d: MODEL before REGISTER_ACK; kept", self.robot_id)
+                return
             log.warning("robot %d: %s outside a session", self.robot_id, env.type.name)
             return
         if env.type is MsgType.MODEL:

@@ -126,14 +126,14 @@ class RoundsMixin:
         w0 = time.perf_counter()
         bytes0 = self._air_bytes()
         link0 = link_counters(self.link)
-        rs = RoundState(t, self.global_np, time.monotonic() + float(tb.round_deadline_s))
+        rs = RoundState(t, self.global_np, self.clock() + float(tb.round_deadline_s))
         self.round = rs
         src = state_sha256(self.global_np)
         rs.scheduled.update(robot.robot_id for robot in self._active())
         self._send_model_many(self._active(), self.global_np, "train", t, src_sha=src)
         self._prev_broadcast = self.global_np
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
-        while time.monotonic() < rs.deadline:
+        while self.clock() < rs.deadline:
             grace = float(tb.get("refused_grace_s", 0.0))
             waiting = rs.scheduled - self._forgotten_ids() - rs.not_awaited(grace)
             if rs.scheduled and set(rs.updates) >= waiting:

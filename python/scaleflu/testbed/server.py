@@ -110,6 +110,9 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         ``server.public_key``).
         """
         self.link = link
+        # deadlines of rounds and deployments on the link's clock: the shared medium's virtual
+        # time on ofdm-shared (a busy, slow medium stretches the wall time, not the round)
+        self.clock = getattr(link, "virtual_time", time.monotonic)
         self.signing_key = signing_key or Ed25519PrivateKey.generate()
         self.public_key = public_bytes(self.signing_key)
         self.keys = dict(keys)

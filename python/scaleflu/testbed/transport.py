@@ -55,8 +55,10 @@ def make_testbed_link(kind: str, node_id: int, **opts: Any) -> Link:
     if k not in PROCESS_KINDS and k != "ofdm-loopback":
         raise ValueError(f"link {k!r} is not for the testbed apps")
     clean.pop("hub", None)
+    keep = ("mac", "members") if k in ("ofdm-shared", "uhd") else ()  # the MAC on one frequency
     for key in ("mac", "members", "rate_bytes_per_s"):
-        clean.pop(key, None)
+        if key not in keep:
+            clean.pop(key, None)
     if k == "uhd" and "time_source" in clean:
         import inspect
 
@@ -186,6 +188,15 @@ def link_counters(link: Link) -> dict[str, float]:
     cfg = getattr(getattr(link, "mac", None), "config", None)
     if cfg is not None:
         out["rate_bytes_per_s"] = float(cfg.rate_bytes_per_s)
+    medium = getattr(link, "medium_stats", None)  # ofdm-shared: measured at the broker
+    if callable(medium):
+        try:
+            m = medium()
+            out["medium_air_s"] = float(sum(m["airtime_s"].values()))
+            out["collision_s"] = float(m["collision_s"])
+            out["virtual_s"] = float(m["virtual_s"])
+        except Exception as exc:  # the broker may be gone at the very end: no medium columns
+            log.debug("medium stats: %s", exc)
     return out
 
 
@@ -202,7 +213,12 @@ def round_link_row(before: dict[str, float], after: dict[str, float], air_bytes:
         row["sched_overhead"] = sched / max(1.0, air_bytes + bcast + sched)
         for k in ("grants", "grant_timeouts", "bcast_frames", "bcast_repair_frames"):
             row[k] = int(after[k] - before.get(k, 0))
-    if rate:  # ARQ bytes of every node + broadcast bytes + MAC frames, at the PHY rate
+    if "medium_air_s" in after and "medium_air_s" in before:
+        # the sample-level medium counts every node's samples on air, and overlapping ones
+        row["airtime_s"] = after["medium_air_s"] - before["medium_air_s"]
+        row["collision_s"] = after["collision_s"] - before["collision_s"]
+        row["virtual_s"] = after["virtual_s"] - before["virtual_s"]
+    elif rate:  # ARQ bytes of every node + broadcast bytes + MAC frames, at the PHY rate
         bcast = after.get("bcast_bytes", 0) - before.get("bcast_bytes", 0)
         row["airtime_s"] = (air_bytes + bcast + row.get("sched_bytes", 0)) / rate
     return row
