@@ -73,16 +73,8 @@ class DownlinkMixin:
         # What the robot will hold: decode our own bytes (lossy encodings included).
         held = cast_like(decode_state(body, reference=ref), state)
         sha = state_sha256(held)
-        meta = self._model_meta(purpose, sha, robot.held_sha if ref is not None else None, extra)
-        meta["sig"] = sign(
-            self.signing_key,
-            "model",
-            session=self.session,
-            robot=robot.robot_id,
-            round=t,
-            purpose=purpose,
-            sha256=sha,
-        )
+        base = robot.held_sha if ref is not None else None
+        meta = self._model_meta(robot.robot_id, t, purpose, sha, base, extra)
         h = self.ep.send(
             MsgType.MODEL,
             robot.robot_id,
@@ -159,17 +151,10 @@ class DownlinkMixin:
                 "delta" if ref is not None else "full",
             )
             for rb in members:
-                meta = self._model_meta(purpose, sha, base, extra, body_sha256=body_sha)
                 # signed as a unicast MODEL: robots verify it over the state they decoded from
                 # the broadcast body (its SHA-256), so an unsigned or re-signed body is refused
-                meta["sig"] = sign(
-                    self.signing_key,
-                    "model",
-                    session=self.session,
-                    robot=rb.robot_id,
-                    round=t,
-                    purpose=purpose,
-                    sha256=sha,
+                meta = self._model_meta(
+                    rb.robot_id, t, purpose, sha, base, extra, body_sha256=body_sha
                 )
                 h = self.ep.send(
                     MsgType.MODEL,
@@ -189,18 +174,31 @@ class DownlinkMixin:
 
     def _model_meta(
         self,
+        robot_id: int,
+        t: int,
         purpose: str,
         sha: str,
         base: str | None,
         extra: dict[str, Any] | None,
         **more: Any,
     ) -> dict[str, Any]:
-        """A MODEL envelope's meta: purpose, the SHA-256 the robot will hold, the delta's base,
-        the open round's remaining time, then ``more`` (broadcast: the body's SHA) and ``extra``.
+        """A MODEL envelope's meta for one robot: purpose, the SHA-256 the robot will hold, the
+        delta's base, the open round's remaining time, then ``more`` (broadcast: the body's SHA)
+        and ``extra``; signed by the server over (session, robot, round, purpose, SHA-256).
         """
         deadline = max(0.0, (self.round.deadline - self.clock()) if self.round else 0)
         meta = {"purpose": purpose, "sha256": sha, "base_sha256": base, "deadline_s": deadline}
-        return {**meta, **more, **(extra or {})}
+        meta = {**meta, **more, **(extra or {})}
+        meta["sig"] = sign(
+            self.signing_key,
+            "model",
+            session=self.session,
+            robot=robot_id,
+            round=t,
+            purpose=purpose,
+            sha256=sha,
+        )
+        return meta
 
     def _group_changed(
         self, g: tuple[str, int], new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]
