@@ -6,30 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_hardening import FakeClock, _run  # the manually advanced clock and its poll loop
 
 from scaleflu.link.arq import ArqEndpoint, SendStatus, decode_ack
 from scaleflu.link.frame import FrameType, decode_frame
 from scaleflu.link.sim import ChannelModel, SimNetwork
 from scaleflu.link.wire import Encoding, encode_tensors
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _run(clock: FakeClock, eps: list[ArqEndpoint], until: float) -> None:
-    while True:
-        nds = [d for d in (e.next_deadline() for e in eps) if d is not None]
-        if not nds or min(nds) > until:
-            clock.t = until
-            return
-        clock.t = max(clock.t, min(nds))
-        for e in eps:
-            e.poll()
 
 
 def _acks(raws: list[bytes]) -> list:

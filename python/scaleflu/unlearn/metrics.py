@@ -248,6 +248,23 @@ def relearn_rounds(
     return None
 
 
+def _target_mia(
+    model: nn.Module, target: ImageData, nonmembers: ImageData, reference: Any
+) -> tuple[float | None, float | None, float | None]:
+    """Loss-attack AUC of ``target`` against ``nonmembers``, then with ``reference`` (the
+    reference models' confidences, :func:`calibrated_mia`) the calibrated AUC and TPR at 1 % FPR
+    (None without a reference)."""
+    p_t = predict(model, target)
+    p_n = predict(model, nonmembers)
+    loss_auc = auc(-_losses(p_t, target.labels), -_losses(p_n, nonmembers.labels))
+    if reference is None:
+        return loss_auc, None, None
+    cal = calibrated_mia(
+        logit_confidence(p_t, target.labels), logit_confidence(p_n, nonmembers.labels), *reference
+    )
+    return loss_auc, cal["auc"], cal["tpr"]
+
+
 def evaluate_model(
     model: nn.Module,
     *,
@@ -320,37 +337,17 @@ def evaluate_model(
         )
     out.update(mia_cm_loss_auc=None, mia_ref_auc=None, mia_ref_tpr_1fpr=None)
     if mia_target is not None and mia_nonmembers is not None and len(mia_target):
-        p_t = predict(model, mia_target)
-        p_n = predict(model, mia_nonmembers)
-        out["mia_cm_loss_auc"] = auc(
-            -_losses(p_t, mia_target.labels), -_losses(p_n, mia_nonmembers.labels)
+        out["mia_cm_loss_auc"], out["mia_ref_auc"], out["mia_ref_tpr_1fpr"] = _target_mia(
+            model, mia_target, mia_nonmembers, mia_reference
         )
-        if mia_reference is not None:
-            cal = calibrated_mia(
-                logit_confidence(p_t, mia_target.labels),
-                logit_confidence(p_n, mia_nonmembers.labels),
-                *mia_reference,
-            )
-            out["mia_ref_auc"], out["mia_ref_tpr_1fpr"] = cal["auc"], cal["tpr"]
-    out.update(
-        mia_canary_n=0, mia_canary_loss_auc=None, mia_canary_auc=None, mia_canary_tpr_1fpr=None
-    )
+    out.update(mia_canary_loss_auc=None, mia_canary_auc=None, mia_canary_tpr_1fpr=None)
     n_can = 0 if canary_target is None else len(canary_target)
     out["mia_canary_n"] = n_can
     if canary_nonmembers is not None and n_can and n_can >= canary_min:
         assert canary_target is not None
-        p_t = predict(model, canary_target)
-        p_n = predict(model, canary_nonmembers)
-        out["mia_canary_loss_auc"] = auc(
-            -_losses(p_t, canary_target.labels), -_losses(p_n, canary_nonmembers.labels)
+        out["mia_canary_loss_auc"], out["mia_canary_auc"], out["mia_canary_tpr_1fpr"] = _target_mia(
+            model, canary_target, canary_nonmembers, canary_reference
         )
-        if canary_reference is not None:
-            cal = calibrated_mia(
-                logit_confidence(p_t, canary_target.labels),
-                logit_confidence(p_n, canary_nonmembers.labels),
-                *canary_reference,
-            )
-            out["mia_canary_auc"], out["mia_canary_tpr_1fpr"] = cal["auc"], cal["tpr"]
     out.update(
         mia_loss_member_rate=loss["member_rate"],
         mia_loss_auc=loss["auc"],
