@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from scaleflu.config import Config, as_config
 from scaleflu.experiments.cells import Cell, plan_cells, read_result
 
 log = logging.getLogger(__name__)
@@ -95,15 +96,15 @@ def _stats(xs: Sequence[float | None]) -> tuple[float, float, int]:
 
 
 def summarise(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float
 ) -> list[dict[str, Any]]:
     """Long-format rows: dataset, model, scenario, method, metric, mean, std, n, delta."""
-    exp = cfg["experiment"]
-    fa_metric, aoi_metric = str(exp["fa_metric"]), str(exp["aoi_metric"])
+    exp = cfg.experiment
+    fa_metric, aoi_metric = str(exp.fa_metric), str(exp.aoi_metric)
     rows = []
-    for ds in exp["datasets"]:
-        for model in exp["models"]:
-            for sc in exp["scenarios"]:
+    for ds in exp.datasets:
+        for model in exp.models:
+            for sc in exp.scenarios:
                 per_method: dict[str, dict[int, dict[str, float | None]]] = {}
                 for c, r in results.items():
                     k = c.run
@@ -117,7 +118,7 @@ def summarise(
                     )
                 ref = per_method.get("retrain", {})
                 labels = [p[0] for p in PROTOCOL_KEYS]
-                for m in [*exp["methods"], ORIGINAL]:
+                for m in [*exp.methods, ORIGINAL]:
                     seeds = per_method.get(m, {})
                     for metric in ("RA", "FA", "AoI_s", "test_acc", *COST_KEYS, *labels):
                         mean, std, n = _stats([v[metric] for v in seeds.values()])
@@ -160,18 +161,18 @@ def _fmt_delta(dm: float, digits: int = 2) -> str:
     return f" ({dm:+.{digits}f})"
 
 
-def markdown_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], title: str) -> str:
+def markdown_table(cfg: Config, rows: Sequence[Mapping[str, Any]], title: str) -> str:
     """Table II shape: rows model x scenario; RA, FA, Avg AoI (s) per method with deltas."""
-    exp = cfg["experiment"]
-    methods = list(exp["methods"])
+    exp = cfg.experiment
+    methods = list(exp.methods)
     idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
     head = ["Dataset", "Scenario", "Model"]
     for metric, arrow in (("RA", "↑"), ("FA", "↓"), ("Avg AoI (s)", "↓")):
         head += [f"{metric} {arrow} {METHOD_LABELS.get(m, m)}" for m in methods]
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for ds in exp["datasets"]:
-        for sc in exp["scenarios"]:
-            for model in exp["models"]:
+    for ds in exp.datasets:
+        for sc in exp.scenarios:
+            for model in exp.models:
                 cells = [ds, sc, model]
                 for metric, digits in (("RA", 2), ("FA", 2), ("AoI_s", 2)):
                     for m in methods:
@@ -192,14 +193,14 @@ def markdown_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], ti
     return "\n".join(lines)
 
 
-def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+def protocol_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
     """The protocol with power per scenario and method, the trained model as the first anchor."""
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
     cols = [
         ("RA", "RA (held labels)"),
         ("RA_clean", "RA (true labels)"),
-        ("FA", f"FA ({exp['fa_metric']})"),
+        ("FA", f"FA ({exp.fa_metric})"),
         ("FA_clean", "FA (true labels)"),
         ("MIA_AUC", "MIA AUC (calibrated)"),
         ("MIA_TPR", "TPR @ 1 % FPR"),
@@ -215,10 +216,10 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for ds in exp["datasets"]:
-        for sc in exp["scenarios"]:
-            for model in exp["models"]:
-                for m in [ORIGINAL, *exp["methods"]]:
+    for ds in exp.datasets:
+        for sc in exp.scenarios:
+            for model in exp.models:
+                for m in [ORIGINAL, *exp.methods]:
                     cells = [
                         ds,
                         sc,
@@ -240,9 +241,7 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
     return "\n".join(lines)
 
 
-def control_verdicts(
-    cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
+def control_verdicts(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each method against each control present: does it forget more at equal RA?
 
     Equal RA: the method's mean RA is at least the control's minus ``experiment.control_ra_tol``.
@@ -250,9 +249,9 @@ def control_verdicts(
     lower than the control's by more than
     ``experiment.control_margin``. Otherwise the verdict says that it does not beat the control.
     """
-    exp = cfg["experiment"]
-    tol = float(exp.get("control_ra_tol", 0.02))
-    margin = float(exp.get("control_margin", 0.01))
+    exp = cfg.experiment
+    tol = float(exp.control_ra_tol)
+    margin = float(exp.control_margin)
     idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
 
     def mean(ds: str, model: str, sc: str, m: str, metric: str) -> float | None:
@@ -260,11 +259,11 @@ def control_verdicts(
         return r["mean"] if r is not None and r["n"] and math.isfinite(r["mean"]) else None
 
     out = []
-    for ds in exp["datasets"]:
-        for model in exp["models"]:
-            for sc in exp["scenarios"]:
-                for ctl in (c for c in CONTROLS if c in exp["methods"]):
-                    for m in exp["methods"]:
+    for ds in exp.datasets:
+        for model in exp.models:
+            for sc in exp.scenarios:
+                for ctl in (c for c in CONTROLS if c in exp.methods):
+                    for m in exp.methods:
                         if m in CONTROLS:
                             continue
                         v = {
@@ -352,9 +351,9 @@ def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+def cost_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
     """Cost per method and scenario: wall seconds, link seconds, MB on the link, FL rounds."""
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
     head = [
         "Dataset",
@@ -369,10 +368,10 @@ def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str
         "test acc",
     ]
     lines = ["### Cost", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for ds in exp["datasets"]:
-        for sc in exp["scenarios"]:
-            for model in exp["models"]:
-                for m in exp["methods"]:
+    for ds in exp.datasets:
+        for sc in exp.scenarios:
+            for model in exp.models:
+                for m in exp.methods:
 
                     def g(metric: str, scale: float = 1.0, digits: int = 1) -> str:
                         r = idx.get((ds, model, sc, m, metric))  # noqa: B023
@@ -452,18 +451,18 @@ def _first_scale_result(
 
 
 def plot_table2_ppo(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """PPO episode return per scenario (one panel each), one line per model (first seed)."""
     plt = _plt()
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     paths = []
-    scen = list(exp["scenarios"])
-    for ds in exp["datasets"]:
+    scen = list(exp.scenarios)
+    for ds in exp.datasets:
         fig, axes = plt.subplots(1, len(scen), figsize=(4.2 * len(scen), 3.2), squeeze=False)
         any_line = False
         for ax, sc in zip(axes[0], scen, strict=True):
-            for model in exp["models"]:
+            for model in exp.models:
                 first = _first_scale_result(results, ds, model, sc, alpha)
                 if first is None:
                     continue
@@ -487,16 +486,16 @@ def plot_table2_ppo(
 
 
 def plot_table2_sensitivity(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """SCALE's combined layer sensitivity per model, one bar group per scenario (first seed)."""
     plt = _plt()
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     paths = []
-    for ds in exp["datasets"]:
-        for model in exp["models"]:
+    for ds in exp.datasets:
+        for model in exp.models:
             per_sc = {}
-            for sc in exp["scenarios"]:
+            for sc in exp.scenarios:
                 first = _first_scale_result(results, ds, model, sc, alpha)
                 sens = _get(first, "details", "sensitivity") if first else None
                 if sens:
@@ -539,18 +538,18 @@ def plot_table2_sensitivity(
 
 
 def plot_table2_sum_aoi(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """Sum AoI over SCALE's unlearning steps: one panel per model, one line per scenario."""
     plt = _plt()
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     paths = []
-    models = list(exp["models"])
-    for ds in exp["datasets"]:
+    models = list(exp.models)
+    for ds in exp.datasets:
         fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.2), squeeze=False)
         any_line = False
         for ax, model in zip(axes[0], models, strict=True):
-            for sc in exp["scenarios"]:
+            for sc in exp.scenarios:
                 first = _first_scale_result(results, ds, model, sc, alpha)
                 tr = _get(first, "aoi", "sum_s_trace") if first else None
                 if tr:
@@ -570,22 +569,22 @@ def plot_table2_sum_aoi(
 
 
 def plot_table2_alpha(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], out: Path
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], out: Path
 ) -> list[Path]:
     """RA and FA against the Dirichlet alpha per scenario, a line per model x method."""
     plt = _plt()
-    exp = cfg["experiment"]
-    sweep = dict(exp.get("alpha_sweep") or {})
-    alphas = sorted({float(a) for a in sweep.get("alphas") or []})
+    exp = cfg.experiment
+    sweep = exp.alpha_sweep
+    alphas = sorted({float(a) for a in sweep.alphas})
     if not alphas:
         return []
-    alphas = sorted(set(alphas) | {float(cfg["data"]["alpha"])})
-    scen = list(sweep.get("scenarios") or exp["scenarios"])
-    methods = list(sweep.get("methods") or exp["methods"])
-    models = list(sweep.get("models") or exp["models"])
-    fa_metric = str(exp["fa_metric"])
+    alphas = sorted(set(alphas) | {float(cfg.data.alpha)})
+    scen = list(sweep.scenarios or exp.scenarios)
+    methods = list(sweep.methods or exp.methods)
+    models = list(sweep.models or exp.models)
+    fa_metric = str(exp.fa_metric)
     paths = []
-    for ds in exp["datasets"]:
+    for ds in exp.datasets:
         fig, axes = plt.subplots(2, len(scen), figsize=(4.2 * len(scen), 6), squeeze=False)
         any_line = False
         for j, sc in enumerate(scen):
@@ -625,18 +624,19 @@ def plot_table2_alpha(
     return paths
 
 
-def write_report(cfg: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
+def write_report(cfg: Config | Config, out: str | Path) -> dict[str, Path]:
     """Write table2.md, table2.csv and figures/*.png from the finished cells under ``out``."""
+    cfg = as_config(cfg)
     out = Path(out)
     main, sweep = plan_cells(cfg)
     results = load_results(out, main + sweep)
-    alpha = float(cfg["data"]["alpha"])
+    alpha = float(cfg.data.alpha)
     rows = summarise(cfg, results, alpha)
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     n_missing = len(main) - sum(1 for c in main if c in results)
     title = (
-        f"Table II (measured): alpha={alpha:g}, seeds {list(exp['seeds'])}, "
-        f"FA = {exp['fa_metric']}, Avg AoI = aoi.{exp['aoi_metric']}"
+        f"Table II (measured): alpha={alpha:g}, seeds {list(exp.seeds)}, "
+        f"FA = {exp.fa_metric}, Avg AoI = aoi.{exp.aoi_metric}"
     )
     md = [markdown_table(cfg, rows, title), "", protocol_table(cfg, rows), ""]
     verdicts = control_verdicts(cfg, rows)
