@@ -124,6 +124,28 @@ def as_config(cfg: Mapping[str, Any]) -> Config:
     return Config({k: _typed(v) for k, v in cfg.items()})
 
 
+def config_section(path: str, value: Mapping[str, Any] | None) -> Section:
+    """One section of the config (``"data"``, ``"data.poison"``, ``"fl"``) as a checked Section.
+
+    A :class:`Section` (a part of a loaded :class:`Config`) is returned as it is. A plain mapping
+    (a library caller's or a test's partial section) is merged onto that section's defaults in
+    default.yaml and checked like a full config: the defaults live in one place, never as
+    ``.get(key, default)`` fall-backs in the code that reads them.
+    """
+    if isinstance(value, Section):
+        return value
+    parts = path.split(".")
+    node: Any = default_config()
+    for p in parts:
+        node = node[p]
+    merged = merge(node, value or {}, path + ".")
+    nested: dict[str, Any] = merged
+    for p in reversed(parts):
+        nested = {p: nested}
+    check_config(nested)
+    return _typed(merged)
+
+
 def default_config() -> dict[str, Any]:
     """The packaged defaults as a fresh nested dict."""
     return yaml_load(DEFAULTS_PATH.read_text())

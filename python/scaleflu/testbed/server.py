@@ -191,9 +191,8 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
                         "use another --run-dir"
                     )
             cfg = {**old, "testbed": cfg.get("testbed", old.get("testbed"))}
-        cfg = as_config(cfg).to_dict()  # a copy: the caller's config is not changed
-        cfg["fl"]["rounds"] = int(cfg["testbed"]["rounds"])
-        cfg = as_config(cfg)
+        cfg = as_config(as_config(cfg).to_dict())  # a copy: the caller's config is not changed
+        cfg.fl.rounds = int(cfg.testbed.rounds)
         n = int(cfg.data.num_clients)
         bad = [r for r in self.keys if not 0 <= client_of(r) < n]
         if bad:
