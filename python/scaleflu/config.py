@@ -86,7 +86,20 @@ class Section(dict):
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in self:
             raise AttributeError(f"config has no key {name!r}")
-        self[name] = _typed(value)
+        self[name] = value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        # a mapping stored into a section becomes a Section: cfg.scale = {...}; cfg.scale.top_m
+        super().__setitem__(key, _typed(value))
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts (for YAML, JSON and comparisons)."""

@@ -134,8 +134,8 @@ def ensure_run(cfg: Config, key: RunKey, out: Path, progress: bool) -> Path:
 def make_context(run: Any, request: str, cfg: Config, progress: bool) -> UnlearnContext:
     """An UnlearnContext for ``request`` with the experiment's scale and baselines settings."""
     ucfg = resolve_unlearn_config(run.cfg)
-    ucfg["scale"] = copy.deepcopy(dict(cfg.scale))
-    ucfg["baselines"] = copy.deepcopy(dict(cfg.baselines))
+    ucfg.scale = copy.deepcopy(cfg.scale)
+    ucfg.baselines = copy.deepcopy(cfg.baselines)
     mode = str(cfg.experiment.scale_mode or cfg.scale.mode)
     return UnlearnContext.for_request(run, request, ucfg, mode, progress)
 

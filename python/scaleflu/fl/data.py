@@ -658,13 +658,9 @@ def apply_poison(
             raise ConfigError(f"data.poison.{key} has clients {bad} outside 0..{n_clients - 1}")
         return vals
 
-    back = [
-        _pick(rng, parts[c], float(cfg.backdoor_fraction))
-        for c in clients("backdoor_clients")
-    ]
+    back = [_pick(rng, parts[c], float(cfg.backdoor_fraction)) for c in clients("backdoor_clients")]
     flip = [
-        _pick(rng, parts[c], float(cfg.label_flip_fraction))
-        for c in clients("label_flip_clients")
+        _pick(rng, parts[c], float(cfg.label_flip_fraction)) for c in clients("label_flip_clients")
     ]
     extra = np.asarray(cfg.label_flip_samples, dtype=np.int64)
     if extra.size and (extra.min() < 0 or extra.max() >= len(train)):

@@ -240,6 +240,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         robot = self.robots.get(r)
         if robot is None:
             raise ProtocolError("not_registered", f"{env.type.name} before REGISTER")
+        robot.last_heard = time.monotonic()
         if env.type is MsgType.UPDATE:
             self._on_update(robot, env.round, env.meta, env.body)
         elif env.type is MsgType.UNLEARN_REQUEST:
@@ -273,8 +274,10 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         T = int(tb.rounds)
         t = self.history.last_completed_round() + 1
         retries = 0
+        round_start = started
         while t <= T:
             self.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s))
+            round_start = time.monotonic()
             row = self.run_round(t)
             if row is None:  # a failed round is logged and retried ...
                 retries += 1
@@ -290,6 +293,8 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         wait_end = time.monotonic() + float(tb.unlearn.wait_s)
         while not self.requests and time.monotonic() < wait_end:
             self.poll(0.2)
+        if self.requests:  # a robot that died in the last round and restarts: evaluate it too
+            self.wait_for_rejoin(round_start, float(tb.register_timeout_s))
         # every accepted request is served, in order, even when an earlier one fails; requests
         # that arrive while one is served are served after it
         served: list[dict[str, Any]] = []
