@@ -6,12 +6,12 @@ import copy
 import csv
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
@@ -23,32 +23,16 @@ from scaleflu.testbed.server import EdgeServer
 pytestmark = pytest.mark.timeout(240)
 
 OVERRIDES = [
-    "data.num_clients=3",
-    "fl.clients_per_round=3",
-    "data.train_subset=1500",
-    "data.test_subset=300",
-    "fl.local_epochs=1",
-    "fl.lr=0.05",
-    "data.poison.backdoor_clients=[0]",
-    "testbed.rounds=2",
+    *TESTBED_OVERRIDES,
     "testbed.round_deadline_s=8",
     "testbed.register_timeout_s=20",
-    "testbed.unlearn.wait_s=3",
-    "testbed.eval_test_samples=100",
-    "testbed.min_robots=3",
 ]
 
 
 SIGNING_KEY = Ed25519PrivateKey.generate()
 
 
-def fake_unlearn(run_dir, request, method, mode, overrides, progress):
-    """Stand-in for SCALE (tested elsewhere): halve the final model, say which request ran."""
-    from scaleflu.fl.run import load_run
-
-    run = load_run(run_dir)
-    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
-    return state, {"protocol": "backdoor", "request": request}
+fake_unlearn = halve_unlearn
 
 
 def fake_compare(run_dir, request, method, overrides, progress):
@@ -65,13 +49,13 @@ def fake_compare(run_dir, request, method, overrides, progress):
 
 
 @pytest.fixture(scope="module")
-def cfg() -> dict[str, Any]:
+def cfg() -> Config:
     return load_config(None, OVERRIDES)
 
 
-@pytest.fixture(scope="module")
-def robot_data(cfg) -> dict[int, RobotData]:
-    return {r: RobotData(cfg, r) for r in (1, 2, 3)}
+@pytest.fixture(scope="module", name="robot_data")
+def _robot_data(cfg) -> dict[int, RobotData]:
+    return robot_data(cfg)
 
 
 def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], channel_kw=None):

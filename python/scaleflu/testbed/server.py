@@ -29,13 +29,14 @@ import torch
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from scaleflu.config import Config, ConfigError, as_config, save_config
+from scaleflu.config import Config, ConfigError, save_config
 from scaleflu.fl.aggregation import AggregationConfig
 from scaleflu.fl.integrity import trust
 from scaleflu.fl.run import build_setup, open_history, write_training_outputs
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
+    federation_config,
     install_link_keys,
     to_numpy,
 )
@@ -191,8 +192,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
                         "use another --run-dir"
                     )
             cfg = {**old, "testbed": cfg.get("testbed", old.get("testbed"))}
-        cfg = as_config(as_config(cfg).to_dict())  # a copy: the caller's config is not changed
-        cfg.fl.rounds = int(cfg.testbed.rounds)
+        cfg = federation_config(cfg)  # a copy: the caller's config is not changed
         n = int(cfg.data.num_clients)
         bad = [r for r in self.keys if not 0 <= client_of(r) < n]
         if bad:
