@@ -42,10 +42,9 @@ def test_robot_data_is_the_servers_partition_with_canaries() -> None:
 
 def test_robot_trains_with_the_runs_lr_schedule() -> None:
     from scaleflu.link import MemoryChannel
+    from scaleflu.testbed.common import federation_config
     from scaleflu.testbed.protocol import generate_keys
     from scaleflu.testbed.robot import RobotClient, RobotData
-
-    from scaleflu.testbed.common import federation_config
 
     cfg = base_config("fl.lr_schedule=cosine", "fl.lr_min_ratio=0.1", "testbed.rounds=4")
     assert cfg.fl.rounds != 4  # the federation's T is testbed.rounds, on the server and robots

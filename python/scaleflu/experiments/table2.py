@@ -131,8 +131,9 @@ def ensure_run(cfg: Config, key: RunKey, out: Path, progress: bool) -> Path:
     return run_dir
 
 
-def make_context(run: Any, request: str, cfg: Config, progress: bool) -> UnlearnContext:
+def make_context(run: Any, request: str, cfg: Mapping[str, Any], progress: bool) -> UnlearnContext:
     """An UnlearnContext for ``request`` with the experiment's scale and baselines settings."""
+    cfg = as_config(cfg)
     ucfg = resolve_unlearn_config(run.cfg)
     ucfg.scale = copy.deepcopy(cfg.scale)
     ucfg.baselines = copy.deepcopy(cfg.baselines)
