@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from testbed_helpers import TESTBED_OVERRIDES, robot_data
+from testbed_helpers import TESTBED_OVERRIDES, robot_data, run_federation
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
@@ -79,20 +79,7 @@ def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict]):
         )
         for r in (1, 2, 3)
     ]
-    outs: dict[int, dict] = {}
-
-    def target(rb: RobotClient) -> None:
-        outs[rb.robot_id] = rb.run(150)
-
-    threads = [threading.Thread(target=target, args=(rb,)) for rb in robots]
-    for t in threads:
-        t.start()
-    try:
-        report = server.run()
-    finally:
-        for t in threads:
-            t.join(60)
-        ch.close()
+    report, outs = run_federation(server, robots, 150, ch.close)
     return report, outs, server
 
 

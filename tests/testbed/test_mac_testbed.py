@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
-from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn
+from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, run_federation
 
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
@@ -72,7 +71,6 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
         )
         for r in (1, 2, 3)
     ]
-    outs: dict[int, dict] = {}
     # collisions once every robot is registered (scheduled traffic only; joining contends)
     at_first_round: list[int] = []
     run_round = server.run_round
@@ -83,21 +81,14 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
         return run_round(t)
 
     server.run_round = counting_round
-    threads = [
-        threading.Thread(target=lambda rb=rb: outs.__setitem__(rb.robot_id, rb.run(150)))
-        for rb in robots
-    ]
-    for t in threads:
-        t.start()
-    try:
-        report = server.run()
-    finally:
-        for t in threads:
-            t.join(60)
+
+    def close() -> None:
         for rb in robots:
             rb.link.close()
         server_link.close()
         hub.close()
+
+    report, outs = run_federation(server, robots, 150, close)
     assert [row["participants"] for row in report["rounds"]] == [[1, 2, 3], [1, 2, 3]]
     un = report["unlearning"]
     assert all(un["bit_exact"].values()) and set(un["bit_exact"]) == {1, 2, 3}

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data
+from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data, run_federation
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
@@ -70,23 +70,7 @@ def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], chann
         RobotClient(ch.attach(r), r, keys[r], cfg, data=robot_data[r], **robot_kw.get(r, {}))
         for r in (1, 2, 3)
     ]
-    outs: dict[int, dict] = {}
-
-    def target(rb: RobotClient) -> None:
-        try:
-            outs[rb.robot_id] = rb.run(90)
-        except SystemExit:  # the "crash" fault (os._exit is patched to raise in-process)
-            rb.link.close()
-
-    threads = [threading.Thread(target=target, args=(rb,)) for rb in robots]
-    for t in threads:
-        t.start()
-    try:
-        report = server.run()
-    finally:
-        for t in threads:
-            t.join(60)
-        ch.close()
+    report, outs = run_federation(server, robots, 90, ch.close)
     return report, outs, server, keys
 
 

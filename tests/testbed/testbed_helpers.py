@@ -6,6 +6,7 @@ a short wait for the unlearning request; each module adds its deadlines and link
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from scaleflu.config import Config, load_config
@@ -46,3 +47,29 @@ def halve_unlearn(
     run = load_run(run_dir)
     state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
     return state, {"protocol": "backdoor", "request": request}
+
+
+def run_federation(
+    server: Any, robots: list[Any], robot_s: float, close: Any
+) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """Each robot's ``run(robot_s)`` in a thread, the server's ``run()`` here; then join them
+    and call ``close()`` (the links, channel or hub). Returns the report and each robot's
+    summary (a robot that crashed on purpose, the ``crash`` fault, has none)."""
+    outs: dict[int, dict[str, Any]] = {}
+
+    def target(rb: Any) -> None:
+        try:
+            outs[rb.robot_id] = rb.run(robot_s)
+        except SystemExit:  # the "crash" fault (os._exit is patched to raise in-process)
+            rb.link.close()
+
+    threads = [threading.Thread(target=target, args=(rb,)) for rb in robots]
+    for t in threads:
+        t.start()
+    try:
+        report = server.run()
+    finally:
+        for t in threads:
+            t.join(60)
+        close()
+    return report, outs
