@@ -72,11 +72,11 @@ class FinetuneUnlearner:
         c0 = time.process_time()
         state = ctx.original_state()
         aoi = RecordingAoITracker.wrap(AoITracker.from_history(ctx.run.history))
-        local = ctx.local_config(hp.local_epochs)
+        local = ctx.local_config(hp["local_epochs"])
         first = ctx.run.history.last_completed_round() + 1
         nbytes, link_s, rounds_done, round_cpu = 0, 0.0, 0, []
-        budget = hp.budget_cpu_s
-        target = hp.rounds if budget is None else hp.max_rounds
+        budget = hp["budget_cpu_s"]
+        target = hp["rounds"] if budget is None else hp["max_rounds"]
         for i in range(target):
             if budget is not None and rounds_done and time.process_time() - c0 >= budget:
                 break
@@ -102,7 +102,7 @@ class FinetuneUnlearner:
             aoi=aoi,
             details={
                 "rounds": rounds_done,
-                "rounds_requested": hp.rounds if budget is None else None,
+                "rounds_requested": hp["rounds"] if budget is None else None,
                 "budget_cpu_s": budget,
                 "round_cpu_s": round_cpu,
                 "local_epochs": local.epochs,
