@@ -126,11 +126,11 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.cfg = self._resolve_config(cfg)
         tb = self.cfg.testbed
         self.tb = tb
-        self.agg_cfg = AggregationConfig.from_dict(dict(tb.get("aggregation") or {}))
+        self.agg_cfg = AggregationConfig.from_dict(dict(tb.aggregation))
         self.limits = RateLimiter(
             {
-                "resync": float(tb.get("resync_min_interval_s", 0.0)),
-                "request": float(tb.get("request_min_interval_s", 0.0)),
+                "resync": float(tb.resync_min_interval_s),
+                "request": float(tb.request_min_interval_s),
                 "hello": 0.5,  # answers to session-0 REGISTERs (challenge requests)
             }
         )

@@ -368,7 +368,7 @@ class UnlearnContext:
             parts,
             local,
             self.seed,
-            int(fl.get("workers", 1)),
+            int(fl.get("workers", 1)),  # a run saved before fl.workers existed: 1
             self.device,
         )
         cur = {k: v.detach().clone() for k, v in state.items()}
