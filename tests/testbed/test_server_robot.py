@@ -282,3 +282,29 @@ def test_accepted_request_survives_a_server_restart(cfg, tmp_path):
         )
         assert [q["text"] for q in b.requests] == ["client:2"]
         assert b._forgotten_ids() == {3}
+
+
+def test_unlearning_waits_for_a_robot_silent_since_the_last_round(cfg, tmp_path):
+    """A robot that died in the last round is waited for (it may be restarting), so it sees the
+    "before" model too; one heard from since the round started, or forgotten, is not."""
+    import time
+
+    from scaleflu.testbed.sessions import RobotInfo
+
+    keys = generate_keys([1, 2, 3])
+    with MemoryChannel(seed=4) as ch:
+        server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        since = time.monotonic()
+        server.robots = {
+            1: RobotInfo(1, registered_at=since - 9, last_heard=since + 1),  # uploaded this round
+            2: RobotInfo(2, registered_at=since - 9, last_heard=since - 5),  # silent: died
+            3: RobotInfo(3, registered_at=since - 9, last_heard=since - 5, forgotten=True),
+        }
+        t0 = time.monotonic()
+        assert server.wait_for_rejoin(since, 0.6) == [2]
+        assert time.monotonic() - t0 >= 0.6  # it waited the whole bound
+        server.robots[2].registered_at = since + 2  # registered again (a restarted process)
+        t0 = time.monotonic()
+        assert server.wait_for_rejoin(since, 30.0) == []
+        assert time.monotonic() - t0 < 1.0
+        server.link.close()
