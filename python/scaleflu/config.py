@@ -7,8 +7,10 @@ Override values are parsed as YAML scalars, so ``fl.lr=0.01`` gives a float and
 :func:`load_config` returns one validated :class:`Config`: the schema is default.yaml itself
 (every key, its type from its default, nullability from its comment) plus the ranges, choices
 and cross-key rules below, checked by the one validator :func:`check_config`. A ``Config`` is
-read by attribute (``cfg.fl.lr``, ``cfg.data.poison.target_label``) or, for code not yet
-migrated, as the nested mapping it also is (``cfg["fl"]["lr"]``).
+read by attribute (``cfg.fl.lr``, ``cfg.data.poison.target_label``); it is also the nested
+mapping (``cfg["fl"]["lr"]``) that SCALE's modules (unlearn/scale.py) and the readers of raw
+saved config.yaml files still use. :func:`config_section` completes a partial section (a
+library caller's mapping) from default.yaml, so no reader keeps defaults of its own.
 """
 
 from __future__ import annotations
