@@ -91,3 +91,21 @@ def test_apps_errors_are_one_line(tmp_path, app):
         assert out.returncode == 2, out.stderr
         assert needle in out.stderr
         assert "Traceback" not in out.stderr
+
+
+def test_testbed_launcher_checks_its_config_before_the_run_folder(tmp_path):
+    """A bad --set or backdoor robot: one line, exit 2, no run folder, no process started."""
+    out = tmp_path / "run"
+    for argv, needle in (
+        (["--set", "fl.rounds=abc"], "fl.rounds must be an integer"),
+        (["--backdoor-robot", "9"], "data.poison.backdoor_clients must be a list of client ids"),
+    ):
+        r = subprocess.run(
+            [sys.executable, str(APPS / "testbed.py"), "--out", str(out), *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert r.returncode == 2, r.stderr
+        assert needle in r.stderr and "Traceback" not in r.stderr + r.stdout
+        assert not out.exists()
