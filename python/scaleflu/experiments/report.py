@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from scaleflu.experiments.cells import Cell, plan_cells, read_result
+from scaleflu.experiments.paper import paper_value
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +161,12 @@ def _fmt_delta(dm: float, digits: int = 2) -> str:
     return f" ({dm:+.{digits}f})"
 
 
+def _fmt_paper(ds: str, sc: str, model: str, method: str, metric: str, digits: int) -> str:
+    """`` [paper x]`` when the paper's Table II has a value for this cell, else ``""``."""
+    v = paper_value(ds, sc, model, method, metric)
+    return "" if v is None else f" [paper {v:.{digits}f}]"
+
+
 def markdown_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], title: str) -> str:
     """Table II shape: rows model x scenario; RA, FA, Avg AoI (s) per method with deltas."""
     exp = cfg["experiment"]
@@ -182,12 +189,13 @@ def markdown_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], ti
                         txt = _fmt(r["mean"], r["std"], r["n"], digits)
                         if m != "retrain" and r["n"]:
                             txt += _fmt_delta(r["delta_mean"], digits)
-                        cells.append(txt)
+                        cells.append(txt + _fmt_paper(ds, sc, model, m, metric, digits))
                 lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
         "Values: mean over seeds (± sample std when more than one seed); in parentheses the "
-        "mean of the per-seed difference to Retrain. `--`: no finished cell."
+        "mean of the per-seed difference to Retrain; in brackets the paper's Table II value "
+        "of the cell (none for the controls). `--`: no finished cell."
     )
     return "\n".join(lines)
 
@@ -227,7 +235,8 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
                     ]
                     for metric, _ in cols:
                         r = idx.get((ds, model, sc, m, metric))
-                        cells.append("--" if r is None else _fmt(r["mean"], r["std"], r["n"], 3))
+                        txt = "--" if r is None else _fmt(r["mean"], r["std"], r["n"], 3)
+                        cells.append(txt + _fmt_paper(ds, sc, model, m, metric, 2))
                     lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
@@ -235,7 +244,7 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
         "MIA: reference-model attack on D_u against class-matched held-out non-members "
         "(0.5 AUC / 0.01 TPR: no trace of D_u); canary MIA: the same attack on D_u's membership "
         "canaries against their held-out twins (data.poison.canaries); `--`: not measured (no "
-        "reference models, or no canary in D_u)."
+        "reference models, or no canary in D_u); [paper x]: the paper's Table II value."
     )
     return "\n".join(lines)
 
@@ -402,7 +411,7 @@ def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Long-format CSV of :func:`summarise` rows."""
+    """Long-format CSV of :func:`summarise` rows, with the paper's value where it has one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     cols = [
         "dataset",
@@ -415,12 +424,14 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         "n",
         "delta_mean",
         "delta_std",
+        "paper",
     ]
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
         w.writeheader()
         for r in rows:
-            w.writerow({k: r[k] for k in cols})
+            paper = paper_value(r["dataset"], r["scenario"], r["model"], r["method"], r["metric"])
+            w.writerow({**{k: r[k] for k in cols[:-1]}, "paper": "" if paper is None else paper})
     return path
 
 
