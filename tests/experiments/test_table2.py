@@ -208,13 +208,14 @@ def test_control_verdicts_call_out_methods_that_do_not_beat_the_control() -> Non
     from scaleflu.experiments.report import control_verdicts, protocol_table, verdict_table
 
     cfg = tiny_config()
-    cfg["experiment"]["methods"] = ["retrain", "scale", "pga", "fused", "finetune"]
+    cfg["experiment"]["methods"] = ["retrain", "scale", "pga", "fused", "fedraser", "finetune"]
     cfg["experiment"]["scenarios"] = {"client": "client:0"}
     vals = {
         "retrain": (0.80, 0.05, 0.50, 0.50),
         "scale": (0.80, 0.30, 0.60, 0.90),  # same as the control: no better
         "pga": (0.79, 0.10, 0.60, 0.90),  # forgets more at equal RA (within 0.02)
         "fused": (0.60, 0.05, 0.50, 0.50),  # forgets, but loses RA
+        "fedraser": (0.80, 0.30, 0.20, 0.05),  # AUCs far below 0.5: a trace, not forgetting
         "finetune": (0.80, 0.30, 0.60, 0.90),
         "original": (0.82, 0.95, 0.70, 0.97),
     }
@@ -236,6 +237,7 @@ def test_control_verdicts_call_out_methods_that_do_not_beat_the_control() -> Non
     assert got["scale"].startswith("does NOT beat the control")
     assert got["pga"] == "beats the control on FA"
     assert got["fused"].startswith("lower RA than the control")
+    assert got["fedraser"].startswith("does NOT beat the control")
     assert got["retrain"] == "beats the control on FA, MIA_AUC, MIA_canary_AUC"
     assert "finetune" not in got
     md = verdict_table(control_verdicts(cfg, rows))

@@ -255,9 +255,11 @@ def control_verdicts(
     """Each method against each control present: does it forget more at equal RA?
 
     Equal RA: the method's mean RA is at least the control's minus ``experiment.control_ra_tol``.
-    Beating it: mean FA or a calibrated MIA AUC (class-matched, or on the membership canaries)
-    lower than the control's by more than
-    ``experiment.control_margin``. Otherwise the verdict says that it does not beat the control.
+    Beating it: mean FA, or a calibrated MIA AUC's distance from 0.5 (class-matched, or on the
+    membership canaries), lower than the control's by more than ``experiment.control_margin``.
+    An AUC far *below* 0.5 is a trace too (the attack separates D_u with the sign flipped, as
+    after a collapse of the model), not forgetting. Otherwise the verdict says that it does not
+    beat the control.
     """
     exp = cfg["experiment"]
     tol = float(exp.get("control_ra_tol", 0.02))
@@ -285,7 +287,7 @@ def control_verdicts(
                         better = [
                             k
                             for k in ("FA", "MIA_AUC", "MIA_canary_AUC")
-                            if None not in v[k] and v[k][0] + margin < v[k][1]
+                            if None not in v[k] and _trace(k, v[k][0]) + margin < _trace(k, v[k][1])
                         ]
                         if v["RA"][0] < v["RA"][1] - tol:
                             verdict = "lower RA than the control" + (
@@ -307,6 +309,11 @@ def control_verdicts(
                             }
                         )
     return out
+
+
+def _trace(metric: str, value: float) -> float:
+    """What the verdict compares: FA itself, an MIA AUC's distance from 0.5 (no trace)."""
+    return abs(value - 0.5) if metric.startswith("MIA") else value
 
 
 def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
