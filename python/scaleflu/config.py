@@ -323,6 +323,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fl.trainer": ("auto", "vmap", "sequential"),
     "fl.lr_schedule": ("constant", "exponential", "cosine"),
     "scale.mode": ("default", "paper"),
+    "scale.heal_loss": ("ce", "distill"),
+    "scale.heal_augment": ("none", "mix"),
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),
