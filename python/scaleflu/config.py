@@ -325,6 +325,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scale.mode": ("default", "paper"),
     "scale.heal_loss": ("ce", "distill"),
     "scale.heal_augment": ("none", "mix"),
+    "scale.heal_params": ("all", "layers", "cut"),
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),

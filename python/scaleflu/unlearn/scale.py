@@ -335,8 +335,13 @@ def heal(
     state: Mapping[str, torch.Tensor],
     data: ImageData,
     select: ImageData | None = None,
+    cut: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Fine-pruning's healing (Liu et al. 2018): SGD on the server's own clean samples.
+
+    ``scale.heal_params`` says what trains: ``all`` parameters, the cut ``layers`` (the keys of
+    ``cut``) or only the ``cut`` entries themselves (``cut[k]`` True where the cut changed the
+    weight); what does not train stays bit-exact (its gradient is zeroed before the step).
 
     At most ``scale.heal_epochs`` passes over ``data`` (the healing part of the retained
     validation set) with the run's batch size and momentum and ``scale.heal_lr`` (null:
@@ -357,6 +362,20 @@ def heal(
     if not temp > 0.0:
         raise ConfigError(f"scale.heal_temperature must be positive, got {temp}")
     model = ctx.new_model(state).to(ctx.device)
+    which = str(sc.get("heal_params") or "all")
+    if which not in ("all", "layers", "cut"):
+        raise ConfigError(f"scale.heal_params must be all, layers or cut, got {which!r}")
+    grad_mask: dict[str, torch.Tensor | None] = {}
+    if which != "all":
+        if not cut:
+            raise ConfigError(f"scale.heal_params={which} needs the cut's layers")
+        for k, _ in model.named_parameters():
+            if k in cut:
+                m = cut[k].to(ctx.device)
+                grad_mask[k] = m.to(torch.float32) if which == "cut" else None
+            else:
+                grad_mask[k] = torch.zeros((), device=ctx.device)  # frozen
+    params = dict(model.named_parameters())
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(fl.get("momentum") or 0.0))
     x, y = data.inputs().to(ctx.device), data.labels.to(ctx.device)
     augment = str(sc.get("heal_augment") or "none")
@@ -413,6 +432,10 @@ def heal(
                 loss = torch.nn.functional.kl_div(logp, soft[idx], reduction="batchmean")
                 loss = loss * temp * temp
             loss.backward()
+            for k, m in grad_mask.items():
+                g = params[k].grad
+                if m is not None and g is not None:
+                    g.mul_(m)
             opt.step()
         if sx is None:
             best_epoch = ep
@@ -719,7 +742,8 @@ class ScaleUnlearner:
             # fine-pruning's healing on the server's own clean samples (no client, no link);
             # validation accuracy before and after, measured on the selection part
             val_sel = accuracy_from_probs(predict(ctx.new_model(new_state), select), select.labels)
-            new_state, heal_info = heal(ctx, new_state, heal_set, select)
+            cut = {k: layers[k] != theta[k] for k in report.top}  # the cut, before any round
+            new_state, heal_info = heal(ctx, new_state, heal_set, select, cut)
             healing = {
                 **heal_info,
                 "epochs": int(sc["heal_epochs"]),
