@@ -13,6 +13,7 @@ import numpy as np
 
 from scaleflu.config import Config, as_config
 from scaleflu.experiments.cells import Cell, plan_cells, read_result
+from scaleflu.experiments.paper import paper_value
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +162,12 @@ def _fmt_delta(dm: float, digits: int = 2) -> str:
     return f" ({dm:+.{digits}f})"
 
 
+def _fmt_paper(ds: str, sc: str, model: str, method: str, metric: str, digits: int) -> str:
+    """`` [paper x]`` when the paper's Table II has a value for this cell, else ``""``."""
+    v = paper_value(ds, sc, model, method, metric)
+    return "" if v is None else f" [paper {v:.{digits}f}]"
+
+
 def markdown_table(cfg: Config, rows: Sequence[Mapping[str, Any]], title: str) -> str:
     """Table II shape: rows model x scenario; RA, FA, Avg AoI (s) per method with deltas."""
     exp = cfg.experiment
@@ -183,12 +190,13 @@ def markdown_table(cfg: Config, rows: Sequence[Mapping[str, Any]], title: str) -
                         txt = _fmt(r["mean"], r["std"], r["n"], digits)
                         if m != "retrain" and r["n"]:
                             txt += _fmt_delta(r["delta_mean"], digits)
-                        cells.append(txt)
+                        cells.append(txt + _fmt_paper(ds, sc, model, m, metric, digits))
                 lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
         "Values: mean over seeds (± sample std when more than one seed); in parentheses the "
-        "mean of the per-seed difference to Retrain. `--`: no finished cell."
+        "mean of the per-seed difference to Retrain; in brackets the paper's Table II value "
+        "of the cell (none for the controls). `--`: no finished cell."
     )
     return "\n".join(lines)
 
@@ -228,7 +236,8 @@ def protocol_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
                     ]
                     for metric, _ in cols:
                         r = idx.get((ds, model, sc, m, metric))
-                        cells.append("--" if r is None else _fmt(r["mean"], r["std"], r["n"], 3))
+                        txt = "--" if r is None else _fmt(r["mean"], r["std"], r["n"], 3)
+                        cells.append(txt + _fmt_paper(ds, sc, model, m, metric, 2))
                     lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
@@ -236,7 +245,7 @@ def protocol_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
         "MIA: reference-model attack on D_u against class-matched held-out non-members "
         "(0.5 AUC / 0.01 TPR: no trace of D_u); canary MIA: the same attack on D_u's membership "
         "canaries against their held-out twins (data.poison.canaries); `--`: not measured (no "
-        "reference models, or no canary in D_u)."
+        "reference models, or no canary in D_u); [paper x]: the paper's Table II value."
     )
     return "\n".join(lines)
 
@@ -245,9 +254,11 @@ def control_verdicts(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> list[dic
     """Each method against each control present: does it forget more at equal RA?
 
     Equal RA: the method's mean RA is at least the control's minus ``experiment.control_ra_tol``.
-    Beating it: mean FA or a calibrated MIA AUC (class-matched, or on the membership canaries)
-    lower than the control's by more than
-    ``experiment.control_margin``. Otherwise the verdict says that it does not beat the control.
+    Beating it: mean FA, or a calibrated MIA AUC's distance from 0.5 (class-matched, or on the
+    membership canaries), lower than the control's by more than ``experiment.control_margin``.
+    An AUC far *below* 0.5 is a trace too (the attack separates D_u with the sign flipped, as
+    after a collapse of the model), not forgetting. Otherwise the verdict says that it does not
+    beat the control.
     """
     exp = cfg.experiment
     tol = float(exp.control_ra_tol)
@@ -275,7 +286,7 @@ def control_verdicts(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> list[dic
                         better = [
                             k
                             for k in ("FA", "MIA_AUC", "MIA_canary_AUC")
-                            if None not in v[k] and v[k][0] + margin < v[k][1]
+                            if None not in v[k] and _trace(k, v[k][0]) + margin < _trace(k, v[k][1])
                         ]
                         if v["RA"][0] < v["RA"][1] - tol:
                             verdict = "lower RA than the control" + (
@@ -297,6 +308,11 @@ def control_verdicts(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> list[dic
                             }
                         )
     return out
+
+
+def _trace(metric: str, value: float) -> float:
+    """What the verdict compares: FA itself, an MIA AUC's distance from 0.5 (no trace)."""
+    return abs(value - 0.5) if metric.startswith("MIA") else value
 
 
 def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
@@ -401,7 +417,7 @@ def cost_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Long-format CSV of :func:`summarise` rows."""
+    """Long-format CSV of :func:`summarise` rows, with the paper's value where it has one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     cols = [
         "dataset",
@@ -414,12 +430,14 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         "n",
         "delta_mean",
         "delta_std",
+        "paper",
     ]
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
         w.writeheader()
         for r in rows:
-            w.writerow({k: r[k] for k in cols})
+            paper = paper_value(r["dataset"], r["scenario"], r["model"], r["method"], r["metric"])
+            w.writerow({**{k: r[k] for k in cols[:-1]}, "paper": "" if paper is None else paper})
     return path
 
 
