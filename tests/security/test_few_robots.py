@@ -6,11 +6,10 @@ completes with the honest robot."""
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
 import torch
+from testbed_helpers import run_federation
 
 from scaleflu.config import load_config
 from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, robust_aggregate
@@ -95,14 +94,7 @@ def test_two_robots_end_to_end_reference_then_history_floor(tmp_path):
             )  # fmt: skip
             for r in (1, 2)
         ]
-        threads = [threading.Thread(target=rb.run, args=(150,)) for rb in robots]
-        for th in threads:
-            th.start()
-        try:
-            report = server.run()
-        finally:
-            for th in threads:
-                th.join(60)
+        report, _ = run_federation(server, robots, 150, lambda: None)  # the channel closes them
     rows = report["rounds"]
     ref = [e for e in report["events"] if e["event"] == "reference_norm"]
     rej = {(x["round"], x["robot"]): x for x in report["rejections"]}
