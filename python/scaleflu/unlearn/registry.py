@@ -131,6 +131,24 @@ class FusedParams:
             raise ConfigError("fused: rank and num_layers must be >= 1, rounds >= 0")
 
 
+@dataclass(frozen=True)
+class FinetuneParams:
+    """``baselines.finetune`` (the control and its cost-matched variant)."""
+
+    rounds: int | None  # k (None: scale.recovery_rounds, at least 1)
+    local_epochs: int | None  # None: scale.recovery_local_epochs (None there: fl.local_epochs)
+    budget_cpu_s: float | None  # finetune_matched: rounds until this much CPU time
+    max_rounds: int | None  # cap of the budgeted control (None: fl.rounds)
+
+    def __post_init__(self) -> None:
+        if (self.rounds is not None and self.rounds < 1) or (
+            self.max_rounds is not None and self.max_rounds < 1
+        ):
+            raise ConfigError("finetune needs at least one round: rounds, max_rounds >= 1 or null")
+        if self.budget_cpu_s is not None and self.budget_cpu_s < 0:
+            raise ConfigError(f"finetune: budget_cpu_s must be >= 0, got {self.budget_cpu_s}")
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 
@@ -181,10 +199,11 @@ register(
 register("pga", "scaleflu.unlearn.baselines.pga:PGAUnlearner", PGAParams)
 register("fused", "scaleflu.unlearn.baselines.fused:FusedUnlearner", FusedParams)
 # the control (no unlearning): k FedAvg rounds of the remaining clients; matched: SCALE's CPU time
-register("finetune", "scaleflu.unlearn.baselines.finetune:FinetuneUnlearner")
+register("finetune", "scaleflu.unlearn.baselines.finetune:FinetuneUnlearner", FinetuneParams)
 register(
     "finetune_matched",
     "scaleflu.unlearn.baselines.finetune:MatchedFinetuneUnlearner",
+    FinetuneParams,
     section="finetune",
 )
 
