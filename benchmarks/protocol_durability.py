@@ -22,8 +22,7 @@ from pathlib import Path
 
 import torch
 
-from scaleflu.config import load_config
-from scaleflu.experiments.cli import resolve_config_path
+from scaleflu.config import load_config, resolve_config_path
 from scaleflu.experiments.table2 import RunKey, ensure_run, make_context
 from scaleflu.fl.run import load_run
 

@@ -155,8 +155,7 @@ def test_plan_cells_with_alpha_sweep() -> None:
 def test_cli_registers_table2() -> None:
     """``scaleflu experiment table2`` parses its options and finds packaged configs by name."""
     from scaleflu.cli import build_parser
-    from scaleflu.config import load_config
-    from scaleflu.experiments.cli import resolve_config_path
+    from scaleflu.config import load_config, resolve_config_path
 
     args = build_parser().parse_args(
         ["experiment", "table2", "--config", "table2_cpu", "--set", "fl.rounds=2", "--out", "x"]

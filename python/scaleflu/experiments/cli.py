@@ -11,13 +11,6 @@ from scaleflu.cliargs import add_config_args
 log = logging.getLogger(__name__)
 
 
-def resolve_config_path(path: str | None) -> Any:
-    """Kept for old importers: :func:`scaleflu.config.resolve_config_path`."""
-    from scaleflu.config import resolve_config_path as resolve
-
-    return resolve(path)
-
-
 def _cmd_table2(args: argparse.Namespace) -> int:
     from scaleflu.config import load_config
     from scaleflu.experiments.report import write_report
