@@ -92,6 +92,7 @@ from .frame import (
     FRAME_HEADER_SIZE,
     FRAME_MAGIC,
     FRAME_VERSION,
+    RESERVED_MSG_ID,
     Frame,
     FrameCrcError,
     FrameError,
@@ -342,6 +343,7 @@ class ArqStats:
     crc_errors: int = 0
     bad_frames: int = 0
     not_for_us: int = 0
+    mac_frames_dropped: int = 0  # DATA frames with the MAC's reserved msg_id (no MAC took them)
     stale_acks: int = 0  # ACKs / NACKs for messages no longer being sent
     delivered: int = 0  # messages handed to the application
     sends_delivered: int = 0
@@ -538,6 +540,8 @@ class ArqEndpoint:
         self._unconfirmed: OrderedDict[tuple[int, bytes], tuple[int, float]] = OrderedDict()
         self._keys: dict[int, bytes] = {}
         self._next_id = random.getrandbits(32) if msg_id_start is None else msg_id_start
+        if self._next_id == RESERVED_MSG_ID:
+            self._next_id = 0
         self._order = 0
         self._in_flight = 0
         self._peers: dict[int, _Peer] = {}
@@ -590,8 +594,8 @@ class ArqEndpoint:
         if prior is not None and now - prior[1] >= self.config.completed_ttl:
             prior = None  # the receiver has forgotten it: a retry would not be recognised
         if msg_id is not None:
-            if not 0 <= msg_id <= 0xFFFFFFFF:
-                raise ValueError(f"msg_id {msg_id} out of range")
+            if not 0 <= msg_id < RESERVED_MSG_ID:
+                raise ValueError(f"msg_id {msg_id} out of range (0..{RESERVED_MSG_ID - 1})")
             for (d, dig), (mid, _) in self._unconfirmed.items():
                 if d == dst and mid == msg_id and dig != digest:
                     raise ValueError(f"msg_id {msg_id} was used for other bytes to node {dst}")
@@ -602,7 +606,7 @@ class ArqEndpoint:
         retry = msg_id is not None
         if msg_id is None:
             msg_id = self._next_id
-            self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+            self._next_id = (self._next_id + 1) % RESERVED_MSG_ID  # never the MAC's id
         else:
             self._unconfirmed.pop((dst, digest), None)
             self.stats.retries_recognised += prior is not None
@@ -668,6 +672,11 @@ class ArqEndpoint:
                 return
         now = self.clock()
         if frame.type == FrameType.DATA:
+            if frame.msg_id == RESERVED_MSG_ID:
+                # a MAC control frame that no MAC intercepted (e.g. a BEACON that reached a
+                # robot before its MAC was attached): never reassembled, delivered or ACKed
+                self.stats.mac_frames_dropped += 1
+                return
             self._on_data(frame, now, trusted)
         elif frame.type == FrameType.ACK:
             self._on_ack(frame, now)

@@ -67,6 +67,7 @@ from .frame import (
     BROADCAST,
     FRAME_MAGIC,
     FRAME_OVERHEAD,
+    RESERVED_MSG_ID,
     FrameError,
     FrameType,
     decode_frame,
@@ -76,7 +77,7 @@ from .frame import (
 logger = logging.getLogger(__name__)
 
 MAC_MAGIC = 0x534D
-MAC_MSG_ID = 0xFFFFFFFF  # link DATA frames with this msg_id carry MAC control frames
+MAC_MSG_ID = RESERVED_MSG_ID  # link DATA frames with this msg_id carry MAC control frames
 MAC_VERSION = 1
 MAC_HEADER = struct.Struct(">HBBHHH")
 MAC_OVERHEAD = MAC_HEADER.size + 4  # 14
@@ -470,7 +471,7 @@ class MacServer:
         self._bcasts: dict[int, _Bcast] = {}
         self._grant: _Grant | None = None
         self._grant_seq = self.rng.getrandbits(31)
-        self._bcast_id = self.rng.getrandbits(32)
+        self._bcast_id = self.rng.getrandbits(32) % MAC_MSG_ID  # never the MAC's own id
         self._air_until = self.clock()
         self._quiet_until = 0.0
         self._next_beacon = self.clock()
@@ -532,7 +533,7 @@ class MacServer:
         if unknown:
             raise ValueError(f"robots {sorted(unknown)} are not members of the MAC")
         msg_id = self._bcast_id
-        self._bcast_id = (self._bcast_id + 1) & 0xFFFFFFFF
+        self._bcast_id = (self._bcast_id + 1) % MAC_MSG_ID
         frames = fragment(payload, msg_id, self.node_id, BROADCAST, self.ep.config.mtu)
         h = BroadcastHandle(msg_id, len(frames), len(payload), targets, now)
         b = _Bcast(h, frames, now + deadline)
