@@ -309,18 +309,34 @@ def _tail_summary(times: list[float], statuses: list[str], extra: dict) -> dict:
 
 def _tail_transfers(a: Any, b: Any, n: int, seed: int, extra: dict) -> dict:
     """n LeNet messages from node 0 (link ``a``) to node 1 (link ``b``), each timed to delivery."""
-    times, statuses = [], []
+    times, statuses, per = [], [], []
     for i in range(n):
         data = _lenet_message(seed * 1000 + i)
+        before = a.stats()["arq"]
         t0 = time.monotonic()
         res = a.send(1, data, timeout=120)
         got = b.recv(timeout=10)
         times.append(time.monotonic() - t0)
         ok = res.ok and got is not None and got[1] == data
         statuses.append("delivered" if ok else res.status.value)
+        after = a.stats()["arq"]
+        # what each transfer cost: which repairs the slow ones needed (timeouts or ACK gaps)
+        per.append(
+            {
+                k: after[k] - before[k]
+                for k in ("retransmissions", "fast_retransmissions", "rto_expiries", "tail_copies")
+            }
+        )
     stats = a.stats()["arq"]
     extra = {**extra, "message_bytes": len(data)}
     extra.update(rto_expiries=stats["rto_expiries"], retransmissions=stats["retransmissions"])
+    extra["per_transfer"] = per
+    slow = sorted(range(n), key=times.__getitem__)[-max(1, n // 10) :]
+    fast = sorted(range(n), key=times.__getitem__)[: n // 2]
+    extra["rto_expiries_slowest_10pct_vs_fastest_half"] = [
+        float(np.mean([per[i]["rto_expiries"] for i in slow])),
+        float(np.mean([per[i]["rto_expiries"] for i in fast])) if fast else 0.0,
+    ]
     return _tail_summary(times, statuses, extra)
 
 
@@ -667,9 +683,15 @@ def tails_main(a: argparse.Namespace) -> int:
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "gnuradio": gr.version()},
     }
     res["memory_40pct"] = _isolated(tail_memory, a.tails, 0.4, 1)
-    log.info("memory: %s", {k: v for k, v in res["memory_40pct"].items() if k != "seconds"})
+    log.info(
+        "memory: %s",
+        {k: v for k, v in res["memory_40pct"].items() if k not in ("seconds", "per_transfer")},
+    )
     res["ofdm_40pct"] = _isolated(tail_ofdm, a.tails, 0.4, 1)
-    log.info("ofdm: %s", {k: v for k, v in res["ofdm_40pct"].items() if k != "seconds"})
+    log.info(
+        "ofdm: %s",
+        {k: v for k, v in res["ofdm_40pct"].items() if k not in ("seconds", "per_transfer")},
+    )
     res["targets"] = {
         f"{k}: p99 <= 3 x median": res[k]["p99_over_median"] <= 3.0
         for k in ("memory_40pct", "ofdm_40pct")

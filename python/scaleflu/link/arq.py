@@ -115,7 +115,7 @@ _NACK_REASONS = {NACK_TOO_LARGE: "too_large", NACK_REFUSED: "refused", NACK_RESE
 TAG_SIZE = 16  # bytes of the truncated HMAC-SHA256 tag of frames exchanged with a keyed peer
 MIN_KEY_SIZE = 16
 _CRC = struct.Struct(">I")
-TAIL_FRAGMENTS = 4  # at most this many fragments timing out together get rto_copies copies
+TAIL_FRAGMENTS = 16  # default ArqConfig.tail_fragments
 RATE_WINDOW_S = 10.0  # delivery-rate samples are kept this long (windowed maximum)
 LOSS_GAIN = 1.0 / 32  # EWMA gain of the per-peer loss estimate (per fragment whose fate is known)
 
@@ -268,12 +268,15 @@ class ArqConfig:
     max_backoff: int = 2  # at most this many backoff steps (x4) until a fresh ACK
     rto_copies: int = 2  # copies of a lone fragment retransmitted after a timeout (tail losses)
     # Tail copies: a fragment retransmitted at the very end of a message (every fragment sent
-    # once, at most TAIL_FRAGMENTS unacknowledged) goes out in k copies, k the smallest with
+    # once, at most tail_fragments unacknowledged) goes out in k copies, k the smallest with
     # loss^k <= tail_loss_target at the peer's measured (ACK-proven) loss rate, at most
     # max_tail_copies: each round of repairs at the end costs a round trip or a timeout, and at
     # 40 % loss a lone copy needed several (the 40 %-loss tails). 1 = off.
     tail_loss_target: float = 0.05
     max_tail_copies: int = 4
+    # the end of a message: every fragment sent once and at most this many unacknowledged (also
+    # the most fragments timing out together that get rto_copies copies)
+    tail_fragments: int = TAIL_FRAGMENTS
     # RFC 6298 (5.3), while a message still has fragments never sent: an ACK that acknowledges
     # new data restarts the timers of its fragments in flight (none expires sooner than one
     # RTO after the latest progress); later frames follow and the ACK bitmaps expose losses.
@@ -513,6 +516,8 @@ class ArqEndpoint:
             raise ValueError("complete_ack_repeats must be >= 0, complete_ack_interval > 0")
         if cfg.ack_repeats < 0 or cfg.max_tail_copies < 1 or not 0.0 < cfg.tail_loss_target < 1.0:
             raise ValueError("ack_repeats >= 0, max_tail_copies >= 1, 0 < tail_loss_target < 1")
+        if cfg.tail_fragments < 0:
+            raise ValueError("tail_fragments must be >= 0")
         max_payload(cfg.mtu)  # validates the MTU
         self.node_id = node_id
         self.transmit = transmit
@@ -706,7 +711,7 @@ class ArqEndpoint:
                     o.in_flight[seq] = now + rto
                 expired = expired[: self.config.rto_probe]
             # a few lone fragments timing out at the end of a message are repeated (tail losses)
-            tail = len(expired) <= TAIL_FRAGMENTS and not o.pending
+            tail = len(expired) <= self.config.tail_fragments and not o.pending
             for seq in expired:
                 self._leave_flight(o, seq)
                 o.proven_lost.discard(seq)  # timed out: its earlier copies may have arrived
@@ -1185,7 +1190,7 @@ class ArqEndpoint:
     def _tail_copies(self, o: _Outgoing, p: _Peer) -> int:
         """Copies of a retransmission at the end of a message (see ArqConfig.tail_loss_target)."""
         cfg = self.config
-        if len(o.frames) - o.n_acked > TAIL_FRAGMENTS or cfg.max_tail_copies <= 1:
+        if len(o.frames) - o.n_acked > cfg.tail_fragments or cfg.max_tail_copies <= 1:
             return 1
         target = cfg.tail_loss_target
         if p.loss <= target or not 0.0 < target < 1.0:
