@@ -271,3 +271,42 @@ def test_timers_run_from_transmission_once_every_fragment_was_sent() -> None:
     clock.t = 0.55
     a.poll()
     assert a.stats.rto_expiries == 2
+
+
+@pytest.mark.parametrize("rack_rtt", [True, False])
+def test_an_ack_one_rtt_after_a_timeout_retransmission_proves_its_loss(rack_rtt: bool) -> None:
+    # 4 fragments at t=0; at 0.1 an ACK of 0..2 (RTT 0.1 s, RTO 0.32 s); 3 times out and is
+    # sent again at 0.33. At 0.83 an ACK still shows 3 missing: the copy left 0.5 s (more than
+    # SRTT + 4 RTTVAR + ack_delay) before, so with rack_rtt it is lost and goes again at once;
+    # the order rule cannot tell (nothing was sent after it), so without it waits for the
+    # backed-off timeout (0.64 s after 0.33). The slow OFDM-loopback transfers at 40 % loss
+    # were rounds of such timeouts.
+    clock = FakeClock()
+    out: list[bytes] = []
+    a = ArqEndpoint(
+        1,
+        out.append,
+        clock=clock,
+        window=8,
+        initial_rto=0.5,
+        min_rto=0.05,
+        rack_rtt=rack_rtt,
+        tail_fragments=0,
+        rto_copies=1,
+    )
+    h = a.send(2, bytes(4 * 1474))
+    clock.t = 0.1
+    a.on_frame(_ack_frame(2, 1, h.msg_id, 4, [0, 1, 2]))
+    assert [decode_frame(r).seq for r in out] == [0, 1, 2, 3]
+    clock.t = 0.33
+    a.poll()
+    assert a.stats.rto_expiries == 1 and decode_frame(out[-1]).seq == 3
+    sent = len(out)
+    clock.t = 0.83
+    a.on_frame(_ack_frame(2, 1, h.msg_id, 4, [0, 1, 2]))
+    if rack_rtt:
+        assert [decode_frame(r).seq for r in out[sent:]] == [3]
+        assert a.stats.fast_retransmissions == 1
+    else:
+        assert out[sent:] == [] and a.stats.fast_retransmissions == 0
+    assert h.status is SendStatus.PENDING

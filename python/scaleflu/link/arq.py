@@ -277,6 +277,10 @@ class ArqConfig:
     # the end of a message: every fragment sent once and at most this many unacknowledged (also
     # the most fragments timing out together that get rto_copies copies)
     tail_fragments: int = TAIL_FRAGMENTS
+    # an ACK showing a fragment missing whose latest copy left more than one round trip ago
+    # (SRTT + 4 RTTVAR + ack_delay: no min_rto floor, no backoff) marks it lost, also after a
+    # timeout retransmission, whose loss the order-based rule cannot prove (Karn)
+    rack_rtt: bool = True
     # RFC 6298 (5.3), while a message still has fragments never sent: an ACK that acknowledges
     # new data restarts the timers of its fragments in flight (none expires sooner than one
     # RTO after the latest progress); later frames follow and the ACK bitmaps expose losses.
@@ -995,10 +999,19 @@ class ArqEndpoint:
         end = info.covered()
         if len(info.bitmap) < self._ack_max:  # not truncated: it reports every fragment held
             end = n
+        rtt_old = None
+        if self.config.rack_rtt and p.srtt is not None:
+            rtt_old = (
+                now
+                - (p.srtt + max(4 * p.rttvar, self.config.rto_granularity))
+                - (self.config.ack_delay)
+            )
         for seq in [s for s in o.in_flight if s < end]:
             order = o.order[seq]
-            if order + tol < o.max_acked_order or (
-                order < o.max_acked_order and o.tx_time[seq] + wnd < o.max_acked_tx
+            if (
+                order + tol < o.max_acked_order
+                or (order < o.max_acked_order and o.tx_time[seq] + wnd < o.max_acked_tx)
+                or (rtt_old is not None and o.tx_time[seq] < rtt_old)
             ):
                 self._leave_flight(o, seq)
                 self.stats.fast_retransmissions += 1
