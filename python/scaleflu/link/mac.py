@@ -59,7 +59,7 @@ import threading
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .arq import ArqEndpoint
 from .fragment import fragment
@@ -126,6 +126,14 @@ def mac_on_air(mac_raw: bytes, src: int, dst: int) -> bytes:
     """A MAC control frame as it goes on air: the payload of a one-fragment link DATA frame with
     msg_id MAC_MSG_ID, so it passes every PHY chain that carries link frames (frame_parser)."""
     return encode_frame(FrameType.DATA, src, dst, MAC_MSG_ID, 0, 1, mac_raw)
+
+
+def _under_mac(endpoint: ArqEndpoint) -> None:
+    """Settings of an ArqEndpoint that the MAC wraps: its frames wait in the MAC's queue for a
+    grant, so the time since the ARQ handed a frame over says nothing about whether it went on
+    air, and an ACK one RTT later does not prove it lost (``ArqConfig.rack_rtt`` off)."""
+    if endpoint.config.rack_rtt:
+        endpoint.config = replace(endpoint.config, rack_rtt=False)
 
 
 def is_mac_frame(raw: bytes) -> bool:
@@ -458,6 +466,7 @@ class MacServer:
         seed: int | None = None,
     ) -> None:
         self.ep = endpoint
+        _under_mac(endpoint)
         self.node_id = endpoint.node_id
         self.clock = endpoint.clock
         self.config = config or MacConfig()
@@ -805,6 +814,7 @@ class MacStation:
         seed: int | None = None,
     ) -> None:
         self.ep = endpoint
+        _under_mac(endpoint)
         self.node_id = endpoint.node_id
         self.clock = endpoint.clock
         self.config = config or MacConfig()
