@@ -51,6 +51,9 @@ ofdm_burst_demux_impl::ofdm_burst_demux_impl(int header_len,
     set_tag_propagation_policy(TPP_DONT);
     set_relative_rate(1, uint64_t(d_sym));
     set_min_noutput_items(d_header_len);
+    // room for the longest payload (work is only called with that much room for it)
+    set_min_output_buffer(0, 2 * d_header_len);
+    set_min_output_buffer(1, 2 * d_max_payload);
     message_port_register_in(PORT_HEADER_DATA);
     set_msg_handler(PORT_HEADER_DATA, [this](const pmt::pmt_t& msg) { header_data(msg); });
 }
