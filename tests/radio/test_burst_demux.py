@@ -72,7 +72,7 @@ def test_same_frames_as_the_stock_demux(snr_db: float, seed: int) -> None:
         assert 0 < len(ours) < 80
 
 
-def _demux_by_hand(ours: bool) -> tuple[list[int], list[int], list]:
+def _demux_by_hand(ours: bool, first=pmt.PMT_F) -> tuple[list[int], list[int], list]:  # noqa: ANN001
     """Samples numbered 0, 1, 2 ... (as complex values), triggers at 10 and 40, FFT 4, CP 2,
     a 1-symbol header: the first header gets #f, the second a 2-symbol payload."""
     from gnuradio import digital
@@ -107,7 +107,7 @@ def _demux_by_hand(ours: bool) -> tuple[list[int], list[int], list]:
         assert len(sink.data()) >= n
 
     wait_for(hdr, fft)
-    verdict(pmt.PMT_F)
+    verdict(first)
     wait_for(hdr, 2 * fft)
     verdict(pmt.dict_add(pmt.make_dict(), pmt.intern("frame_len"), pmt.from_long(2)))
     wait_for(pay, 2 * fft)
@@ -143,3 +143,21 @@ def test_bad_arguments_are_refused() -> None:
             gr_scaleflu.ofdm_burst_demux(*args)
     with pytest.raises(ValueError, match="blocking_demux"):
         ofdm_link_rx(node_id=1, guard_headers=False, blocking_demux=True)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pmt.dict_add(pmt.make_dict(), pmt.intern("frame_len"), pmt.from_long(17)),  # > max 16
+        pmt.dict_add(pmt.make_dict(), pmt.intern("frame_len"), pmt.from_long(-3)),
+        pmt.dict_add(pmt.make_dict(), pmt.intern("frame_len"), pmt.intern("x")),
+        pmt.dict_add(pmt.make_dict(), pmt.intern("packet_num"), pmt.from_long(2)),  # no length
+        pmt.intern("junk"),
+    ],
+)
+def test_a_bad_verdict_is_a_rejected_header(bad) -> None:  # noqa: ANN001
+    # the demux never waits for more samples than the longest payload: a verdict with a bad
+    # or missing length counts as failed, and the search goes on as after #f
+    hdr, pay, tags = _demux_by_hand(True, bad)
+    assert hdr == [12, 13, 14, 15, 42, 43, 44, 45]
+    assert pay == [48, 49, 50, 51, 54, 55, 56, 57]
