@@ -65,6 +65,7 @@ def test_fragments_timing_out_ms_apart_are_one_round_of_backoff() -> None:
         {"tail_loss_target": 0.0},
         {"tail_loss_target": 1.0},
         {"tail_fragments": -1},
+        {"reack_burst": 0},
     ],
 )
 def test_bad_tail_settings_are_refused(bad: dict) -> None:
@@ -153,9 +154,38 @@ def test_complete_ack_repeats_restart_when_the_sender_is_still_sending() -> None
         b.on_frame(raw)
     assert b.stats.delivered == 1  # not delivered twice
     _run(clock, [b], 1.5)
-    assert sum(x.complete for x in _acks(b_out)) == 3  # re-confirmed and repeated again
+    # re-confirmed (each copy of the retransmission answered, up to reack_burst = 4) and
+    # repeated again (2)
+    assert sum(x.complete for x in _acks(b_out)) == min(len(a_out), 4) + 2
     a.on_frame(b_out[-1])
     assert h.status is SendStatus.DELIVERED
+
+
+@pytest.mark.parametrize("burst", [4, 1])
+def test_each_copy_of_a_tail_retransmission_is_answered_up_to_reack_burst(burst: int) -> None:
+    # a completed message; long after its COMPLETE ACK and repeats (all lost), 6 copies of a
+    # retransmission arrive 1 ms apart: up to reack_burst of them are answered at once (one
+    # answer per burst left the sender waiting for its timeout when that one ACK was lost),
+    # the rest within ack_delay are not; the message is not delivered again
+    clock = FakeClock()
+    a_out: list[bytes] = []
+    b_out: list[bytes] = []
+    a = ArqEndpoint(1, a_out.append, clock=clock, initial_rto=0.5)
+    b = ArqEndpoint(2, b_out.append, clock=clock, complete_ack_repeats=0, reack_burst=burst)
+    a.send(2, bytes(2 * 1474))
+    for raw in a_out:
+        b.on_frame(raw)
+    assert sum(x.complete for x in _acks(b_out)) == 1
+    b_out.clear()
+    clock.t = 1.0
+    for i in range(6):
+        clock.t = 1.0 + 0.001 * i
+        b.on_frame(a_out[-1])
+    assert sum(x.complete for x in _acks(b_out)) == burst
+    assert b.stats.delivered == 1
+    clock.t = 1.05  # a new ack_delay window: answered again
+    b.on_frame(a_out[-1])
+    assert sum(x.complete for x in _acks(b_out)) == burst + 1
 
 
 @pytest.mark.parametrize(
