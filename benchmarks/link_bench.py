@@ -62,6 +62,41 @@ SAMP_RATE = 5e6  # for on-air numbers only
 log = logging.getLogger("link_bench")
 
 
+def _thread_cpu() -> dict[str, tuple[str, float]]:
+    """CPU seconds of every thread of this process, by thread id: (name, seconds). GNU Radio
+    names each block's thread after the block and its id (truncated to 15 characters)."""
+    out: dict[str, tuple[str, float]] = {}
+    try:
+        tids = os.listdir("/proc/self/task")
+        tick = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):  # not Linux
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                comm = f.read().strip()
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[tid] = (comm, (int(fields[11]) + int(fields[12])) / tick)
+    return out
+
+
+def _thread_profile(before: dict, after: dict, top: int = 25) -> dict[str, float]:
+    """CPU seconds per block type (thread name without its trailing id) between two snapshots,
+    the largest first: where a measurement's time went (threads that ended are missing)."""
+    import re
+
+    agg: dict[str, float] = {}
+    for tid, (comm, cpu) in after.items():
+        name = re.sub(r"\d+$", "", comm) or comm
+        agg[name] = agg.get(name, 0.0) + cpu - before.get(tid, (comm, 0.0))[1]
+    return dict(
+        sorted(((k, round(v, 3)) for k, v in agg.items() if v > 0), key=lambda kv: -kv[1])[:top]
+    )
+
+
 def _u8(data: bytes):
     return pmt.init_u8vector(len(data), list(data))
 
@@ -216,16 +251,25 @@ def stock_full_speed(n: int, snr_db: float, mob: int, seed: int = 2) -> dict:
     tb.msg_connect(t2p, "pdus", debug, "store")
     t0 = time.monotonic()
     c0 = time.process_time()
+    th0 = _thread_cpu()
     tb.start()
     last_n, last_t = 0, t0
+    # the flowgraph ends by itself when the source is done and its threads exit: keep the
+    # last reading of each thread (every 0.1 s)
+    th1: dict = {}
+    th_at = 0.0
     while True:
         k = debug.num_messages()
         now = time.monotonic()
+        if now - th_at > 0.1:
+            th1.update(_thread_cpu())
+            th_at = now
         if k != last_n:
             last_n, last_t = k, now
         if k >= n or now - last_t > 2.0 or now - t0 > 300:
             break
         time.sleep(0.005)
+    th1.update(_thread_cpu())
     tb.stop()
     tb.wait()
     cpu = time.process_time() - c0
@@ -243,6 +287,7 @@ def stock_full_speed(n: int, snr_db: float, mob: int, seed: int = 2) -> dict:
         "payload_bytes_per_s": got * FRAME / dt,
         "min_output_buffer": mob,
         "fed": "vector_source_b, full speed",
+        "thread_cpu_s": _thread_profile(th0, th1),
     }
 
 
@@ -258,10 +303,12 @@ def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int, **arq: 
         time.sleep(0.2)
         t0 = time.monotonic()
         c0 = time.process_time()
+        th0 = _thread_cpu()
         res = s.send(1, data, timeout=120)
         got = r.recv(timeout=5)
         dt = time.monotonic() - t0
         cpu = time.process_time() - c0
+        th1 = _thread_cpu()
         counters = net.counters()
         stats = s.stats()["arq"]
     ok = res.ok and got is not None and got[1] == data
@@ -280,6 +327,7 @@ def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int, **arq: 
         "fast_retransmissions": stats["fast_retransmissions"],
         "rto_expiries": stats["rto_expiries"],
         "counters": counters,
+        "thread_cpu_s": _thread_profile(th0, th1),
     }
 
 
@@ -309,18 +357,34 @@ def _tail_summary(times: list[float], statuses: list[str], extra: dict) -> dict:
 
 def _tail_transfers(a: Any, b: Any, n: int, seed: int, extra: dict) -> dict:
     """n LeNet messages from node 0 (link ``a``) to node 1 (link ``b``), each timed to delivery."""
-    times, statuses = [], []
+    times, statuses, per = [], [], []
     for i in range(n):
         data = _lenet_message(seed * 1000 + i)
+        before = a.stats()["arq"]
         t0 = time.monotonic()
         res = a.send(1, data, timeout=120)
         got = b.recv(timeout=10)
         times.append(time.monotonic() - t0)
         ok = res.ok and got is not None and got[1] == data
         statuses.append("delivered" if ok else res.status.value)
+        after = a.stats()["arq"]
+        # what each transfer cost: which repairs the slow ones needed (timeouts or ACK gaps)
+        per.append(
+            {
+                k: after[k] - before[k]
+                for k in ("retransmissions", "fast_retransmissions", "rto_expiries", "tail_copies")
+            }
+        )
     stats = a.stats()["arq"]
     extra = {**extra, "message_bytes": len(data)}
     extra.update(rto_expiries=stats["rto_expiries"], retransmissions=stats["retransmissions"])
+    extra["per_transfer"] = per
+    slow = sorted(range(n), key=times.__getitem__)[-max(1, n // 10) :]
+    fast = sorted(range(n), key=times.__getitem__)[: n // 2]
+    extra["rto_expiries_slowest_10pct_vs_fastest_half"] = [
+        float(np.mean([per[i]["rto_expiries"] for i in slow])),
+        float(np.mean([per[i]["rto_expiries"] for i in fast])) if fast else 0.0,
+    ]
     return _tail_summary(times, statuses, extra)
 
 
@@ -612,6 +676,15 @@ def main(argv: list[str] | None = None) -> int:
         k: {"median": med(k), "range": [min(r[k] for r in per_rep), max(r[k] for r in per_rep)]}
         for k in ("stock_cpu_s_per_mb", "ours_20dB_cpu_s_per_mb", "ours_5pct_cpu_s_per_mb")
     }
+    # where the CPU went, per block type (median over the repetitions; /proc ticks of 10 ms)
+    runs = {"stock": stock, "20dB": ours["20dB"], "20dB_5pct_loss": ours["20dB_5pct_loss"]}
+    res["thread_cpu_s_median"] = {}
+    for what, rs in runs.items():
+        names = {k for r in rs for k in r.get("thread_cpu_s", {})}
+        med_t = {
+            k: statistics.median(r.get("thread_cpu_s", {}).get(k, 0.0) for r in rs) for k in names
+        }
+        res["thread_cpu_s_median"][what] = dict(sorted(med_t.items(), key=lambda kv: -kv[1])[:25])
     res["targets"] = {
         "20dB >= 0.9 x stock": res["ratio_vs_stock"]["20dB"] >= 0.9,
         "5% loss >= 0.8 x stock": res["ratio_vs_stock"]["20dB_5pct_loss"] >= 0.8,
@@ -667,9 +740,15 @@ def tails_main(a: argparse.Namespace) -> int:
         "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "gnuradio": gr.version()},
     }
     res["memory_40pct"] = _isolated(tail_memory, a.tails, 0.4, 1)
-    log.info("memory: %s", {k: v for k, v in res["memory_40pct"].items() if k != "seconds"})
+    log.info(
+        "memory: %s",
+        {k: v for k, v in res["memory_40pct"].items() if k not in ("seconds", "per_transfer")},
+    )
     res["ofdm_40pct"] = _isolated(tail_ofdm, a.tails, 0.4, 1)
-    log.info("ofdm: %s", {k: v for k, v in res["ofdm_40pct"].items() if k != "seconds"})
+    log.info(
+        "ofdm: %s",
+        {k: v for k, v in res["ofdm_40pct"].items() if k not in ("seconds", "per_transfer")},
+    )
     res["targets"] = {
         f"{k}: p99 <= 3 x median": res[k]["p99_over_median"] <= 3.0
         for k in ("memory_40pct", "ofdm_40pct")

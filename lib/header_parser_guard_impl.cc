@@ -67,6 +67,14 @@ header_parser_guard_impl::header_parser_guard_impl(
     set_output_multiple(int(d_formatter->header_len()));
 }
 
+void header_parser_guard_impl::publish(const pmt::pmt_t& verdict)
+{
+    if (d_demux)
+        d_demux->header_data(verdict);
+    else
+        message_port_pub(d_port, verdict);
+}
+
 int header_parser_guard_impl::work(int noutput_items,
                                    gr_vector_const_void_star& input_items,
                                    gr_vector_void_star&)
@@ -80,7 +88,7 @@ int header_parser_guard_impl::work(int noutput_items,
     get_tags_in_range(tags, 0, nitems_read(0), nitems_read(0) + hlen);
     if (!d_formatter->header_parser(in, tags)) {
         d_invalid++;
-        message_port_pub(d_port, pmt::PMT_F);
+        publish(pmt::PMT_F);
         return int(hlen);
     }
     pmt::pmt_t dict = pmt::make_dict();
@@ -89,11 +97,11 @@ int header_parser_guard_impl::work(int noutput_items,
     const pmt::pmt_t n = pmt::dict_ref(dict, d_len_key, pmt::PMT_NIL);
     if (!pmt::is_integer(n) || pmt::to_long(n) < 0 || pmt::to_long(n) > d_max) {
         d_rejected++;
-        message_port_pub(d_port, pmt::PMT_F);
+        publish(pmt::PMT_F);
         return int(hlen);
     }
     d_passed++;
-    message_port_pub(d_port, dict);
+    publish(dict);
     return int(hlen);
 }
 

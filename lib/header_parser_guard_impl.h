@@ -24,6 +24,8 @@ private:
     std::atomic<uint64_t> d_rejected{ 0 };
     std::atomic<uint64_t> d_passed{ 0 };
     std::atomic<uint64_t> d_invalid{ 0 };
+    ofdm_burst_demux::sptr d_demux;
+    void publish(const pmt::pmt_t& verdict);
 
 public:
     header_parser_guard_impl(const std::vector<std::vector<int>>& occupied_carriers,
@@ -44,6 +46,7 @@ public:
     uint64_t passed() const override { return d_passed; }
     uint64_t invalid() const override { return d_invalid; }
     int header_len() const override { return int(d_formatter->header_len()); }
+    void set_demux(ofdm_burst_demux::sptr demux) override { d_demux = demux; }
 };
 
 } // namespace scaleflu

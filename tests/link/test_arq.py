@@ -343,6 +343,29 @@ def test_frames_for_others_are_ignored_and_broadcast_is_delivered_unacked() -> N
     assert ep.receive() == (1, b"all") and out == []
 
 
+def test_the_mac_reserved_msg_id_is_never_a_message() -> None:
+    """msg_id 0xFFFFFFFF marks MAC control frames: never sent under, dropped when received."""
+    from scaleflu.link.frame import RESERVED_MSG_ID
+    from scaleflu.link.mac import MAC_MSG_ID, MacType, encode_mac, mac_on_air
+
+    assert MAC_MSG_ID == RESERVED_MSG_ID == 0xFFFFFFFF
+    out: list[bytes] = []
+    ep = ArqEndpoint(2, out.append)
+    beacon = mac_on_air(encode_mac(MacType.BEACON, 0, BROADCAST, b"\x00" * 8), 0, BROADCAST)
+    grant = mac_on_air(encode_mac(MacType.GRANT, 0, 2, b"\x00" * 9), 0, 2)
+    for raw in (beacon, grant, encode_frame(FrameType.DATA, 1, 2, RESERVED_MSG_ID, 0, 1, b"x")):
+        ep.on_frame(raw)
+    ep.poll()
+    assert ep.stats.mac_frames_dropped == 3 and ep.receive() is None and out == []
+    # the id allocator wraps around it, and it cannot be forced
+    sender = ArqEndpoint(1, out.append, msg_id_start=RESERVED_MSG_ID - 1)
+    ids = [sender.send(2, b"m").msg_id for _ in range(2)]
+    assert ids == [RESERVED_MSG_ID - 1, 0]
+    assert ArqEndpoint(1, out.append, msg_id_start=RESERVED_MSG_ID).send(2, b"m").msg_id == 0
+    with pytest.raises(ValueError, match="out of range"):
+        sender.send(2, b"other", msg_id=RESERVED_MSG_ID)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.binary(max_size=80), max_size=10), st.data())
 def test_random_frames_never_break_the_endpoint(chunks: list[bytes], data: st.DataObject) -> None:

@@ -153,6 +153,38 @@ def test_attach_mac_under_an_existing_arq_link():
         assert links[2].stats()["mac"]["reports_tx"] >= 1
 
 
+def test_mac_frames_before_the_robots_mac_is_attached_are_never_delivered():
+    """The flake of the test above, made certain: the server's MAC beacons and grants while a
+    robot's link has no MAC yet. Those frames (link DATA, the MAC's reserved msg_id) reached the
+    robot's ArqEndpoint, which reassembled and delivered them as 23-byte messages; now the
+    endpoint drops them (counted) and the robot later receives only the model."""
+    from scaleflu.link import MemoryChannel
+    from scaleflu.link.mac import MacConfig
+    from scaleflu.link.maclink import attach_mac
+
+    cfg = MacConfig(rate_bytes_per_s=RATE, guard_s=0.1, turnaround_s=0.01, contention_slots=0)
+    with MemoryChannel(seed=2) as ch:
+        links = {n: ch.attach(n, window=64, initial_rto=3.0) for n in (0, 1, 2)}
+        attach_mac(links[0], cfg, members=(1, 2), seed=0)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not all(
+            links[r].stats()["arq"]["mac_frames_dropped"] for r in (1, 2)
+        ):
+            time.sleep(0.01)
+        for r in (1, 2):  # the server's MAC frames reached the robots' bare ARQ ...
+            st = links[r].stats()["arq"]
+            assert st["mac_frames_dropped"] >= 1
+            assert st["delivered"] == 0 and st["acks_tx"] == 0  # ... and were not messages
+            assert links[r].recv(0.05) is None
+        for r in (1, 2):
+            attach_mac(links[r], cfg, seed=r)
+        model = random.Random(3).randbytes(30_000)
+        h = links[0].broadcast(model, [1, 2], timeout=30)
+        assert links[1].recv(30) == (0, model) and links[2].recv(30) == (0, model)
+        assert h.wait(30) and h.ok
+        assert links[1].recv(0.2) is None and links[2].recv(0.2) is None
+
+
 def test_shared_hub_places_bursts_at_the_senders_stamps():
     """Collisions follow the senders' send times, not the hub thread's lag; stamps are clamped."""
     from scaleflu.link.hub import MAX_STAMP_AGE_S

@@ -266,3 +266,16 @@ def test_simulate_round_rejects_bad_arguments():
         simulate_round("scheduled", 0, 1000)
     with pytest.raises(ValueError):
         MacConfig(rate_bytes_per_s=0)
+
+
+def test_the_mac_turns_off_time_based_loss_detection_of_its_endpoint() -> None:
+    # frames wait in the MAC's queue for a grant: an ACK one RTT after the ARQ handed a frame
+    # over does not prove it lost (ArqConfig.rack_rtt, on for endpoints without a MAC)
+    for make in (
+        lambda ep: MacServer(ep, lambda raw: None, MacConfig(), members=[1]),
+        lambda ep: MacStation(ep, lambda raw: None, MacConfig(), joined=True),
+    ):
+        ep = ArqEndpoint(1, lambda raw: None, config=ArqConfig(window=16))
+        assert ep.config.rack_rtt
+        make(ep)
+        assert not ep.config.rack_rtt and ep.config.window == 16

@@ -353,6 +353,14 @@ def test_make_link_ofdm_shared_delivers_bit_exact_on_a_fading_channel():
             s = br.stats()
             assert s["airtime_samples"]["0"] > 0 and s["airtime_samples"]["1"] > 0
             assert b.counters()["frames_ok"] >= 21  # 30 kB in 1474-byte frames
+            # whole frames from the C++ parser into link_arq (no Python re-encode), and the
+            # lockstep's count of decoded-but-unprocessed frames closes on them
+            assert b.rx.parser.raw_output()
+            deadline = time.monotonic() + 10
+            while b.port.rx_pending() and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert b.port.rx_pending() == 0
+            assert b.arq.frames_done == b.rx.frames_ok() and b.arq.bad_pdus == 0
         finally:
             a.close()
             b.close()

@@ -8,6 +8,7 @@
 #define INCLUDED_SCALEFLU_HEADER_PARSER_GUARD_H
 
 #include <gnuradio/scaleflu/api.h>
+#include <gnuradio/scaleflu/ofdm_burst_demux.h>
 #include <gnuradio/sync_block.h>
 #include <cstdint>
 #include <string>
@@ -51,6 +52,11 @@ public:
     virtual uint64_t passed() const = 0;   //!< headers passed on
     virtual uint64_t invalid() const = 0;  //!< headers that failed their CRC
     virtual int header_len() const = 0;    //!< header bits consumed per header
+    /*!
+     * Hand each verdict straight to \p demux (ofdm_burst_demux::header_data, called from this
+     * block's thread) instead of posting it on "header_data"; nullptr: post it again.
+     */
+    virtual void set_demux(ofdm_burst_demux::sptr demux) = 0;
 };
 
 } // namespace scaleflu

@@ -45,5 +45,9 @@ void bind_header_parser_guard(py::module& m)
         .def("rejected", &header_parser_guard::rejected, D(header_parser_guard, rejected))
         .def("passed", &header_parser_guard::passed, D(header_parser_guard, passed))
         .def("invalid", &header_parser_guard::invalid, D(header_parser_guard, invalid))
-        .def("header_len", &header_parser_guard::header_len, D(header_parser_guard, header_len));
+        .def("header_len", &header_parser_guard::header_len, D(header_parser_guard, header_len))
+        .def("set_demux",
+             &header_parser_guard::set_demux,
+             py::arg("demux"),
+             D(header_parser_guard, set_demux));
 }

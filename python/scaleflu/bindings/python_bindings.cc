@@ -26,6 +26,7 @@ namespace py = pybind11;
     void bind_frame_format(py::module& m);
     void bind_header_guard(py::module& m);
     void bind_header_parser_guard(py::module& m);
+    void bind_ofdm_burst_demux(py::module& m);
 // ) END BINDING_FUNCTION_PROTOTYPES
 
 
@@ -58,6 +59,7 @@ PYBIND11_MODULE(scaleflu_python, m)
     bind_frame_parser(m);
     bind_frame_format(m);
     bind_header_guard(m);
+    bind_ofdm_burst_demux(m);
     bind_header_parser_guard(m);
     // ) END BINDING_FUNCTION_CALLS
 }

@@ -35,6 +35,9 @@ DEFAULT_MTU = 1500
 MIN_MTU = FRAME_OVERHEAD + 1
 MAX_MTU = FRAME_OVERHEAD + 0xFFFF
 BROADCAST = 0xFFFF
+# DATA frames with this msg_id carry MAC control frames (scaleflu.link.mac), never message
+# fragments: an ArqEndpoint never sends under it and drops such frames when no MAC took them
+RESERVED_MSG_ID = 0xFFFFFFFF
 
 
 class FrameType(enum.IntEnum):

@@ -59,7 +59,7 @@ import threading
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .arq import ArqEndpoint
 from .fragment import fragment
@@ -67,6 +67,7 @@ from .frame import (
     BROADCAST,
     FRAME_MAGIC,
     FRAME_OVERHEAD,
+    RESERVED_MSG_ID,
     FrameError,
     FrameType,
     decode_frame,
@@ -76,7 +77,7 @@ from .frame import (
 logger = logging.getLogger(__name__)
 
 MAC_MAGIC = 0x534D
-MAC_MSG_ID = 0xFFFFFFFF  # link DATA frames with this msg_id carry MAC control frames
+MAC_MSG_ID = RESERVED_MSG_ID  # link DATA frames with this msg_id carry MAC control frames
 MAC_VERSION = 1
 MAC_HEADER = struct.Struct(">HBBHHH")
 MAC_OVERHEAD = MAC_HEADER.size + 4  # 14
@@ -125,6 +126,14 @@ def mac_on_air(mac_raw: bytes, src: int, dst: int) -> bytes:
     """A MAC control frame as it goes on air: the payload of a one-fragment link DATA frame with
     msg_id MAC_MSG_ID, so it passes every PHY chain that carries link frames (frame_parser)."""
     return encode_frame(FrameType.DATA, src, dst, MAC_MSG_ID, 0, 1, mac_raw)
+
+
+def _under_mac(endpoint: ArqEndpoint) -> None:
+    """Settings of an ArqEndpoint that the MAC wraps: its frames wait in the MAC's queue for a
+    grant, so the time since the ARQ handed a frame over says nothing about whether it went on
+    air, and an ACK one RTT later does not prove it lost (``ArqConfig.rack_rtt`` off)."""
+    if endpoint.config.rack_rtt:
+        endpoint.config = replace(endpoint.config, rack_rtt=False)
 
 
 def is_mac_frame(raw: bytes) -> bool:
@@ -457,6 +466,7 @@ class MacServer:
         seed: int | None = None,
     ) -> None:
         self.ep = endpoint
+        _under_mac(endpoint)
         self.node_id = endpoint.node_id
         self.clock = endpoint.clock
         self.config = config or MacConfig()
@@ -470,7 +480,7 @@ class MacServer:
         self._bcasts: dict[int, _Bcast] = {}
         self._grant: _Grant | None = None
         self._grant_seq = self.rng.getrandbits(31)
-        self._bcast_id = self.rng.getrandbits(32)
+        self._bcast_id = self.rng.getrandbits(32) % MAC_MSG_ID  # never the MAC's own id
         self._air_until = self.clock()
         self._quiet_until = 0.0
         self._next_beacon = self.clock()
@@ -532,7 +542,7 @@ class MacServer:
         if unknown:
             raise ValueError(f"robots {sorted(unknown)} are not members of the MAC")
         msg_id = self._bcast_id
-        self._bcast_id = (self._bcast_id + 1) & 0xFFFFFFFF
+        self._bcast_id = (self._bcast_id + 1) % MAC_MSG_ID
         frames = fragment(payload, msg_id, self.node_id, BROADCAST, self.ep.config.mtu)
         h = BroadcastHandle(msg_id, len(frames), len(payload), targets, now)
         b = _Bcast(h, frames, now + deadline)
@@ -804,6 +814,7 @@ class MacStation:
         seed: int | None = None,
     ) -> None:
         self.ep = endpoint
+        _under_mac(endpoint)
         self.node_id = endpoint.node_id
         self.clock = endpoint.clock
         self.config = config or MacConfig()

@@ -1237,7 +1237,10 @@ def _make_shared_link_class() -> type:
             self.tb = gr.top_block(f"shared_medium_node_{node_id}")
             arq = _arq_block(node_id, self.phy, arq_opts)
             self.tx = self.phy.tx(node_id, amplitude=1.0 / math.sqrt(burst_power(self.phy)))
-            self.rx = self.phy.rx(node_id)
+            # whole checked frames into link_arq (no per-frame re-encode in Python); the
+            # parser counts a frame in frames_ok() exactly when it publishes it, in either
+            # mode, so rx_pending below stays exact
+            self.rx = self.phy.rx(node_id, raw_frames=True)
             self.port = MediumPort(
                 node_id, broker, timeout, frames_built=self.tx.frames_built, rx_lag=rx_lag
             )

@@ -223,6 +223,7 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         guard_headers: bool = True,
         symbols_out: bool = False,
         raw_frames: bool = False,
+        blocking_demux: bool | None = None,
     ) -> None:
         gr.hier_block2.__init__(
             self,
@@ -254,7 +255,22 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         delay = blocks.delay(gr.sizeof_gr_complex, sym_len)
         osc = analog.frequency_modulator_fc(-2.0 / fft_len)
         mixer = blocks.multiply_cc()
-        self.hpd = hpd = digital.header_payload_demux(3, fft_len, cp_len, frame_key, "", True)
+        # blocking_demux: our header/payload demux, which sleeps until the header parser hands
+        # it the header's verdict; the stock one polls on a core meanwhile (docs/link.md 9.4.1).
+        # It needs the C++ header parser + guard (the verdict is handed over directly).
+        can_block = (
+            guard_headers
+            and hasattr(_gr_scaleflu, "ofdm_burst_demux")
+            and hasattr(_gr_scaleflu, "header_parser_guard")
+        )
+        if blocking_demux and not can_block:
+            raise ValueError("blocking_demux needs the compiled ofdm_burst_demux and header guard")
+        self.blocking_demux = can_block if blocking_demux is None else bool(blocking_demux)
+        if self.blocking_demux:
+            hpd = _gr_scaleflu.ofdm_burst_demux(3, fft_len, cp_len, frame_key, max_syms)
+        else:
+            hpd = digital.header_payload_demux(3, fft_len, cp_len, frame_key, "", True)
+        self.hpd = hpd
         for b in (self.gate, delay, osc, mixer):
             _set_min_buffer(b, stream_buf)
         _set_min_buffer(sync, stream_buf)
@@ -304,7 +320,10 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             )
             self.guard = hdr_parser
             self.connect((hpd, 0), hdr_fft, chanest, hdr_eq, hdr_ser, hdr_demod, hdr_parser)
-            self.msg_connect(hdr_parser, "header_data", hpd, "header_data")
+            if self.blocking_demux:
+                hdr_parser.set_demux(hpd)  # the verdict straight to the waiting demux
+            else:
+                self.msg_connect(hdr_parser, "header_data", hpd, "header_data")
         else:
             hdr_parser = digital.packet_headerparser_b(hdr_format.formatter())
             self.guard = _gr_scaleflu.header_guard(max_symbols, len_tag_key)

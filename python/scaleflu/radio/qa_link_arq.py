@@ -108,11 +108,17 @@ class qa_link_arq(gr_unittest.TestCase):  # noqa: N801 - GNU Radio QA naming
         waiter.start()
         waiter.join(10.0)
         self.assertFalse(waiter.is_alive(), "flowgraph did not stop after 'done'")
+        arq.link.close()  # no more timer-driven ACK repeats: the counters are final
         s = arq.stats()
         # metadata-carrying PDUs are trusted as parsed (CRC-checked) frames: the few that form a
-        # valid one-fragment DATA message are delivered and ACKed; everything else is counted
+        # valid one-fragment DATA message are delivered and ACKed; everything else is counted.
+        # Every frame put out is an ACK or NACK; the sink holds those published before the
+        # flowgraph stopped (a COMPLETE ACK repeat can come after: 2 of 20 runs compared the
+        # sink with the counters and failed)
         self.assertEqual(s["arq"]["data_tx"], 0)
-        self.assertEqual(out.num_messages(), s["arq"]["acks_tx"] + s["arq"]["nacks_tx"])
+        self.assertEqual(arq.frames_out_count, s["arq"]["acks_tx"] + s["arq"]["nacks_tx"])
+        self.assertLessEqual(out.num_messages(), arq.frames_out_count)
+        self.assertGreater(out.num_messages(), 0)
         self.assertGreater(s["bad_pdus"] + s["arq"]["bad_frames"] + s["arq"]["not_for_us"], 1500)
 
 

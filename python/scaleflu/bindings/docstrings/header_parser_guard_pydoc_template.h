@@ -22,3 +22,5 @@ static const char* __doc_gr_scaleflu_header_parser_guard_invalid =
     R"doc(Headers that failed their CRC.)doc";
 static const char* __doc_gr_scaleflu_header_parser_guard_header_len =
     R"doc(Header bits consumed per header.)doc";
+static const char* __doc_gr_scaleflu_header_parser_guard_set_demux =
+    R"doc(Hand each verdict straight to an ofdm_burst_demux instead of posting it on header_data.)doc";
