@@ -168,7 +168,11 @@ def test_shared_medium_flowgraphs_compile_and_deliver(tmp_path):
         r = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=90
         )
-        assert "DELIVERED 1" in r.stdout, r.stdout[-1500:] + r.stderr[-2000:]
+        # the robot's strobe keeps sending: two messages can complete within one 50 ms poll
+        got = [
+            int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("DELIVERED")
+        ]
+        assert got and got[0] >= 1, r.stdout[-1500:] + r.stderr[-2000:]
         assert br.stats()["airtime_samples"]["1"] > 0
     # without a broker: one line and exit status 1
     code = (
