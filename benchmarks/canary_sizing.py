@@ -56,11 +56,11 @@ def one_job(args: argparse.Namespace, k: int, r: int, seed: int, path: Path) -> 
 
     torch.set_num_threads(1)
     cfg = load_config(args.config, ["scale.eval.relearn_max_rounds=0", *args.set])
-    poison = cfg["data"]["poison"]
-    poison["canaries"], poison["canary_copies"] = k, r
-    poison["canary_clients"] = poison.get("canary_clients") or [0, 1]
+    poison = cfg.data.poison
+    poison.canaries, poison.canary_copies = k, r
+    poison.canary_clients = poison.canary_clients or [0, 1]
     t0, c0 = time.perf_counter(), time.process_time()
-    key = RunKey("fashion_mnist", str(cfg["model"]["name"]), float(cfg["data"]["alpha"]), seed)
+    key = RunKey("fashion_mnist", str(cfg.model.name), float(cfg.data.alpha), seed)
     runs = path.parent / "runs" / f"{k}x{r}"
     run = load_run(ensure_run(cfg, key, runs, False))
     out: dict = {"K": k, "R": r, "seed": seed, "set": list(args.set), "requests": {}}

@@ -42,12 +42,12 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     torch.set_num_threads(1)
     cfg = load_config(resolve_config_path(args.config), ["scale.eval.relearn_max_rounds=0"])
-    cfg["scale"]["eval"]["mia_shadows"] = 0  # durability only: no reference models
+    cfg.scale.eval.mia_shadows = 0  # durability only: no reference models
     t0 = time.perf_counter()
     if args.run:
         run_dir = Path(args.run)
     else:
-        key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
+        key = RunKey("fashion_mnist", "lenet", float(cfg.data.alpha), 0)
         run_dir = ensure_run(cfg, key, Path(args.out) / "protocol_durability_runs", False)
     run = load_run(run_dir)
     out: dict = {"config": args.config, "run": str(run_dir), "train_s": time.perf_counter() - t0}

@@ -289,12 +289,21 @@ def _sweep_row(
         "time_ratio": c["wall_s"] / max(rc["wall_s"], 1e-9),
         "cpu_ratio": (c.get("cpu_s") or 0.0) / max(rc.get("cpu_s") or 0.0, 1e-9),
         "d_ra": (m["ra"] - rm["ra"]) if m.get("ra") is not None else None,
+        # RA on D_r's clean images and true labels: RA "as held" also scores the memorised
+        # canaries and label flips the protocol plants in the remaining clients
+        "ra_clean": m.get("ra_clean"),
+        "d_ra_clean": (
+            m["ra_clean"] - rm["ra_clean"]
+            if m.get("ra_clean") is not None and rm.get("ra_clean") is not None
+            else None
+        ),
     }
     f, rf = row["forget"], _forget(rm, res["protocol"])
     row["d_forget"] = None if f is None or rf is None else f - rf
     ok = {
         "ra": row["d_ra"] is not None and abs(row["d_ra"]) <= SWEEP_RA_TOL,
         "forget": row["d_forget"] is not None and row["d_forget"] <= SWEEP_FORGET_TOL,
+        "ra_clean": row["d_ra_clean"] is not None and abs(row["d_ra_clean"]) <= SWEEP_RA_TOL,
     }
     if control is not None:
         cm = control["metrics"]
@@ -582,12 +591,13 @@ def sweep_table(data: dict[str, Any]) -> str:
         f"config {data.get('base')}; scale overrides {data.get('scale_set')}. Each cell: "
         "min / median / max over the seeds that ran. forget = backdoor ASR (backdoor "
         "protocol) else FA on the protocol. Targets met (seeds meeting it / seeds): forget <= "
-        "Retrain + 0.05, |dRA| <= 0.02, control = forget below the fine-tune control's at RA "
+        "Retrain + 0.05, |dRA| <= 0.02 (ra_clean: the same on clean images and true "
+        "labels), control = forget below the fine-tune control's at RA "
         ">= the control's - 0.02, time and CPU <= 5 % of Retrain's.",
         "",
         "| setting | request | method | seeds | test acc | RA | forget | MIA AUC (cal.) | dRA | "
-        "time/Retrain | CPU/Retrain | CPU s | targets met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "dRA clean | time/Retrain | CPU/Retrain | CPU s | targets met |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (setting, scen, method), rs in sorted(groups.items()):
         met: dict[str, int] = {}
@@ -609,6 +619,7 @@ def sweep_table(data: dict[str, Any]) -> str:
                     "forget",
                     "mia_cal_auc",
                     "d_ra",
+                    "d_ra_clean",
                     "time_ratio",
                     "cpu_ratio",
                     "cpu_s",

@@ -1,12 +1,30 @@
 """Shared pytest set-up: quiet GNU Radio preferences, logging that cannot leak between tests."""
 
+import atexit
 import logging
 import os
+import shutil
+import tempfile
 
 import pytest
 
 os.environ.setdefault("GR_DONT_LOAD_PREFS", "1")
 os.environ.setdefault("SCALEFLU_LOG", "WARNING")
+
+
+def _writable_home() -> None:
+    """Whoever runs the suite: a user without a writable home (``nobody``: HOME=/nonexistent)
+    gets a private temporary one for this run, inherited by the subprocesses. GNU Radio's GRC
+    (the Platform and grcc) writes its block cache to ~/.cache and fails without it."""
+    home = os.path.expanduser("~")
+    if os.path.isdir(home) and os.access(home, os.W_OK):
+        return
+    tmp = tempfile.mkdtemp(prefix="scaleflu-home-")
+    atexit.register(shutil.rmtree, tmp, True)
+    os.environ["HOME"] = tmp
+
+
+_writable_home()
 
 
 @pytest.fixture(autouse=True)

@@ -86,7 +86,20 @@ class Section(dict):
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in self:
             raise AttributeError(f"config has no key {name!r}")
-        self[name] = _typed(value)
+        self[name] = value
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        # a mapping stored into a section becomes a Section: cfg.scale = {...}; cfg.scale.top_m
+        super().__setitem__(key, _typed(value))
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
 
     def to_dict(self) -> dict[str, Any]:
         """Plain nested dicts (for YAML, JSON and comparisons)."""
@@ -122,6 +135,28 @@ def as_config(cfg: Mapping[str, Any]) -> Config:
     if isinstance(cfg, Config):
         return cfg
     return Config({k: _typed(v) for k, v in cfg.items()})
+
+
+def config_section(path: str, value: Mapping[str, Any] | None) -> Section:
+    """One section of the config (``"data"``, ``"data.poison"``, ``"fl"``) as a checked Section.
+
+    A :class:`Section` (a part of a loaded :class:`Config`) is returned as it is. A plain mapping
+    (a library caller's or a test's partial section) is merged onto that section's defaults in
+    default.yaml and checked like a full config: the defaults live in one place, never as
+    ``.get(key, default)`` fall-backs in the code that reads them.
+    """
+    if isinstance(value, Section):
+        return value
+    parts = path.split(".")
+    node: Any = default_config()
+    for p in parts:
+        node = node[p]
+    merged = merge(node, value or {}, path + ".")
+    nested: dict[str, Any] = merged
+    for p in reversed(parts):
+        nested = {p: nested}
+    check_config(nested)
+    return _typed(merged)
 
 
 def default_config() -> dict[str, Any]:
@@ -323,6 +358,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fl.trainer": ("auto", "vmap", "sequential"),
     "fl.lr_schedule": ("constant", "exponential", "cosine"),
     "scale.mode": ("default", "paper"),
+    "scale.heal_loss": ("ce", "distill"),
+    "scale.heal_augment": ("none", "mix"),
+    "scale.heal_params": ("all", "layers", "cut"),
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),

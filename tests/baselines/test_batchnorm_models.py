@@ -75,17 +75,21 @@ def _bn_buffers(state: dict[str, torch.Tensor]) -> list[str]:
 
 
 @pytest.mark.parametrize("model", ["mobilenetv3", "resnet18"])
-@pytest.mark.parametrize("method", ["retrain", "fedraser", "pga", "fused", "scale"])
+@pytest.mark.parametrize(
+    "method", ["retrain", "fedraser", "pga", "fused", "scale", "finetune", "finetune_matched"]
+)
 def test_every_method_on_batchnorm_models(
     model: str, method: str, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    """Each method unlearns client 0 from a BatchNorm model and is measured."""
+    """Each method (and the fine-tune controls) unlearns client 0 from a BatchNorm model."""
     assert method in method_names()
     cfg, ctx = _ctx(model, tmp_path_factory)
     theta = ctx.original_state()
     bn = _bn_buffers(theta)
     assert bn, "the model has BatchNorm statistics"
-    extra = {"mode": "default"} if method == "scale" else {}
+    extra: dict[str, Any] = {"mode": "default"} if method == "scale" else {}
+    if method == "finetune_matched":
+        extra = {"budget_cpu_s": 0.01}  # the control matched to a (tiny) CPU budget: 1 round
     unlearner = make_method(method, cfg, **extra)
     res = unlearner.run(ctx)
     state = ctx.last_state
@@ -100,7 +104,7 @@ def test_every_method_on_batchnorm_models(
         assert set(k for k in theta if not torch.equal(state[k], theta[k])) <= set(
             res.details["critical_layers"]
         )
-    elif method in ("retrain", "fedraser", "pga"):
+    elif method in ("retrain", "fedraser", "pga", "finetune", "finetune_matched"):
         assert changed_bn  # the clients' aggregated statistics
     else:  # scale: sparsified conv/linear weights (+ a recovery round)
         assert any(not torch.equal(state[k], theta[k]) for k in res.details["sensitivity"]["top"])

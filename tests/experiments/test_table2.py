@@ -107,8 +107,18 @@ def test_harness_resumes_records_failures_and_reports(tmp_path: Path, tiny_run_p
     # Report: Table II markdown and CSV with deltas to Retrain, the figures.
     md = (out / "table2.md").read_text()
     assert "RA ↑ Retrain" in md and "FA ↓ F-E" in md and "Avg AoI (s) ↓ SCALE" in md
+    # the paper's value beside every cell it has: LeNet/FashionMNIST client Retrain RA 0.92,
+    # class F-E FA 0.27, client SCALE AoI 2.01 (tab:main_results)
+    lines: dict[str, str] = {}
+    for ln in md.splitlines():  # the first table (Table II's shape) comes first
+        if ln.startswith("| fashion_mnist"):
+            lines.setdefault(ln.split(" | ")[1], ln)
+    assert "[paper 0.92]" in lines["client"] and "[paper 2.01]" in lines["client"]
+    assert "[paper 0.27]" in lines["class"] and "[paper 0.92]" not in lines["class"]
     rows = (out / "table2.csv").read_text().splitlines()
-    assert rows[0].startswith("dataset,model,scenario,method,metric,mean,std,n,delta_mean")
+    assert rows[0] == "dataset,model,scenario,method,metric,mean,std,n,delta_mean,delta_std,paper"
+    assert [r for r in rows if ",client,retrain,RA," in r][0].endswith(",0.92")
+    assert [r for r in rows if ",client,retrain,RA_clean," in r][0].endswith(",")
     scale_ra = [r for r in rows if ",client,scale,RA," in r][0].split(",")
     assert float(scale_ra[8]) == pytest.approx(0.0, abs=1e-9)  # same model as the Retrain spy
     figs = {p.name for p in (out / "figures").glob("*.png")}
@@ -198,13 +208,14 @@ def test_control_verdicts_call_out_methods_that_do_not_beat_the_control() -> Non
     from scaleflu.experiments.report import control_verdicts, protocol_table, verdict_table
 
     cfg = tiny_config()
-    cfg["experiment"]["methods"] = ["retrain", "scale", "pga", "fused", "finetune"]
+    cfg["experiment"]["methods"] = ["retrain", "scale", "pga", "fused", "fedraser", "finetune"]
     cfg["experiment"]["scenarios"] = {"client": "client:0"}
     vals = {
         "retrain": (0.80, 0.05, 0.50, 0.50),
         "scale": (0.80, 0.30, 0.60, 0.90),  # same as the control: no better
         "pga": (0.79, 0.10, 0.60, 0.90),  # forgets more at equal RA (within 0.02)
         "fused": (0.60, 0.05, 0.50, 0.50),  # forgets, but loses RA
+        "fedraser": (0.80, 0.30, 0.20, 0.05),  # AUCs far below 0.5: a trace, not forgetting
         "finetune": (0.80, 0.30, 0.60, 0.90),
         "original": (0.82, 0.95, 0.70, 0.97),
     }
@@ -226,6 +237,7 @@ def test_control_verdicts_call_out_methods_that_do_not_beat_the_control() -> Non
     assert got["scale"].startswith("does NOT beat the control")
     assert got["pga"] == "beats the control on FA"
     assert got["fused"].startswith("lower RA than the control")
+    assert got["fedraser"].startswith("does NOT beat the control")
     assert got["retrain"] == "beats the control on FA, MIA_AUC, MIA_canary_AUC"
     assert "finetune" not in got
     md = verdict_table(control_verdicts(cfg, rows))

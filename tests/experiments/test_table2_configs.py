@@ -60,6 +60,27 @@ def test_model_settings_are_checked() -> None:
         run_config(cfg, RunKey("fashion_mnist", "resnet18", 0.3, 0))
 
 
+def test_full_config_is_table2_cpu_at_full_size() -> None:
+    """table2_full: table2_cpu's protocol, methods and scenarios on all 60 000 images, 30 rounds."""
+    full = load_config(resolve_config_path("table2_full"))
+    cpu = load_config(resolve_config_path("table2_cpu"))
+    size = ("train_subset", "test_subset")
+    assert {k: v for k, v in full["data"].items() if k not in size} == {
+        k: v for k, v in cpu["data"].items() if k not in size
+    }
+    assert full["data"]["train_subset"] is None and full["data"]["test_subset"] is None
+    for key in ("methods", "scenarios", "seeds", "scale_mode"):
+        assert full["experiment"][key] == cpu["experiment"][key]
+    assert full["experiment"]["models"] == ["lenet"]
+    assert full["scale"]["ppo"] == cpu["scale"]["ppo"]
+    assert full["scale"]["eval"] == {**cpu["scale"]["eval"], "mia_shadow_rounds": 15}
+    assert full["fl"] == {**cpu["fl"], "rounds": 30, "lr_schedule": "cosine"}
+    assert full["baselines"]["pga"]["post_rounds"] == 3  # 10 % of the rounds, as table2_cpu
+    main, sweep = plan_cells(full)
+    assert len(main) == 3 * 3 * 7 and not sweep
+    validate_config(full)
+
+
 GPU_FL = ("batch_size", "device", "trainer", "threads", "eval_batch_size")  # may differ
 
 

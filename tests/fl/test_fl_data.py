@@ -156,7 +156,9 @@ def test_cifar100_corrupt(tmp_path: Path) -> None:
 
 
 def test_unknown_dataset() -> None:
-    with pytest.raises(ConfigError, match="unknown data.dataset 'mnist3'"):
+    with pytest.raises(
+        ConfigError, match="data.dataset must be one of fashion_mnist, cifar100, got 'mnist3'"
+    ):
         load_datasets({"dataset": "mnist3"})
 
 

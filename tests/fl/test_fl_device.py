@@ -5,12 +5,12 @@ The CUDA tests run wherever torch sees a GPU and are skipped elsewhere.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
+from fl_helpers import toy_data
 
 from scaleflu.config import ConfigError, load_config
-from scaleflu.fl.data import ImageData, partition_dirichlet
+from scaleflu.fl.data import partition_dirichlet
 from scaleflu.fl.device import config_device, cpu_state, resolve_device
 from scaleflu.fl.fedavg import (
     LocalConfig,
@@ -24,17 +24,6 @@ from scaleflu.fl.models import build_model
 from scaleflu.fl.run import validate_config
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-def _toy_data(n: int = 300, seed: int = 0) -> ImageData:
-    rng = np.random.default_rng(seed)
-    return ImageData(
-        torch.from_numpy(rng.integers(0, 256, (n, 1, 28, 28)).astype(np.uint8)),
-        torch.from_numpy(rng.integers(0, 10, n)),
-        (0.5,),
-        (0.3,),
-        10,
-    )
 
 
 def test_resolve_device(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -71,7 +60,7 @@ def test_auto_trainer_batches_clients_on_a_gpu_unless_batchnorm() -> None:
 @pytest.mark.parametrize("kind", ["sequential", "vmap"])
 def test_trainers_return_independent_cpu_states(kind: str) -> None:
     """Explicit device=cpu is the old behaviour bit for bit; states are CPU copies."""
-    data = _toy_data()
+    data = toy_data()
     parts = partition_dirichlet(data.labels.numpy(), 4, 1.0, seed=1)
     local = LocalConfig(epochs=1, lr=0.05, batch_size=16, momentum=0.9)
     torch.manual_seed(0)
@@ -90,7 +79,7 @@ def test_trainers_return_independent_cpu_states(kind: str) -> None:
 
 def test_image_data_to_and_cpu_state() -> None:
     """ImageData.to is a no-op on its own device; cpu_state copies."""
-    data = _toy_data(10)
+    data = toy_data(10)
     assert data.to("cpu") is data and data.device.type == "cpu"
     x = data.inputs(torch.tensor([3, 1]))
     assert x.shape == (2, 1, 28, 28) and x.dtype == torch.float32
@@ -104,7 +93,7 @@ def test_image_data_to_and_cpu_state() -> None:
 @pytest.mark.parametrize("kind", ["sequential", "vmap"])
 def test_cuda_trainer_matches_cpu(kind: str) -> None:
     """The same round on CUDA and on the CPU: the same models up to float rounding."""
-    data = _toy_data()
+    data = toy_data()
     parts = partition_dirichlet(data.labels.numpy(), 4, 1.0, seed=1)
     local = LocalConfig(epochs=1, lr=0.05, batch_size=16, momentum=0.9)
     torch.manual_seed(0)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from fl_helpers import toy_data
 
-from scaleflu.fl.data import ImageData, partition_dirichlet
+from scaleflu.fl.data import partition_dirichlet
 from scaleflu.fl.fedavg import (
     LocalConfig,
     SequentialTrainer,
@@ -18,17 +19,6 @@ from scaleflu.fl.fedavg import (
     select_clients,
 )
 from scaleflu.fl.models import build_model
-
-
-def _toy_data(n: int = 600, seed: int = 0) -> ImageData:
-    rng = np.random.default_rng(seed)
-    return ImageData(
-        torch.from_numpy(rng.integers(0, 256, (n, 1, 28, 28)).astype(np.uint8)),
-        torch.from_numpy(rng.integers(0, 10, n)),
-        (0.5,),
-        (0.3,),
-        10,
-    )
 
 
 def test_aggregate_weights_by_data_size() -> None:
@@ -58,7 +48,7 @@ def test_client_batches_cover_each_epoch() -> None:
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_vmap_equals_sequential(momentum: float) -> None:
-    data = _toy_data()
+    data = toy_data(600)
     parts = partition_dirichlet(data.labels.numpy(), 6, 0.5, seed=1)  # unequal batch counts
     local = LocalConfig(epochs=2, lr=0.05, batch_size=16, momentum=momentum)
     torch.manual_seed(0)
@@ -78,7 +68,7 @@ def test_vmap_equals_sequential(momentum: float) -> None:
 
 
 def test_batchnorm_model_uses_sequential_and_averages_buffers() -> None:
-    data = _toy_data(40)
+    data = toy_data(40)
     parts = [np.arange(0, 20), np.arange(20, 40)]
     model = build_model("mobilenetv3", 10, 1, 28)
     trainer = make_trainer("auto", model, data, parts, LocalConfig(1, 0.01, 20), seed=0)
@@ -95,13 +85,13 @@ def test_batchnorm_model_uses_sequential_and_averages_buffers() -> None:
 
 
 def test_evaluate_reports_accuracy_and_loss() -> None:
-    data = _toy_data(50)
+    data = toy_data(50)
     out = evaluate(build_model("lenet", 10, 1, 28), data, batch_size=16)
     assert 0.0 <= out["acc"] <= 1.0 and out["loss"] > 0
 
 
 def test_threaded_sequential_equals_single_thread() -> None:
-    data = _toy_data()
+    data = toy_data(600)
     parts = partition_dirichlet(data.labels.numpy(), 6, 0.5, seed=2)
     local = LocalConfig(epochs=1, lr=0.05, batch_size=16)
     torch.manual_seed(0)
@@ -121,7 +111,7 @@ def test_threaded_sequential_equals_single_thread() -> None:
 
 def test_full_batch_is_paper_gradient_descent() -> None:
     """batch_size=None: E full-gradient steps Theta <- Theta - eta * grad F_n (paper's Eq.)."""
-    data = _toy_data(40)
+    data = toy_data(40)
     parts = [np.arange(0, 15), np.arange(15, 40)]
     local = LocalConfig(epochs=2, lr=0.1, batch_size=None)
     torch.manual_seed(0)

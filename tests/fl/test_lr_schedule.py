@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
+from fl_helpers import toy_data
 
 from scaleflu.config import ConfigError, load_config
-from scaleflu.fl.data import ImageData, partition_iid
+from scaleflu.fl.data import partition_iid
 from scaleflu.fl.fedavg import LocalConfig, SequentialTrainer, VmapTrainer
 from scaleflu.fl.models import build_model
 from scaleflu.fl.run import validate_config
-
-
-def _toy_data(n: int = 300) -> ImageData:
-    rng = np.random.default_rng(0)
-    return ImageData(
-        torch.from_numpy(rng.integers(0, 256, (n, 1, 28, 28)).astype(np.uint8)),
-        torch.from_numpy(rng.integers(0, 10, n)),
-        (0.5,),
-        (0.3,),
-        10,
-    )
 
 
 def _fl(**kw: object) -> dict:
@@ -47,7 +36,7 @@ def test_lr_at_values() -> None:
 
 
 def test_constant_schedule_is_bit_exact_and_decay_changes_training() -> None:
-    data = _toy_data()
+    data = toy_data()
     parts = partition_iid(len(data), 3, seed=0)
     torch.manual_seed(0)
     model = build_model("lenet", 10, 1, 28)

@@ -90,10 +90,23 @@ def test_every_train_call_writes_csv_and_png(tmp_path: Path) -> None:
 
 
 def test_local_config_from_the_fl_section() -> None:
+    """The typed fl section, or a partial mapping completed from default.yaml and checked."""
+    import dataclasses
+
+    import pytest
+
+    from scaleflu.config import ConfigError, load_config
     from scaleflu.fl.fedavg import LocalConfig
 
     fl = {"local_epochs": 3, "lr": 0.01, "batch_size": None, "momentum": 0.5}
-    assert LocalConfig.from_config(fl) == LocalConfig(3, 0.01, None, 0.5)  # null: full batch
-    assert LocalConfig.from_config({**fl, "batch_size": 64}, epochs=1) == LocalConfig(
-        1, 0.01, 64, 0.5
+    d = load_config().fl  # the keys not given: default.yaml's, never a second default in code
+    want = LocalConfig(3, 0.01, None, 0.5, d.lr_schedule, d.lr_decay, d.lr_min_ratio, d.rounds)
+    assert LocalConfig.from_config(fl) == want  # null: full batch
+    assert LocalConfig.from_config({**fl, "batch_size": 64}, epochs=1) == dataclasses.replace(
+        want, epochs=1, batch_size=64
     )
+    typed = load_config(None, ["fl.local_epochs=3", "fl.lr=0.01", "fl.batch_size=null"]).fl
+    typed.momentum = 0.5
+    assert LocalConfig.from_config(typed) == want
+    with pytest.raises(ConfigError, match="fl.lr must be an integer or a number"):
+        LocalConfig.from_config({**fl, "lr": "fast"})

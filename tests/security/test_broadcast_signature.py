@@ -5,11 +5,11 @@ its deadline, then went out again by unicast)."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed_helpers import run_federation
 
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
@@ -53,22 +53,14 @@ def test_broadcast_models_are_signed_and_accepted_first_time(tmp_path: Path):
         RobotClient(link(r), r, store.robots[r], cfg, server_public_key=store.public_key)
         for r in (1, 2, 3)
     ]
-    outs: dict[int, dict] = {}
-    threads = [
-        threading.Thread(target=lambda rb=rb: outs.__setitem__(rb.robot_id, rb.run(150)))
-        for rb in robots
-    ]
-    for t in threads:
-        t.start()
-    try:
-        report = server.run()
-    finally:
-        for t in threads:
-            t.join(60)
+
+    def close() -> None:
         for rb in robots:
             rb.link.close()
         server.link.close()
         hub.close()
+
+    report, outs = run_federation(server, robots, 150, close)
     assert [row["participants"] for row in report["rounds"]] == [[1, 2, 3], [1, 2, 3]]
     assert not [e for e in report["events"] if e["event"] == "round_failed"]
     assert all(row["wall_s"] < DEADLINE for row in report["rounds"])

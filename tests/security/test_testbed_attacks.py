@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
+from testbed_helpers import TESTBED_OVERRIDES, robot_data, run_federation
 
-from scaleflu.config import load_config
+from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
 from scaleflu.testbed.common import Endpoint, encode_state, install_link_keys
 from scaleflu.testbed.keys import KeyStore
@@ -24,30 +24,20 @@ from scaleflu.testbed.server import EdgeServer
 pytestmark = pytest.mark.timeout(300)
 
 OVERRIDES = [
-    "data.num_clients=3",
-    "fl.clients_per_round=3",
-    "data.train_subset=1500",
-    "data.test_subset=300",
-    "fl.local_epochs=1",
-    "fl.lr=0.05",
-    "data.poison.backdoor_clients=[0]",
-    "testbed.rounds=2",
+    *TESTBED_OVERRIDES,
     "testbed.round_deadline_s=30",
     "testbed.register_timeout_s=20",
-    "testbed.unlearn.wait_s=3",
-    "testbed.eval_test_samples=100",
-    "testbed.min_robots=3",
 ]
 
 
 @pytest.fixture(scope="module")
-def cfg() -> dict[str, Any]:
+def cfg() -> Config:
     return load_config(None, OVERRIDES)
 
 
-@pytest.fixture(scope="module")
-def robot_data(cfg) -> dict[int, RobotData]:
-    return {r: RobotData(cfg, r) for r in (1, 2, 3)}
+@pytest.fixture(scope="module", name="robot_data")
+def _robot_data(cfg) -> dict[int, RobotData]:
+    return robot_data(cfg)
 
 
 SERVED: list[str] = []
@@ -89,20 +79,7 @@ def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict]):
         )
         for r in (1, 2, 3)
     ]
-    outs: dict[int, dict] = {}
-
-    def target(rb: RobotClient) -> None:
-        outs[rb.robot_id] = rb.run(150)
-
-    threads = [threading.Thread(target=target, args=(rb,)) for rb in robots]
-    for t in threads:
-        t.start()
-    try:
-        report = server.run()
-    finally:
-        for t in threads:
-            t.join(60)
-        ch.close()
+    report, outs = run_federation(server, robots, 150, ch.close)
     return report, outs, server
 
 

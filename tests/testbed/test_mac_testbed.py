@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
+from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, run_federation
 
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
@@ -24,30 +24,11 @@ pytestmark = pytest.mark.timeout(300)
 
 RATE = 712500.0
 OVERRIDES = [
-    "data.num_clients=3",
-    "fl.clients_per_round=3",
-    "data.train_subset=1500",
-    "data.test_subset=300",
-    "fl.local_epochs=1",
-    "fl.lr=0.05",
-    "data.poison.backdoor_clients=[0]",
-    "testbed.rounds=2",
+    *TESTBED_OVERRIDES,
     "testbed.round_deadline_s=40",
     "testbed.register_timeout_s=30",
-    "testbed.unlearn.wait_s=3",
-    "testbed.eval_test_samples=100",
-    "testbed.min_robots=3",
     "testbed.link=frames-shared",
 ]
-
-
-def fake_unlearn(run_dir, request, method, mode, overrides, progress):
-    """Stand-in for SCALE: halve the final model."""
-    from scaleflu.fl.run import load_run
-
-    run = load_run(run_dir)
-    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
-    return state, {"protocol": "backdoor", "request": request}
 
 
 def test_broadcast_body_is_checked_by_hash():
@@ -78,7 +59,7 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
         )
 
     server_link = link(SERVER_ID)
-    server = EdgeServer(server_link, keys, cfg, tmp_path, False, fake_unlearn)
+    server = EdgeServer(server_link, keys, cfg, tmp_path, False, halve_unlearn)
     robots = [
         RobotClient(
             link(r),
@@ -90,7 +71,6 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
         )
         for r in (1, 2, 3)
     ]
-    outs: dict[int, dict] = {}
     # collisions once every robot is registered (scheduled traffic only; joining contends)
     at_first_round: list[int] = []
     run_round = server.run_round
@@ -101,21 +81,14 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
         return run_round(t)
 
     server.run_round = counting_round
-    threads = [
-        threading.Thread(target=lambda rb=rb: outs.__setitem__(rb.robot_id, rb.run(150)))
-        for rb in robots
-    ]
-    for t in threads:
-        t.start()
-    try:
-        report = server.run()
-    finally:
-        for t in threads:
-            t.join(60)
+
+    def close() -> None:
         for rb in robots:
             rb.link.close()
         server_link.close()
         hub.close()
+
+    report, outs = run_federation(server, robots, 150, close)
     assert [row["participants"] for row in report["rounds"]] == [[1, 2, 3], [1, 2, 3]]
     un = report["unlearning"]
     assert all(un["bit_exact"].values()) and set(un["bit_exact"]) == {1, 2, 3}

@@ -25,7 +25,7 @@ def _captured_link(monkeypatch, argv, node_id, peers):
     tables = (COMMON_OPTIONS, SERVER_OPTIONS if node_id == 0 else ROBOT_OPTIONS)
     extra = ["--run-dir", "r"] if node_id == 0 else ["--robot-id", str(node_id)]
     args = build_app_parser("app", "", *tables).parse_args(["--keys", "k", *extra, *argv])
-    cli.build_link(args, default_config(), node_id, peers, "type=b200", None)
+    cli.build_link(args, load_config(), node_id, peers, "type=b200", None)
     return seen
 
 

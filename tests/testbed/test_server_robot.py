@@ -6,12 +6,12 @@ import copy
 import csv
 import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data, run_federation
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
@@ -23,32 +23,16 @@ from scaleflu.testbed.server import EdgeServer
 pytestmark = pytest.mark.timeout(240)
 
 OVERRIDES = [
-    "data.num_clients=3",
-    "fl.clients_per_round=3",
-    "data.train_subset=1500",
-    "data.test_subset=300",
-    "fl.local_epochs=1",
-    "fl.lr=0.05",
-    "data.poison.backdoor_clients=[0]",
-    "testbed.rounds=2",
+    *TESTBED_OVERRIDES,
     "testbed.round_deadline_s=8",
     "testbed.register_timeout_s=20",
-    "testbed.unlearn.wait_s=3",
-    "testbed.eval_test_samples=100",
-    "testbed.min_robots=3",
 ]
 
 
 SIGNING_KEY = Ed25519PrivateKey.generate()
 
 
-def fake_unlearn(run_dir, request, method, mode, overrides, progress):
-    """Stand-in for SCALE (tested elsewhere): halve the final model, say which request ran."""
-    from scaleflu.fl.run import load_run
-
-    run = load_run(run_dir)
-    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
-    return state, {"protocol": "backdoor", "request": request}
+fake_unlearn = halve_unlearn
 
 
 def fake_compare(run_dir, request, method, overrides, progress):
@@ -65,13 +49,13 @@ def fake_compare(run_dir, request, method, overrides, progress):
 
 
 @pytest.fixture(scope="module")
-def cfg() -> dict[str, Any]:
+def cfg() -> Config:
     return load_config(None, OVERRIDES)
 
 
-@pytest.fixture(scope="module")
-def robot_data(cfg) -> dict[int, RobotData]:
-    return {r: RobotData(cfg, r) for r in (1, 2, 3)}
+@pytest.fixture(scope="module", name="robot_data")
+def _robot_data(cfg) -> dict[int, RobotData]:
+    return robot_data(cfg)
 
 
 def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], channel_kw=None):
@@ -86,23 +70,7 @@ def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], chann
         RobotClient(ch.attach(r), r, keys[r], cfg, data=robot_data[r], **robot_kw.get(r, {}))
         for r in (1, 2, 3)
     ]
-    outs: dict[int, dict] = {}
-
-    def target(rb: RobotClient) -> None:
-        try:
-            outs[rb.robot_id] = rb.run(90)
-        except SystemExit:  # the "crash" fault (os._exit is patched to raise in-process)
-            rb.link.close()
-
-    threads = [threading.Thread(target=target, args=(rb,)) for rb in robots]
-    for t in threads:
-        t.start()
-    try:
-        report = server.run()
-    finally:
-        for t in threads:
-            t.join(60)
-        ch.close()
+    report, outs = run_federation(server, robots, 90, ch.close)
     return report, outs, server, keys
 
 
@@ -314,3 +282,29 @@ def test_accepted_request_survives_a_server_restart(cfg, tmp_path):
         )
         assert [q["text"] for q in b.requests] == ["client:2"]
         assert b._forgotten_ids() == {3}
+
+
+def test_unlearning_waits_for_a_robot_silent_since_the_last_round(cfg, tmp_path):
+    """A robot that died in the last round is waited for (it may be restarting), so it sees the
+    "before" model too; one heard from since the round started, or forgotten, is not."""
+    import time
+
+    from scaleflu.testbed.sessions import RobotInfo
+
+    keys = generate_keys([1, 2, 3])
+    with MemoryChannel(seed=4) as ch:
+        server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        since = time.monotonic()
+        server.robots = {
+            1: RobotInfo(1, registered_at=since - 9, last_heard=since + 1),  # uploaded this round
+            2: RobotInfo(2, registered_at=since - 9, last_heard=since - 5),  # silent: died
+            3: RobotInfo(3, registered_at=since - 9, last_heard=since - 5, forgotten=True),
+        }
+        t0 = time.monotonic()
+        assert server.wait_for_rejoin(since, 0.6) == [2]
+        assert time.monotonic() - t0 >= 0.6  # it waited the whole bound
+        server.robots[2].registered_at = since + 2  # registered again (a restarted process)
+        t0 = time.monotonic()
+        assert server.wait_for_rejoin(since, 30.0) == []
+        assert time.monotonic() - t0 < 1.0
+        server.link.close()

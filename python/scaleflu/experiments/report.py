@@ -11,7 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from scaleflu.config import Config, as_config
 from scaleflu.experiments.cells import Cell, plan_cells, read_result
+from scaleflu.experiments.paper import paper_value
 
 log = logging.getLogger(__name__)
 
@@ -95,15 +97,15 @@ def _stats(xs: Sequence[float | None]) -> tuple[float, float, int]:
 
 
 def summarise(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float
 ) -> list[dict[str, Any]]:
     """Long-format rows: dataset, model, scenario, method, metric, mean, std, n, delta."""
-    exp = cfg["experiment"]
-    fa_metric, aoi_metric = str(exp["fa_metric"]), str(exp["aoi_metric"])
+    exp = cfg.experiment
+    fa_metric, aoi_metric = str(exp.fa_metric), str(exp.aoi_metric)
     rows = []
-    for ds in exp["datasets"]:
-        for model in exp["models"]:
-            for sc in exp["scenarios"]:
+    for ds in exp.datasets:
+        for model in exp.models:
+            for sc in exp.scenarios:
                 per_method: dict[str, dict[int, dict[str, float | None]]] = {}
                 for c, r in results.items():
                     k = c.run
@@ -117,7 +119,7 @@ def summarise(
                     )
                 ref = per_method.get("retrain", {})
                 labels = [p[0] for p in PROTOCOL_KEYS]
-                for m in [*exp["methods"], ORIGINAL]:
+                for m in [*exp.methods, ORIGINAL]:
                     seeds = per_method.get(m, {})
                     for metric in ("RA", "FA", "AoI_s", "test_acc", *COST_KEYS, *labels):
                         mean, std, n = _stats([v[metric] for v in seeds.values()])
@@ -160,18 +162,24 @@ def _fmt_delta(dm: float, digits: int = 2) -> str:
     return f" ({dm:+.{digits}f})"
 
 
-def markdown_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], title: str) -> str:
+def _fmt_paper(ds: str, sc: str, model: str, method: str, metric: str, digits: int) -> str:
+    """`` [paper x]`` when the paper's Table II has a value for this cell, else ``""``."""
+    v = paper_value(ds, sc, model, method, metric)
+    return "" if v is None else f" [paper {v:.{digits}f}]"
+
+
+def markdown_table(cfg: Config, rows: Sequence[Mapping[str, Any]], title: str) -> str:
     """Table II shape: rows model x scenario; RA, FA, Avg AoI (s) per method with deltas."""
-    exp = cfg["experiment"]
-    methods = list(exp["methods"])
+    exp = cfg.experiment
+    methods = list(exp.methods)
     idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
     head = ["Dataset", "Scenario", "Model"]
     for metric, arrow in (("RA", "↑"), ("FA", "↓"), ("Avg AoI (s)", "↓")):
         head += [f"{metric} {arrow} {METHOD_LABELS.get(m, m)}" for m in methods]
     lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for ds in exp["datasets"]:
-        for sc in exp["scenarios"]:
-            for model in exp["models"]:
+    for ds in exp.datasets:
+        for sc in exp.scenarios:
+            for model in exp.models:
                 cells = [ds, sc, model]
                 for metric, digits in (("RA", 2), ("FA", 2), ("AoI_s", 2)):
                     for m in methods:
@@ -182,24 +190,25 @@ def markdown_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]], ti
                         txt = _fmt(r["mean"], r["std"], r["n"], digits)
                         if m != "retrain" and r["n"]:
                             txt += _fmt_delta(r["delta_mean"], digits)
-                        cells.append(txt)
+                        cells.append(txt + _fmt_paper(ds, sc, model, m, metric, digits))
                 lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
         "Values: mean over seeds (± sample std when more than one seed); in parentheses the "
-        "mean of the per-seed difference to Retrain. `--`: no finished cell."
+        "mean of the per-seed difference to Retrain; in brackets the paper's Table II value "
+        "of the cell (none for the controls). `--`: no finished cell."
     )
     return "\n".join(lines)
 
 
-def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+def protocol_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
     """The protocol with power per scenario and method, the trained model as the first anchor."""
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
     cols = [
         ("RA", "RA (held labels)"),
         ("RA_clean", "RA (true labels)"),
-        ("FA", f"FA ({exp['fa_metric']})"),
+        ("FA", f"FA ({exp.fa_metric})"),
         ("FA_clean", "FA (true labels)"),
         ("MIA_AUC", "MIA AUC (calibrated)"),
         ("MIA_TPR", "TPR @ 1 % FPR"),
@@ -215,10 +224,10 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for ds in exp["datasets"]:
-        for sc in exp["scenarios"]:
-            for model in exp["models"]:
-                for m in [ORIGINAL, *exp["methods"]]:
+    for ds in exp.datasets:
+        for sc in exp.scenarios:
+            for model in exp.models:
+                for m in [ORIGINAL, *exp.methods]:
                     cells = [
                         ds,
                         sc,
@@ -227,7 +236,8 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
                     ]
                     for metric, _ in cols:
                         r = idx.get((ds, model, sc, m, metric))
-                        cells.append("--" if r is None else _fmt(r["mean"], r["std"], r["n"], 3))
+                        txt = "--" if r is None else _fmt(r["mean"], r["std"], r["n"], 3)
+                        cells.append(txt + _fmt_paper(ds, sc, model, m, metric, 2))
                     lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(
@@ -235,24 +245,24 @@ def protocol_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) ->
         "MIA: reference-model attack on D_u against class-matched held-out non-members "
         "(0.5 AUC / 0.01 TPR: no trace of D_u); canary MIA: the same attack on D_u's membership "
         "canaries against their held-out twins (data.poison.canaries); `--`: not measured (no "
-        "reference models, or no canary in D_u)."
+        "reference models, or no canary in D_u); [paper x]: the paper's Table II value."
     )
     return "\n".join(lines)
 
 
-def control_verdicts(
-    cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]
-) -> list[dict[str, Any]]:
+def control_verdicts(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each method against each control present: does it forget more at equal RA?
 
     Equal RA: the method's mean RA is at least the control's minus ``experiment.control_ra_tol``.
-    Beating it: mean FA or a calibrated MIA AUC (class-matched, or on the membership canaries)
-    lower than the control's by more than
-    ``experiment.control_margin``. Otherwise the verdict says that it does not beat the control.
+    Beating it: mean FA, or a calibrated MIA AUC's distance from 0.5 (class-matched, or on the
+    membership canaries), lower than the control's by more than ``experiment.control_margin``.
+    An AUC far *below* 0.5 is a trace too (the attack separates D_u with the sign flipped, as
+    after a collapse of the model), not forgetting. Otherwise the verdict says that it does not
+    beat the control.
     """
-    exp = cfg["experiment"]
-    tol = float(exp.get("control_ra_tol", 0.02))
-    margin = float(exp.get("control_margin", 0.01))
+    exp = cfg.experiment
+    tol = float(exp.control_ra_tol)
+    margin = float(exp.control_margin)
     idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
 
     def mean(ds: str, model: str, sc: str, m: str, metric: str) -> float | None:
@@ -260,11 +270,11 @@ def control_verdicts(
         return r["mean"] if r is not None and r["n"] and math.isfinite(r["mean"]) else None
 
     out = []
-    for ds in exp["datasets"]:
-        for model in exp["models"]:
-            for sc in exp["scenarios"]:
-                for ctl in (c for c in CONTROLS if c in exp["methods"]):
-                    for m in exp["methods"]:
+    for ds in exp.datasets:
+        for model in exp.models:
+            for sc in exp.scenarios:
+                for ctl in (c for c in CONTROLS if c in exp.methods):
+                    for m in exp.methods:
                         if m in CONTROLS:
                             continue
                         v = {
@@ -276,7 +286,7 @@ def control_verdicts(
                         better = [
                             k
                             for k in ("FA", "MIA_AUC", "MIA_canary_AUC")
-                            if None not in v[k] and v[k][0] + margin < v[k][1]
+                            if None not in v[k] and _trace(k, v[k][0]) + margin < _trace(k, v[k][1])
                         ]
                         if v["RA"][0] < v["RA"][1] - tol:
                             verdict = "lower RA than the control" + (
@@ -298,6 +308,11 @@ def control_verdicts(
                             }
                         )
     return out
+
+
+def _trace(metric: str, value: float) -> float:
+    """What the verdict compares: FA itself, an MIA AUC's distance from 0.5 (no trace)."""
+    return abs(value - 0.5) if metric.startswith("MIA") else value
 
 
 def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
@@ -352,9 +367,9 @@ def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+def cost_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
     """Cost per method and scenario: wall seconds, link seconds, MB on the link, FL rounds."""
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
     head = [
         "Dataset",
@@ -369,10 +384,10 @@ def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str
         "test acc",
     ]
     lines = ["### Cost", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for ds in exp["datasets"]:
-        for sc in exp["scenarios"]:
-            for model in exp["models"]:
-                for m in exp["methods"]:
+    for ds in exp.datasets:
+        for sc in exp.scenarios:
+            for model in exp.models:
+                for m in exp.methods:
 
                     def g(metric: str, scale: float = 1.0, digits: int = 1) -> str:
                         r = idx.get((ds, model, sc, m, metric))  # noqa: B023
@@ -402,7 +417,7 @@ def cost_table(cfg: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str
 
 
 def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
-    """Long-format CSV of :func:`summarise` rows."""
+    """Long-format CSV of :func:`summarise` rows, with the paper's value where it has one."""
     path.parent.mkdir(parents=True, exist_ok=True)
     cols = [
         "dataset",
@@ -415,12 +430,14 @@ def write_csv(rows: Sequence[Mapping[str, Any]], path: Path) -> Path:
         "n",
         "delta_mean",
         "delta_std",
+        "paper",
     ]
     with path.open("w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
         w.writeheader()
         for r in rows:
-            w.writerow({k: r[k] for k in cols})
+            paper = paper_value(r["dataset"], r["scenario"], r["model"], r["method"], r["metric"])
+            w.writerow({**{k: r[k] for k in cols[:-1]}, "paper": "" if paper is None else paper})
     return path
 
 
@@ -452,18 +469,18 @@ def _first_scale_result(
 
 
 def plot_table2_ppo(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """PPO episode return per scenario (one panel each), one line per model (first seed)."""
     plt = _plt()
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     paths = []
-    scen = list(exp["scenarios"])
-    for ds in exp["datasets"]:
+    scen = list(exp.scenarios)
+    for ds in exp.datasets:
         fig, axes = plt.subplots(1, len(scen), figsize=(4.2 * len(scen), 3.2), squeeze=False)
         any_line = False
         for ax, sc in zip(axes[0], scen, strict=True):
-            for model in exp["models"]:
+            for model in exp.models:
                 first = _first_scale_result(results, ds, model, sc, alpha)
                 if first is None:
                     continue
@@ -487,16 +504,16 @@ def plot_table2_ppo(
 
 
 def plot_table2_sensitivity(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """SCALE's combined layer sensitivity per model, one bar group per scenario (first seed)."""
     plt = _plt()
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     paths = []
-    for ds in exp["datasets"]:
-        for model in exp["models"]:
+    for ds in exp.datasets:
+        for model in exp.models:
             per_sc = {}
-            for sc in exp["scenarios"]:
+            for sc in exp.scenarios:
                 first = _first_scale_result(results, ds, model, sc, alpha)
                 sens = _get(first, "details", "sensitivity") if first else None
                 if sens:
@@ -539,18 +556,18 @@ def plot_table2_sensitivity(
 
 
 def plot_table2_sum_aoi(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float, out: Path
 ) -> list[Path]:
     """Sum AoI over SCALE's unlearning steps: one panel per model, one line per scenario."""
     plt = _plt()
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     paths = []
-    models = list(exp["models"])
-    for ds in exp["datasets"]:
+    models = list(exp.models)
+    for ds in exp.datasets:
         fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.2), squeeze=False)
         any_line = False
         for ax, model in zip(axes[0], models, strict=True):
-            for sc in exp["scenarios"]:
+            for sc in exp.scenarios:
                 first = _first_scale_result(results, ds, model, sc, alpha)
                 tr = _get(first, "aoi", "sum_s_trace") if first else None
                 if tr:
@@ -570,22 +587,22 @@ def plot_table2_sum_aoi(
 
 
 def plot_table2_alpha(
-    cfg: Mapping[str, Any], results: Mapping[Cell, Mapping[str, Any]], out: Path
+    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], out: Path
 ) -> list[Path]:
     """RA and FA against the Dirichlet alpha per scenario, a line per model x method."""
     plt = _plt()
-    exp = cfg["experiment"]
-    sweep = dict(exp.get("alpha_sweep") or {})
-    alphas = sorted({float(a) for a in sweep.get("alphas") or []})
+    exp = cfg.experiment
+    sweep = exp.alpha_sweep
+    alphas = sorted({float(a) for a in sweep.alphas})
     if not alphas:
         return []
-    alphas = sorted(set(alphas) | {float(cfg["data"]["alpha"])})
-    scen = list(sweep.get("scenarios") or exp["scenarios"])
-    methods = list(sweep.get("methods") or exp["methods"])
-    models = list(sweep.get("models") or exp["models"])
-    fa_metric = str(exp["fa_metric"])
+    alphas = sorted(set(alphas) | {float(cfg.data.alpha)})
+    scen = list(sweep.scenarios or exp.scenarios)
+    methods = list(sweep.methods or exp.methods)
+    models = list(sweep.models or exp.models)
+    fa_metric = str(exp.fa_metric)
     paths = []
-    for ds in exp["datasets"]:
+    for ds in exp.datasets:
         fig, axes = plt.subplots(2, len(scen), figsize=(4.2 * len(scen), 6), squeeze=False)
         any_line = False
         for j, sc in enumerate(scen):
@@ -625,18 +642,19 @@ def plot_table2_alpha(
     return paths
 
 
-def write_report(cfg: Mapping[str, Any], out: str | Path) -> dict[str, Path]:
+def write_report(cfg: Config | Config, out: str | Path) -> dict[str, Path]:
     """Write table2.md, table2.csv and figures/*.png from the finished cells under ``out``."""
+    cfg = as_config(cfg)
     out = Path(out)
     main, sweep = plan_cells(cfg)
     results = load_results(out, main + sweep)
-    alpha = float(cfg["data"]["alpha"])
+    alpha = float(cfg.data.alpha)
     rows = summarise(cfg, results, alpha)
-    exp = cfg["experiment"]
+    exp = cfg.experiment
     n_missing = len(main) - sum(1 for c in main if c in results)
     title = (
-        f"Table II (measured): alpha={alpha:g}, seeds {list(exp['seeds'])}, "
-        f"FA = {exp['fa_metric']}, Avg AoI = aoi.{exp['aoi_metric']}"
+        f"Table II (measured): alpha={alpha:g}, seeds {list(exp.seeds)}, "
+        f"FA = {exp.fa_metric}, Avg AoI = aoi.{exp.aoi_metric}"
     )
     md = [markdown_table(cfg, rows, title), "", protocol_table(cfg, rows), ""]
     verdicts = control_verdicts(cfg, rows)

@@ -33,13 +33,13 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from scaleflu.config import ConfigError, save_config
-from scaleflu.experiments.cells import Cell, RunKey, _exp, plan_cells, read_result
+from scaleflu.config import Config, ConfigError, as_config, save_config
+from scaleflu.experiments.cells import Cell, RunKey, plan_cells, read_result
 from scaleflu.unlearn.base import UnlearnContext, Unlearner, resolve_unlearn_config
 
 log = logging.getLogger(__name__)
 
-MethodFactory = Callable[[str, Mapping[str, Any]], Unlearner]
+MethodFactory = Callable[[str, Config], Unlearner]
 RUN_SECTIONS_DROPPED = ("experiment", "baselines", "testbed")
 
 
@@ -54,15 +54,16 @@ def _check_methods(names: Iterable[str]) -> None:
             raise ConfigError(f"experiment.methods: {exc}") from None
 
 
-def run_config(cfg: Mapping[str, Any], key: RunKey) -> dict[str, Any]:
+def run_config(cfg: Mapping[str, Any], key: RunKey) -> Config:
     """The FL config of one run: the experiment config with the run's data set, model, alpha, seed.
 
     Sections that do not shape the trained model (experiment, baselines, testbed) are left out,
     so changing them never invalidates a trained run.
     """
+    cfg = as_config(cfg)
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED}
-    per_model = ((cfg.get("experiment") or {}).get("model_settings") or {}).get(key.model)
-    for item in per_model or []:  # e.g. a smaller run for MobileNetV3 on the CPU
+    # e.g. a smaller run for MobileNetV3 on the CPU
+    for item in cfg.experiment.model_settings.get(key.model) or []:
         from scaleflu.config import merge, parse_override
 
         upd = parse_override(str(item))
@@ -75,7 +76,7 @@ def run_config(cfg: Mapping[str, Any], key: RunKey) -> dict[str, Any]:
     out["data"]["dataset"] = key.dataset
     out["data"]["alpha"] = key.alpha
     out["model"]["name"] = key.model
-    return out
+    return as_config(out)
 
 
 def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
@@ -106,7 +107,7 @@ _LR_KEYS = ("lr_schedule", "lr_decay", "lr_min_ratio")
 _CANARY_KEYS = ("canary_clients", "canaries", "canary_copies")
 
 
-def ensure_run(cfg: Mapping[str, Any], key: RunKey, out: Path, progress: bool) -> Path:
+def ensure_run(cfg: Config, key: RunKey, out: Path, progress: bool) -> Path:
     """Train (or resume, or reuse) the run of ``key``; returns its directory."""
     from scaleflu.fl.run import train
 
@@ -132,14 +133,15 @@ def ensure_run(cfg: Mapping[str, Any], key: RunKey, out: Path, progress: bool) -
 
 def make_context(run: Any, request: str, cfg: Mapping[str, Any], progress: bool) -> UnlearnContext:
     """An UnlearnContext for ``request`` with the experiment's scale and baselines settings."""
+    cfg = as_config(cfg)
     ucfg = resolve_unlearn_config(run.cfg)
-    ucfg["scale"] = copy.deepcopy(dict(cfg["scale"]))
-    ucfg["baselines"] = copy.deepcopy(dict(cfg.get("baselines") or {}))
-    mode = str(_exp(cfg).get("scale_mode") or cfg["scale"]["mode"])
+    ucfg.scale = copy.deepcopy(cfg.scale)
+    ucfg.baselines = copy.deepcopy(cfg.baselines)
+    mode = str(cfg.experiment.scale_mode or cfg.scale.mode)
     return UnlearnContext.for_request(run, request, ucfg, mode, progress)
 
 
-def default_factory(name: str, cfg: Mapping[str, Any]) -> Unlearner:
+def default_factory(name: str, cfg: Config) -> Unlearner:
     """The registry's Unlearner for ``name`` (:func:`scaleflu.unlearn.registry.make_method`).
 
     Hyper-parameters come from the experiment's ``baselines.<name>``; SCALE runs in
@@ -148,7 +150,7 @@ def default_factory(name: str, cfg: Mapping[str, Any]) -> Unlearner:
     from scaleflu.unlearn.registry import canonical_name, make_method
 
     if canonical_name(name) == "scale":
-        return make_method("scale", cfg, mode=str(_exp(cfg).get("scale_mode") or "default"))
+        return make_method("scale", cfg, mode=str(cfg.experiment.scale_mode or "default"))
     return make_method(name, cfg)
 
 
@@ -187,6 +189,7 @@ def run_cells(
     progress: bool = True,
 ) -> dict[str, dict[str, Any]]:
     """Run every unfinished cell (grouped by run); returns a status per cell folder."""
+    cfg = as_config(cfg)
     out = Path(out)
     cells = list(dict.fromkeys(cells))  # main table first, then the sweep
     status: dict[str, dict[str, Any]] = {}
@@ -199,12 +202,12 @@ def run_cells(
             todo.setdefault(c.run, []).append(c)
     n_todo = sum(len(v) for v in todo.values())
     log.info("%d cells: %d finished, %d to run", len(cells), len(cells) - n_todo, n_todo)
-    threads = int(cfg["fl"].get("threads") or 0)
+    threads = int(cfg.fl.threads or 0)
     if threads > 0:
         torch.set_num_threads(threads)
     bar = tqdm(total=n_todo, desc="table2", unit="cell", disable=not progress)
-    scenarios = dict(_exp(cfg)["scenarios"])
-    save_models = bool(_exp(cfg).get("save_models"))
+    scenarios = dict(cfg.experiment.scenarios)
+    save_models = bool(cfg.experiment.save_models)
     try:
         for key, group in todo.items():
             try:
@@ -297,6 +300,7 @@ def run_table2(
     report: bool = True,
 ) -> dict[str, Any]:
     """Plan, run the unfinished cells, then write the table, CSV, figures and summary."""
+    cfg = as_config(cfg)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.yaml")

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from scaleflu.config import ConfigError
+from scaleflu.config import ConfigError, config_section
 
 log = logging.getLogger(__name__)
 
@@ -408,18 +408,13 @@ def _subsample(data: ImageData, size: int | None, seed: int, tag: int) -> ImageD
 
 def load_datasets(data_cfg: Mapping[str, Any], seed: int = 0) -> tuple[ImageData, ImageData]:
     """Clean (train, test) for the ``data`` config section, subsampled when asked."""
-    name = str(data_cfg.get("dataset", "")).lower().replace("-", "_")
-    if name in ("fashion_mnist", "fashionmnist", "fmnist"):
-        train, test = load_fashion_mnist(data_cfg.get("root"), bool(data_cfg.get("download")))
-    elif name in ("cifar100", "cifar_100"):
-        train, test = load_cifar100(data_cfg.get("root"), bool(data_cfg.get("download")))
+    data = config_section("data", data_cfg)  # the checked choice: one of DATASET_NAMES
+    if data.dataset == "fashion_mnist":
+        train, test = load_fashion_mnist(data.root, bool(data.download))
     else:
-        raise ConfigError(
-            f"unknown data.dataset {data_cfg.get('dataset')!r}; choose one of "
-            f"{', '.join(DATASET_NAMES)}"
-        )
-    train = _subsample(train, data_cfg.get("train_subset"), seed, 101)
-    test = _subsample(test, data_cfg.get("test_subset"), seed, 102)
+        train, test = load_cifar100(data.root, bool(data.download))
+    train = _subsample(train, data.train_subset, seed, 101)
+    test = _subsample(test, data.test_subset, seed, 102)
     return train, test
 
 
@@ -472,24 +467,22 @@ def make_partitions(
     ``data.poison.backdoor_share`` / ``label_flip_share`` then grow the listed clients
     (:func:`grow_clients`).
     """
-    kind = str(data_cfg.get("partition", "")).lower()
-    n = int(data_cfg["num_clients"])
-    if kind == "iid":
+    data = config_section("data", data_cfg)  # partition: the checked choice iid | dirichlet
+    n = int(data.num_clients)
+    if data.partition == "iid":
         parts = partition_iid(len(labels), n, seed)
-    elif kind == "dirichlet":
-        parts = partition_dirichlet(labels.numpy(), n, float(data_cfg["alpha"]), seed)
     else:
-        raise ConfigError(f"unknown data.partition {kind!r}; choose iid or dirichlet")
-    poison = dict(data_cfg.get("poison") or {})
+        parts = partition_dirichlet(labels.numpy(), n, float(data.alpha), seed)
+    poison = data.poison
     shares: dict[int, float] = {}
     for clients_key, share_key in (
         ("backdoor_clients", "backdoor_share"),
         ("label_flip_clients", "label_flip_share"),
     ):
-        share = poison.get(share_key)
+        share = poison[share_key]
         if share is None:
             continue
-        for c in poison.get(clients_key) or []:
+        for c in poison[clients_key]:
             shares[int(c)] = float(share)
     return grow_clients(parts, shares, seed) if shares else parts
 
@@ -643,11 +636,11 @@ def apply_poison(
     seed: int,
 ) -> tuple[ImageData, PoisonInfo]:
     """Poisoned copy of ``train`` (backdoor and label flips per ``data.poison``) and its record."""
-    cfg = dict(poison_cfg or {})
-    target = int(cfg.get("target_label", 0) or 0)
-    size = int(cfg.get("trigger_size", 3) or 3)
-    mode = str(cfg.get("label_flip_mode") or "random")
-    marker = int(cfg.get("flip_marker") or 0)
+    cfg = config_section("data.poison", poison_cfg)
+    target = int(cfg.target_label)
+    size = int(cfg.trigger_size)
+    mode = str(cfg.label_flip_mode)
+    marker = int(cfg.flip_marker)
     if mode not in FLIP_MODES:
         raise ConfigError(f"data.poison.label_flip_mode must be one of {FLIP_MODES}, got {mode!r}")
     side = train.image_size
@@ -659,21 +652,17 @@ def apply_poison(
         raise ConfigError(f"data.poison.target_label {target} outside 0..{train.num_classes - 1}")
 
     def clients(key: str) -> list[int]:
-        vals = [int(c) for c in (cfg.get(key) or [])]
+        vals = [int(c) for c in cfg[key]]
         bad = [c for c in vals if not 0 <= c < n_clients]
         if bad:
             raise ConfigError(f"data.poison.{key} has clients {bad} outside 0..{n_clients - 1}")
         return vals
 
-    back = [
-        _pick(rng, parts[c], float(cfg.get("backdoor_fraction", 0.0)))
-        for c in clients("backdoor_clients")
-    ]
+    back = [_pick(rng, parts[c], float(cfg.backdoor_fraction)) for c in clients("backdoor_clients")]
     flip = [
-        _pick(rng, parts[c], float(cfg.get("label_flip_fraction", 0.0)))
-        for c in clients("label_flip_clients")
+        _pick(rng, parts[c], float(cfg.label_flip_fraction)) for c in clients("label_flip_clients")
     ]
-    extra = np.asarray(cfg.get("label_flip_samples") or [], dtype=np.int64)
+    extra = np.asarray(cfg.label_flip_samples, dtype=np.int64)
     if extra.size and (extra.min() < 0 or extra.max() >= len(train)):
         raise ConfigError("data.poison.label_flip_samples holds indices outside the training set")
     back_idx = np.unique(np.concatenate(back)) if back else np.empty(0, np.int64)
@@ -718,10 +707,10 @@ def insert_canaries(
     alike, so the audit's null is tight). Returns (clean, train, parts, poison) extended;
     ``canaries: 0`` returns the inputs unchanged (bit-exact runs without canaries).
     """
-    cfg = dict(poison_cfg or {})
-    k = int(cfg.get("canaries") or 0)
-    copies = int(cfg["canary_copies"]) if cfg.get("canary_copies") is not None else 1
-    who = [int(c) for c in (cfg.get("canary_clients") or [])]
+    cfg = config_section("data.poison", poison_cfg)
+    k = int(cfg.canaries)
+    copies = int(cfg.canary_copies)
+    who = [int(c) for c in cfg.canary_clients]
     if k < 0 or copies < 1:
         raise ConfigError("data.poison.canaries must be >= 0 and canary_copies >= 1")
     if k == 0 or not who:

@@ -90,16 +90,19 @@ class LocalConfig:
     @classmethod
     def from_config(cls, fl: Mapping[str, Any], epochs: int | None = None) -> LocalConfig:
         """The ``fl`` config section's local settings and lr schedule (``epochs`` overrides E;
-        ``batch_size`` null: full batch)."""
+        ``batch_size`` null: full batch). A plain mapping gets default.yaml's other keys."""
+        from scaleflu.config import config_section
+
+        fl = config_section("fl", fl)
         return cls(
-            int(epochs if epochs is not None else fl["local_epochs"]),
-            float(fl["lr"]),
-            None if fl["batch_size"] is None else int(fl["batch_size"]),
-            float(fl["momentum"]),
-            str(fl.get("lr_schedule") or "constant"),
-            float(fl.get("lr_decay", 1.0) if fl.get("lr_decay") is not None else 1.0),
-            float(fl.get("lr_min_ratio") or 0.0),
-            int(fl.get("rounds") or 0),  # T of the schedule (0: constant)
+            int(epochs if epochs is not None else fl.local_epochs),
+            float(fl.lr),
+            None if fl.batch_size is None else int(fl.batch_size),
+            float(fl.momentum),
+            str(fl.lr_schedule),
+            float(fl.lr_decay),
+            float(fl.lr_min_ratio),
+            int(fl.rounds),  # T of the schedule
         )
 
 

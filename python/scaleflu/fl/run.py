@@ -121,9 +121,14 @@ class FLSetup:
         return model
 
 
-def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
-    """Validate ``cfg`` and rebuild data, partitions, poisoning and the initial model from it."""
-    cfg = validate_config(cfg)
+def build_data(
+    cfg: Config,
+) -> tuple[ImageData, ImageData, ImageData, list[np.ndarray], PoisonInfo]:
+    """The seeded data of a config: (clean train, poisoned train, test, partitions, poison).
+
+    Load, partition, poison, insert the membership canaries: the one builder of the clients'
+    data, used by the simulation (:func:`build_setup`) and by each robot of the testbed.
+    """
     seed = int(cfg.seed)
     clean, test = load_datasets(cfg.data, seed)
     parts = make_partitions(cfg.data, clean.labels, seed)
@@ -131,6 +136,14 @@ def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
     clean, train, parts, poison = insert_canaries(
         clean, train, parts, cfg.data.poison, poison, seed
     )
+    return clean, train, test, list(parts), poison
+
+
+def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
+    """Validate ``cfg`` and rebuild data, partitions, poisoning and the initial model from it."""
+    cfg = validate_config(cfg)
+    seed = int(cfg.seed)
+    clean, train, test, parts, poison = build_data(cfg)
     triggered = None
     if len(poison.backdoor_indices):
         triggered = triggered_test_set(test, poison.target_label, poison.trigger_size)

@@ -27,6 +27,7 @@ from scaleflu.cliargs import LOG_LEVELS, DefaultsHelpFormatter, add_config_args,
 from scaleflu.log import setup_logging
 
 if TYPE_CHECKING:
+    from scaleflu.config import Config
     from scaleflu.link import Link
 
 # The link, protocol and config modules (numpy, yaml) are imported when an app runs, not when
@@ -269,7 +270,7 @@ def setup_app_logging(args: argparse.Namespace) -> None:
 
 def build_link(
     args: argparse.Namespace,
-    cfg: dict[str, Any],
+    cfg: Config,
     node_id: int,
     peers: Sequence[int],
     tx_args: str | None,
@@ -280,24 +281,24 @@ def build_link(
     from scaleflu.testbed.protocol import SERVER_ID
     from scaleflu.testbed.transport import make_testbed_link
 
-    kind = canonical_kind(args.link or str(cfg["testbed"]["link"]))
+    kind = canonical_kind(args.link or str(cfg.testbed.link))
     opts: dict[str, Any] = {}
     if kind in ("frames", "frames-shared"):
         opts["hub"] = args.hub
     if kind == "frames-shared":
         opts.update(
-            mac=dict(cfg["testbed"].get("mac") or {}),
+            mac=dict(cfg.testbed.mac),
             members=tuple(peers) if node_id == SERVER_ID else (),
-            rate_bytes_per_s=(cfg["testbed"].get("channel") or {}).get("rate_bytes_per_s"),
-            seed=int(cfg["seed"]) + node_id,
+            rate_bytes_per_s=cfg.testbed.channel.rate_bytes_per_s,
+            seed=int(cfg.seed) + node_id,
         )
     elif kind in ("ofdm-shared", "uhd"):  # one frequency: the server-scheduled MAC
         opts.update(
-            mac=dict(cfg["testbed"].get("mac") or {}),
+            mac=dict(cfg.testbed.mac),
             # an enrolled robot (it holds a key file) is a member from the start: no JOIN in
             # contention, so every transmission on the frequency is scheduled
             members=tuple(peers) if node_id == SERVER_ID else (node_id,),
-            seed=int(cfg["seed"]) + node_id,
+            seed=int(cfg.seed) + node_id,
         )
         if kind == "ofdm-shared":
             from scaleflu.radio.medium import DEFAULT_MEDIUM_ADDRESS
@@ -309,7 +310,7 @@ def build_link(
             base_port=args.base_port,
             snr_db=args.snr_db,
             drop_rate=args.drop_rate,
-            seed=int(cfg["seed"]) + node_id,
+            seed=int(cfg.seed) + node_id,
         )
     if kind == "uhd":
         opts.update(
@@ -327,9 +328,9 @@ def build_link(
             time_source=args.time_source or None,
             lo_offset=args.lo_offset,
         )
-    arq = {k: v for k, v in (cfg["testbed"].get("arq") or {}).items() if v is not None}
+    arq = {k: v for k, v in cfg.testbed.arq.items() if v is not None}
     if node_id != SERVER_ID:  # robots: reassembly bounds that fit a 4 GB board (docs/link.md §6)
-        robot = cfg["testbed"].get("robot_arq") or {}
+        robot = cfg.testbed.robot_arq
         arq = {**{k: v for k, v in robot.items() if v is not None}, **arq}
     if arq:
         opts["arq"] = arq

@@ -19,6 +19,16 @@ log = logging.getLogger(__name__)
 ENCODINGS = {"raw": Encoding.RAW, "fp16": Encoding.FP16, "int8": Encoding.INT8}
 
 
+def federation_config(cfg: Mapping[str, Any]) -> Any:
+    """A checked copy of ``cfg`` as the testbed's federation runs it: ``fl.rounds`` :=
+    ``testbed.rounds`` (also the lr schedule's T), the same on the server and on every robot."""
+    from scaleflu.config import as_config
+
+    out = as_config(as_config(cfg).to_dict())
+    out.fl.rounds = int(out.testbed.rounds)
+    return out
+
+
 def to_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """A torch state dict as numpy arrays (copies)."""
     return {k: v.detach().cpu().contiguous().numpy().copy() for k, v in state.items()}

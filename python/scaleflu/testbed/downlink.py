@@ -117,7 +117,7 @@ class DownlinkMixin:
         sends every robot a small sealed MODEL envelope naming the body's SHA-256.
         """
         tb = self.tb
-        mode = str(tb.get("downlink", "auto"))
+        mode = str(tb.downlink)
         bcast = getattr(self.link, "broadcast", None)
         if mode == "unicast" or not callable(bcast) or not getattr(self.link, "is_server", False):
             if mode == "broadcast":

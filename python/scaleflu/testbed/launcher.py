@@ -31,7 +31,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from scaleflu.config import _read_file, default_config, merge, parse_override, save_config
+from scaleflu.config import (
+    Config,
+    _read_file,
+    as_config,
+    default_config,
+    merge,
+    parse_override,
+    save_config,
+)
 from scaleflu.link import ChannelModel
 from scaleflu.link.kinds import canonical_kind
 from scaleflu.log import setup_logging
@@ -189,16 +197,16 @@ def _rounds_done(run_dir: Path) -> int:
     return max(done, default=0)
 
 
-def largest_robot(cfg: dict[str, Any]) -> int:
+def largest_robot(cfg: Config) -> int:
     """The robot with the most training samples under the config's seeded partition."""
     from scaleflu.fl.data import load_datasets, make_partitions
 
-    clean, _ = load_datasets(cfg["data"], int(cfg["seed"]))
-    parts = make_partitions(cfg["data"], clean.labels, int(cfg["seed"]))
+    clean, _ = load_datasets(cfg.data, int(cfg.seed))
+    parts = make_partitions(cfg.data, clean.labels, int(cfg.seed))
     return robot_of(max(range(len(parts)), key=lambda n: len(parts[n])))
 
 
-def build_config(args: argparse.Namespace) -> dict[str, Any]:
+def build_config(args: argparse.Namespace) -> Config:
     """Defaults, demo settings, the user's file, then --set overrides; robot count wired in.
 
     The backdoored robot (the one that asks to be forgotten) is ``--backdoor-robot``, by default
@@ -221,14 +229,15 @@ def build_config(args: argparse.Namespace) -> dict[str, Any]:
         cfg = merge(cfg, _read_file(Path(args.config)))
     for o in args.overrides:
         cfg = merge(cfg, parse_override(o))
+    cfg = as_config(cfg)  # checked at once: a bad file or --set fails before anything starts
     if args.backdoor_robot is None:
         args.backdoor_robot = largest_robot(cfg)
-    if not cfg["data"]["poison"]["backdoor_clients"]:
-        cfg["data"]["poison"]["backdoor_clients"] = [client_of(args.backdoor_robot)]
-    return cfg
+    if not cfg.data.poison.backdoor_clients:
+        cfg.data.poison.backdoor_clients = [client_of(args.backdoor_robot)]
+    return as_config(cfg)  # the backdoor robot must be an FL client
 
 
-def start_medium(cfg: dict[str, Any], args: argparse.Namespace) -> tuple[Any, str]:
+def start_medium(cfg: Config, args: argparse.Namespace) -> tuple[Any, str]:
     """The sample-level shared medium of ``ofdm-shared`` (a broker thread in the launcher).
 
     Server 0 and robots 1..N on one frequency, every link with ``testbed.medium``'s fading and
@@ -236,27 +245,27 @@ def start_medium(cfg: dict[str, Any], args: argparse.Namespace) -> tuple[Any, st
     """
     from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig
 
-    med = dict(cfg["testbed"].get("medium") or {})
-    fading = args.fading or str(med.get("fading", "rician"))
-    snr = float(med.get("snr_db", 20.0) if args.snr_db is None else args.snr_db)
+    med = cfg.testbed.medium
+    fading = args.fading or str(med.fading)
+    snr = float(med.snr_db if args.snr_db is None else args.snr_db)
     ch = LinkChannel(
         snr_db=snr,
         fading=fading,
-        k_factor_db=float(med.get("k_factor_db", 6.0)),
-        doppler_hz=float(med.get("doppler_hz", 2.0)),
+        k_factor_db=float(med.k_factor_db),
+        doppler_hz=float(med.doppler_hz),
     )
     mcfg = MediumConfig(
         nodes=tuple(range(args.robots + 1)),
-        seed=int(cfg["seed"]),
+        seed=int(cfg.seed),
         address="tcp://127.0.0.1:0",
-        block=int(med.get("block", 8192)),
+        block=int(med.block),
         default=ch,
-        node_timeout=float(med.get("node_timeout_s", 60.0)),
+        node_timeout=float(med.node_timeout_s),
         hub=0,  # the robots take frames from the server only: they skip each other's uploads
         # stride only after 16 quiet blocks (26 ms): a robot that trains beside its radio may
         # decode its grant a few blocks late, and a 16-block stride then would put its answer
         # past the grant's window (collided samples in the demo, never in the benchmarks)
-        idle_blocks=int(med.get("idle_blocks", 16)),
+        idle_blocks=int(med.idle_blocks),
     )
     broker = MediumBroker(mcfg).start()
     k = f", K = {ch.k_factor_db:g} dB" if fading == "rician" else ""
@@ -388,10 +397,10 @@ def run_testbed(args: argparse.Namespace) -> int:
         raise ValueError("--outsider-rate needs a frame hub (--link frames or frames-shared)")
     t_start = time.monotonic()
     runs = ROOT / "runs" if APPS.is_dir() else Path("runs")
+    cfg = build_config(args)
     run_dir = Path(args.out or runs / f"testbed-{time.strftime('%Y%m%d-%H%M%S')}")
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "logs").mkdir(exist_ok=True)
-    cfg = build_config(args)
     cfg_path = save_config(cfg, run_dir / "testbed.yaml")
     # Keys live outside the run folder (a private temporary folder, removed at the end): the
     # server gets the store, each robot only its own enrolment file.
@@ -402,14 +411,14 @@ def run_testbed(args: argparse.Namespace) -> int:
     del store
     echo = None if args.quiet else sys.stdout
     out = sys.stdout
-    tb = cfg["testbed"]
+    tb = cfg.testbed
     out.write(
         f"testbed: {args.robots} robots, {args.rounds} rounds, link {args.link}, "
         f"run folder {run_dir}\n"
     )
     out.write(
         f"robot {args.backdoor_robot} carries the backdoor trigger "
-        f"(target label {cfg['data']['poison']['target_label']}) and asks to be "
+        f"(target label {cfg.data.poison.target_label}) and asks to be "
         f"forgotten ({args.unlearn}) after round "
         f"{args.unlearn_after_round or args.rounds}\n"
     )
@@ -424,13 +433,11 @@ def run_testbed(args: argparse.Namespace) -> int:
     elif args.link in ("frames", "frames-shared"):
         from scaleflu.link.hub import FrameHub
 
-        ch = dict(tb["channel"])
+        ch = dict(tb.channel)
         if args.loss is not None:
             ch["loss"] = args.loss
         shared = args.link == "frames-shared"
-        hub = FrameHub(
-            "tcp://127.0.0.1:0", ChannelModel(**ch), seed=int(cfg["seed"]), shared=shared
-        )
+        hub = FrameHub("tcp://127.0.0.1:0", ChannelModel(**ch), seed=int(cfg.seed), shared=shared)
         link_args += ["--hub", hub.address]
         out.write(
             f"channel: frame hub {hub.address} {ch}"

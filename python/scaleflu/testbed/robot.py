@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from scaleflu.config import as_config
-from scaleflu.fl.data import ImageData, add_trigger, apply_poison, load_datasets, make_partitions
+from scaleflu.fl.data import ImageData, add_trigger
 from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
 from scaleflu.fl.models import build_model
 from scaleflu.link import Link
@@ -37,6 +37,7 @@ from scaleflu.testbed.common import (
     cast_like,
     decode_state,
     encode_state,
+    federation_config,
     install_link_keys,
     to_numpy,
 )
@@ -75,12 +76,13 @@ class RobotData:
 
     def __init__(self, cfg: Mapping[str, Any], robot_id: int) -> None:
         """Rebuild the seeded split from ``cfg`` and keep only this robot's samples."""
+        from scaleflu.fl.run import build_data
+
         cfg = as_config(cfg)
         seed = int(cfg.seed)
         n = client_of(robot_id)
-        clean, test = load_datasets(cfg.data, seed)
-        parts = make_partitions(cfg.data, clean.labels, seed)
-        train, poison = apply_poison(clean, parts, cfg.data.get("poison"), seed)
+        # the server's builder: the same partition, poisoning and canaries as FL training
+        clean, train, test, parts, poison = build_data(cfg)
         self.part = parts[n]
         self.train: ImageData = train.subset(self.part)
         self.clean: ImageData = clean.subset(self.part)
@@ -186,7 +188,7 @@ class RobotClient:
         self.link = link
         self.robot_id = robot_id
         self.key = key
-        self.cfg = cfg = as_config(cfg)
+        self.cfg = cfg = federation_config(cfg)  # fl.rounds as on the server: the lr schedule
         self.tb = cfg.testbed
         self.unlearn = dict(unlearn) if unlearn else None
         self.unlearn_after_round = unlearn_after_round

@@ -92,7 +92,7 @@ class RoundsMixin:
         except Exception as exc:
             self._refuse_update(rs, r, t, "malformed_tensors", repr(exc))
             return
-        mn = self.tb.get("max_update_norm")
+        mn = self.tb.max_update_norm
         # dtypes are compared, not cast: a float64 upload of a float32 model is refused
         reason = validate_update(state, rs.global_np, None if mn is None else float(mn))
         if reason is not None:
@@ -134,7 +134,7 @@ class RoundsMixin:
         self._prev_broadcast = self.global_np
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while self.clock() < rs.deadline:
-            grace = float(tb.get("refused_grace_s", 0.0))
+            grace = float(tb.refused_grace_s)
             waiting = rs.scheduled - self._forgotten_ids() - rs.not_awaited(grace)
             if rs.scheduled and set(rs.updates) >= waiting:
                 break

@@ -29,13 +29,14 @@ import torch
 import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from scaleflu.config import Config, ConfigError, as_config, save_config
+from scaleflu.config import Config, ConfigError, save_config
 from scaleflu.fl.aggregation import AggregationConfig
 from scaleflu.fl.integrity import trust
 from scaleflu.fl.run import build_setup, open_history, write_training_outputs
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
+    federation_config,
     install_link_keys,
     to_numpy,
 )
@@ -125,11 +126,11 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.cfg = self._resolve_config(cfg)
         tb = self.cfg.testbed
         self.tb = tb
-        self.agg_cfg = AggregationConfig.from_dict(dict(tb.get("aggregation") or {}))
+        self.agg_cfg = AggregationConfig.from_dict(dict(tb.aggregation))
         self.limits = RateLimiter(
             {
-                "resync": float(tb.get("resync_min_interval_s", 0.0)),
-                "request": float(tb.get("request_min_interval_s", 0.0)),
+                "resync": float(tb.resync_min_interval_s),
+                "request": float(tb.request_min_interval_s),
                 "hello": 0.5,  # answers to session-0 REGISTERs (challenge requests)
             }
         )
@@ -191,9 +192,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
                         "use another --run-dir"
                     )
             cfg = {**old, "testbed": cfg.get("testbed", old.get("testbed"))}
-        cfg = as_config(cfg).to_dict()  # a copy: the caller's config is not changed
-        cfg["fl"]["rounds"] = int(cfg["testbed"]["rounds"])
-        cfg = as_config(cfg)
+        cfg = federation_config(cfg)  # a copy: the caller's config is not changed
         n = int(cfg.data.num_clients)
         bad = [r for r in self.keys if not 0 <= client_of(r) < n]
         if bad:
@@ -241,6 +240,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         robot = self.robots.get(r)
         if robot is None:
             raise ProtocolError("not_registered", f"{env.type.name} before REGISTER")
+        robot.last_heard = time.monotonic()
         if env.type is MsgType.UPDATE:
             self._on_update(robot, env.round, env.meta, env.body)
         elif env.type is MsgType.UNLEARN_REQUEST:
@@ -274,8 +274,10 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         T = int(tb.rounds)
         t = self.history.last_completed_round() + 1
         retries = 0
+        round_start = started
         while t <= T:
             self.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s))
+            round_start = time.monotonic()
             row = self.run_round(t)
             if row is None:  # a failed round is logged and retried ...
                 retries += 1
@@ -291,6 +293,8 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         wait_end = time.monotonic() + float(tb.unlearn.wait_s)
         while not self.requests and time.monotonic() < wait_end:
             self.poll(0.2)
+        if self.requests:  # a robot that died in the last round and restarts: evaluate it too
+            self.wait_for_rejoin(round_start, float(tb.register_timeout_s))
         # every accepted request is served, in order, even when an earlier one fails; requests
         # that arrive while one is served are served after it
         served: list[dict[str, Any]] = []

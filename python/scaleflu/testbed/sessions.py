@@ -35,6 +35,7 @@ class RobotInfo:
     held_src: str | None = None  # SHA-256 of the server-side state it was encoded from
     resync_at: float = 0.0  # when the robot last said it does not hold what we think
     last_nonce: str | None = None  # nonce of its last REGISTER (a retry is not a new one)
+    last_heard: float = 0.0  # monotonic time of its last authenticated message
 
 
 class SessionsMixin:
@@ -50,6 +51,7 @@ class SessionsMixin:
         info.last_nonce = nonce
         info.num_samples = num
         info.registered_at = time.monotonic()
+        info.last_heard = info.registered_at
         info.registrations += 1
         info.held, info.held_sha = None, None
         info.resync_at = time.monotonic()
@@ -90,6 +92,35 @@ class SessionsMixin:
                 return True
             self.poll(0.2)
         return len(self._active()) >= n
+
+    def wait_for_rejoin(self, since: float, timeout: float) -> list[int]:
+        """Handle messages until every registered robot has been heard from since ``since``
+        (monotonic; the start of the last round) or is forgotten, or until ``timeout``.
+
+        A robot silent since then died in the last round: if it is restarting, waiting lets it
+        register again and take part in what follows (the unlearning's "before" and "after"
+        evaluations, which would otherwise reach it only half). Returns the robots still silent.
+        """
+        end = time.monotonic() + timeout
+
+        def silent() -> list[int]:
+            return sorted(
+                r.robot_id for r in self._active() if max(r.last_heard, r.registered_at) < since
+            )
+
+        away = silent()
+        if away:
+            log.info(
+                "waiting up to %.0fs for robots %s, silent since the last round",
+                timeout,
+                away,
+            )
+        while away and time.monotonic() < end:
+            self.poll(0.2)
+            away = silent()
+        if away:
+            log.warning("robots %s silent since the last round; going on without them", away)
+        return away
 
     def _active(self) -> list[RobotInfo]:
         return [r for r in self.robots.values() if not r.forgotten]

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from scaleflu.config import ConfigError, default_config, merge
+from scaleflu.config import Config, ConfigError, Section, as_config, default_config, merge
 from scaleflu.fl.data import ImageData, triggered_test_set
 from scaleflu.fl.fedavg import LocalConfig, aggregate, make_trainer, select_clients
 from scaleflu.fl.history import state_bytes
@@ -138,7 +138,7 @@ def resolve_unlearn_config(
     run_cfg: Mapping[str, Any],
     path: str | Path | None = None,
     overrides: list[str] | tuple[str, ...] = (),
-) -> dict[str, Any]:
+) -> Config:
     """The run's config with current ``scale`` defaults filled in and user scale settings on top.
 
     Only ``scale.*`` and ``baselines.*`` may differ from the run: data, model and FL settings
@@ -170,7 +170,7 @@ def resolve_unlearn_config(
         mine = {k: v for k, v in upd.items() if k in UNLEARN_SECTIONS}
         if mine:
             cfg = merge(cfg, mine)
-    return cfg
+    return as_config(cfg)
 
 
 def _deep_update(base: dict[str, Any], upd: Mapping[str, Any]) -> None:
@@ -197,18 +197,18 @@ class UnlearnContext:
             raise ConfigError(f"unlearn mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.run = run
         self.request = request
-        self.cfg: dict[str, Any] = dict(cfg)
+        self.cfg: Config = as_config(cfg)
         self.mode = mode
         self.progress = progress
-        self.seed = int(self.cfg["seed"])
-        sc = self.cfg["scale"]
+        self.seed = int(self.cfg.seed)
+        sc = self.cfg.scale
         setup = run.setup
         # Server-side validation set (MEC assumption: the edge server holds a small public
         # set from the task's distribution): a seeded slice of the test set, left out of the
         # test metrics so no method is scored on what it tuned on.
         rng = np.random.default_rng(np.random.SeedSequence([self.seed, 41]))
         perm = rng.permutation(len(setup.test))
-        n_val = min(int(sc["val_size"]), len(setup.test) // 2)
+        n_val = min(int(sc.val_size), len(setup.test) // 2)
         self.val: ImageData = setup.test.subset(np.sort(perm[:n_val]))
         self.test: ImageData = setup.test.subset(np.sort(perm[n_val:]))
         # what the model must still do after unlearning, measured on the validation set: a
@@ -231,9 +231,9 @@ class UnlearnContext:
         self.remaining_idx = request.remaining_indices
         self.forget: ImageData = setup.train.subset(self.forget_idx)
         self.forget_clean: ImageData = setup.clean_train.subset(self.forget_idx)
-        cap = int(sc["eval"]["max_samples"])
+        cap = int(sc.eval.max_samples)
         self.remaining: ImageData = setup.train.subset(self._cap(self.remaining_idx, cap, 42))
-        mia_n = int(sc["eval"]["mia_samples"])
+        mia_n = int(sc.eval.mia_samples)
         self.members: ImageData = setup.train.subset(self._cap(self.remaining_idx, mia_n, 43))
         self.nonmembers: ImageData = self.test.subset(
             self._cap(np.arange(len(self.test)), mia_n, 44)
@@ -306,7 +306,7 @@ class UnlearnContext:
             setup.train.num_classes,
             setup.poison.backdoor_indices,
             setup.poison.flipped_indices,
-            int(cfg["seed"]),
+            int(cfg.seed),
             setup.poison.canary_copies,
         )
         return cls(run, resolved, cfg, mode, progress)
@@ -314,9 +314,9 @@ class UnlearnContext:
     # -- models --------------------------------------------------------------------------
 
     @property
-    def scale_cfg(self) -> dict[str, Any]:
+    def scale_cfg(self) -> Section:
         """The ``scale`` config section."""
-        return self.cfg["scale"]
+        return self.cfg.scale
 
     def original_state(self) -> State:
         """The trained global model Theta (a copy)."""
@@ -335,7 +335,7 @@ class UnlearnContext:
 
     def local_config(self, epochs: int | None = None) -> LocalConfig:
         """The run's local SGD settings (optionally another epoch count)."""
-        return LocalConfig.from_config(self.cfg["fl"], epochs)
+        return LocalConfig.from_config(self.cfg.fl, epochs)
 
     # -- FedAvg with the remaining clients -----------------------------------------------
 
@@ -355,12 +355,12 @@ class UnlearnContext:
         """
         from tqdm import tqdm
 
-        fl = self.cfg["fl"]
+        fl = self.cfg.fl
         local = local or self.local_config()
         parts = self.request.remaining
         sizes = {n: len(p) for n, p in enumerate(parts)}
         model = self.new_model()
-        kind = fl["trainer"] if fl["backend"] == "local" else "auto"
+        kind = fl.trainer if fl.backend == "local" else "auto"
         trainer = make_trainer(
             kind,
             model,
@@ -368,7 +368,7 @@ class UnlearnContext:
             parts,
             local,
             self.seed,
-            int(fl.get("workers", 1)),
+            int(fl.get("workers", 1)),  # a run saved before fl.workers existed: 1
             self.device,
         )
         cur = {k: v.detach().clone() for k, v in state.items()}
@@ -382,7 +382,7 @@ class UnlearnContext:
             disable=not self.progress,
             leave=False,
         ):
-            chosen = select_clients(self.seed, t, len(parts), int(fl["clients_per_round"]))
+            chosen = select_clients(self.seed, t, len(parts), int(fl.clients_per_round))
             clients = [n for n in chosen if sizes[n] > 0]
             if not clients:
                 continue
@@ -431,8 +431,8 @@ class UnlearnContext:
         its own random initial model (seeded ``(seed, 900 + k)``): trained without D_u and
         without the non-members, unlike every model audited. None when ``mia_shadows`` is 0.
         """
-        ev = self.scale_cfg["eval"]
-        n = int(ev.get("mia_shadows") or 0)
+        ev = self.scale_cfg.eval
+        n = int(ev.mia_shadows or 0)
         if n <= 0 or len(self.mia_target) == 0:
             return None
         self._reference_scores()
@@ -440,7 +440,7 @@ class UnlearnContext:
 
     def canary_reference(self) -> tuple[np.ndarray, np.ndarray] | None:
         """The same reference models' mean phi on D_u's canaries and their held-out twins."""
-        n = int(self.scale_cfg["eval"].get("mia_shadows") or 0)
+        n = int(self.scale_cfg.eval.mia_shadows or 0)
         if n <= 0 or len(self.canary_target) == 0:
             return None
         self._reference_scores()
@@ -448,14 +448,14 @@ class UnlearnContext:
 
     def _reference_scores(self) -> None:
         """Train the ``mia_shadows`` reference models once; score every MIA set with them."""
-        ev = self.scale_cfg["eval"]
-        n = int(ev.get("mia_shadows") or 0)
+        ev = self.scale_cfg.eval
+        n = int(ev.mia_shadows or 0)
         if self._mia_ref is None:
             from scaleflu.fl.fedavg import derive_seed
             from scaleflu.fl.models import build_model
             from scaleflu.unlearn.metrics import logit_confidence
 
-            rounds = int(ev.get("mia_shadow_rounds") or self.cfg["fl"]["rounds"])
+            rounds = int(ev.mia_shadow_rounds or self.cfg.fl.rounds)
             t0 = time.perf_counter()
             sets = (
                 self.mia_target,
@@ -513,12 +513,12 @@ class UnlearnContext:
             canary_target=self.canary_target,
             canary_nonmembers=self.canary_nonmembers,
             canary_reference=self.canary_reference(),
-            canary_min=int(self.scale_cfg["eval"].get("canary_min") or 1),
+            canary_min=int(self.scale_cfg.eval.canary_min or 1),
         )
         out["relearn_rounds"] = None
-        ev = self.scale_cfg["eval"]
-        if relearn and int(ev["relearn_max_rounds"]) > 0:
-            target = float(ev["relearn_target"]) * float(self.original_metrics()["fa"] or 0.0)
+        ev = self.scale_cfg.eval
+        if relearn and int(ev.relearn_max_rounds) > 0:
+            target = float(ev.relearn_target) * float(self.original_metrics()["fa"] or 0.0)
             out["relearn_rounds"] = relearn_rounds(
                 model,
                 state,
@@ -527,7 +527,7 @@ class UnlearnContext:
                 target,
                 self.local_config(1),
                 self.seed,
-                int(ev["relearn_max_rounds"]),
+                int(ev.relearn_max_rounds),
             )
         return out
 
@@ -579,7 +579,7 @@ class UnlearnContext:
             "fl_rounds": fl_rounds,
             "steps": steps,
             "overhead": communication_overhead(
-                link_s, sel["aoi_s"], float(sc["comm_a"]), float(sc["comm_b"])
+                link_s, sel["aoi_s"], float(sc.comm_a), float(sc.comm_b)
             ),
         }
         return UnlearnResult(
@@ -593,5 +593,5 @@ class UnlearnContext:
             cost=cost,
             aoi=aoi_out,
             details=dict(details or {}),
-            config={"scale": copy.deepcopy(sc), "fl": copy.deepcopy(self.cfg["fl"])},
+            config={"scale": copy.deepcopy(sc), "fl": copy.deepcopy(self.cfg.fl)},
         )

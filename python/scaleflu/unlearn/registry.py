@@ -340,7 +340,7 @@ def run_unlearning(
     )
     if mode is None:
         mode = hyper_parameters("scale", ctx.cfg)["mode"] if name == "scale" else None
-        ctx.mode = str(mode or ctx.scale_cfg["mode"])
+        ctx.mode = str(mode or ctx.scale_cfg.mode)
     if name == "scale" and ctx.mode == "paper":
         log.warning(PAPER_MODE_WARNING)
     extra = {"mode": ctx.mode} if name == "scale" else {}
@@ -350,7 +350,7 @@ def run_unlearning(
     import torch
 
     threads_before = torch.get_num_threads()
-    threads = int(ctx.cfg["fl"].get("threads") or 0)
+    threads = int(ctx.cfg.fl.threads or 0)
     if threads > 0:
         torch.set_num_threads(threads)
     try:

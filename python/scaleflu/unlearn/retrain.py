@@ -35,7 +35,7 @@ class RetrainUnlearner:
         """Retrain and measure."""
         t0 = time.perf_counter()
         c0 = time.process_time()
-        rounds = int(self.rounds if self.rounds is not None else ctx.cfg["fl"]["rounds"])
+        rounds = int(self.rounds if self.rounds is not None else ctx.cfg.fl.rounds)
         init = ctx.initial_state()
         aoi = self.make_tracker(ctx)
         initial_s = ctx.link.seconds(state_bytes(init))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -10,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from scaleflu.config import default_config
+from scaleflu.config import Section
 from scaleflu.fl.history import state_bytes
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext
@@ -23,13 +22,12 @@ State = dict[str, torch.Tensor]
 
 def baseline_config(
     name: str, overrides: Mapping[str, Any] | None = None, cfg: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
-    """``baselines.<name>`` from the packaged defaults, then ``cfg``'s section, then overrides."""
-    out = copy.deepcopy(default_config().get("baselines", {}).get(name, {}))
-    if cfg is not None:
-        out.update(copy.deepcopy(dict((cfg.get("baselines") or {}).get(name) or {})))
-    out.update(copy.deepcopy(dict(overrides or {})))
-    return out
+) -> Section:
+    """``baselines.<name>``: defaults, then ``cfg``'s section, then ``overrides``, typed and
+    checked by the one merge, :func:`scaleflu.unlearn.registry.hyper_parameters`."""
+    from scaleflu.unlearn.registry import hyper_parameters
+
+    return Section(hyper_parameters(name, cfg, overrides))
 
 
 def fresh_aoi(ctx: UnlearnContext) -> tuple[RecordingAoITracker, float, int]:

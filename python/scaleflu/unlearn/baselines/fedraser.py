@@ -78,21 +78,21 @@ class FedEraserUnlearner:
     def run(self, ctx: UnlearnContext) -> UnlearnResult:
         """Calibrated reconstruction from the history; measure the result."""
         hp = baseline_config("fedraser", self.overrides, ctx.cfg)
-        interval = int(hp["interval"])
-        ratio = float(hp["calibration_ratio"])
+        interval = int(hp.interval)
+        ratio = float(hp.calibration_ratio)
         if interval < 1 or not 0.0 < ratio:
             raise ValueError(f"fedraser: interval must be >= 1 and ratio > 0, got {hp}")
         t0 = time.perf_counter()
         history = ctx.run.history
         T = history.last_completed_round()
         cal_rounds = list(range(1, T + 1, interval))
-        E = int(ctx.cfg["fl"]["local_epochs"])
+        E = int(ctx.cfg.fl.local_epochs)
         cal_epochs = max(1, math.ceil(ratio * E))
         local = ctx.local_config(cal_epochs)
         parts = ctx.request.remaining
         sizes = {n: len(p) for n, p in enumerate(parts)}
-        fl = ctx.cfg["fl"]
-        kind = fl["trainer"] if fl["backend"] == "local" else "auto"
+        fl = ctx.cfg.fl
+        kind = fl.trainer if fl.backend == "local" else "auto"
         trainer = make_trainer(
             kind, ctx.new_model(), ctx.run.setup.train, parts, local, ctx.seed, device=ctx.device
         )

@@ -45,15 +45,15 @@ class FinetuneUnlearner:
         """The resolved k, local epochs, CPU budget and round cap for ``ctx``."""
         hp = baseline_config("finetune", self.overrides, ctx.cfg)
         sc = ctx.scale_cfg
-        rounds = hp.get("rounds")
+        rounds = hp.rounds
         if rounds is None:
-            rounds = max(1, int(sc.get("recovery_rounds") or 0))
-        epochs = hp.get("local_epochs")
+            rounds = max(1, int(sc.recovery_rounds or 0))
+        epochs = hp.local_epochs
         if epochs is None:
-            epochs = sc.get("recovery_local_epochs")
-        budget = hp.get("budget_cpu_s")
-        cap = hp.get("max_rounds")
-        cap = int(cap) if cap is not None else int(ctx.cfg["fl"]["rounds"])
+            epochs = sc.recovery_local_epochs
+        budget = hp.budget_cpu_s
+        cap = hp.max_rounds
+        cap = int(cap) if cap is not None else int(ctx.cfg.fl.rounds)
         if int(rounds) < 1 or cap < 1:
             raise ValueError(f"finetune needs at least one round (rounds {rounds}, cap {cap})")
         if budget is not None and float(budget) < 0:
@@ -126,7 +126,7 @@ class MatchedFinetuneUnlearner(FinetuneUnlearner):
 
     def run(self, ctx: UnlearnContext) -> UnlearnResult:
         """As the control, with the CPU budget required."""
-        if baseline_config("finetune", self.overrides, ctx.cfg).get("budget_cpu_s") is None:
+        if baseline_config("finetune", self.overrides, ctx.cfg).budget_cpu_s is None:
             raise ValueError(
                 "finetune_matched needs baselines.finetune.budget_cpu_s (the harness sets it "
                 f"from the {self.match_cost_of} result of the same request)"
@@ -134,16 +134,3 @@ class MatchedFinetuneUnlearner(FinetuneUnlearner):
         res = super().run(ctx)
         res.method = self.name
         return res
-
-
-def make_finetune(name: str, cfg: Any = None, **overrides: Any) -> FinetuneUnlearner:
-    """``finetune`` (k = SCALE's recovery rounds) or ``finetune_matched`` (SCALE's CPU time).
-
-    ``cfg``'s ``baselines.finetune`` supplies the settings of both; keyword overrides win.
-    """
-    overrides = {**dict(((cfg or {}).get("baselines") or {}).get("finetune") or {}), **overrides}
-    if name == "finetune_matched":
-        return MatchedFinetuneUnlearner(**overrides)
-    if name == "finetune":
-        return FinetuneUnlearner(**overrides)
-    raise ValueError(f"unknown fine-tune control {name!r}")

@@ -191,14 +191,14 @@ def _train_adapters(
 ) -> State:
     """Local SGD of client n on the adapter parameters only (base frozen)."""
     data = ctx.run.setup.train
-    fl = ctx.cfg["fl"]
-    opt = torch.optim.SGD(adapters.parameters(), lr=lr, momentum=float(fl["momentum"]))
+    fl = ctx.cfg.fl
+    opt = torch.optim.SGD(adapters.parameters(), lr=lr, momentum=float(fl.momentum))
     idx_all = torch.as_tensor(indices, dtype=torch.int64)
     dev = next(model.parameters()).device  # fl.device (the model, adapters and base live there)
     frozen = {k: v.detach().to(dev) for k, v in base.items()}
     model.eval()
     torch.manual_seed(derive_seed(ctx.seed, 82, t, n))
-    for pos in client_batches(len(indices), epochs, fl["batch_size"], ctx.seed, t, n):
+    for pos in client_batches(len(indices), epochs, fl.batch_size, ctx.seed, t, n):
         idx = idx_all[torch.as_tensor(pos)]
         params = dict(frozen)
         for name in adapters.names:
@@ -224,23 +224,21 @@ class FusedUnlearner:
     def run(self, ctx: UnlearnContext) -> UnlearnResult:
         """Pick layers, train adapters with the remaining clients, measure the merged model."""
         hp = baseline_config("fused", self.overrides, ctx.cfg)
-        fl = ctx.cfg["fl"]
+        fl = ctx.cfg.fl
         t0 = time.perf_counter()
         layers, scores, how = critical_layers(
-            ctx, int(hp["num_layers"]), int(hp["cli_rounds"]), str(hp["layer_choice"])
+            ctx, int(hp.num_layers), int(hp.cli_rounds), str(hp.layer_choice)
         )
         log.info("FUSED critical layers: %s", layers)
         base = ctx.original_state()
         adapters = Adapters(
             {k: tuple(base[k].shape) for k in layers},
-            int(hp["rank"]),
-            float(hp["alpha"] if hp.get("alpha") is not None else hp["rank"]),
+            int(hp.rank),
+            float(hp.alpha if hp.alpha is not None else hp.rank),
             ctx.seed,
         )
-        epochs = int(
-            hp["local_epochs"] if hp.get("local_epochs") is not None else fl["local_epochs"]
-        )
-        lr = float(hp["lr"] if hp.get("lr") is not None else fl["lr"])
+        epochs = int(hp.local_epochs if hp.local_epochs is not None else fl.local_epochs)
+        lr = float(hp.lr if hp.lr is not None else fl.lr)
         parts = ctx.request.remaining
         sizes = {n: len(p) for n, p in enumerate(parts)}
         dev = ctx.device  # fl.device: adapters train there; merged states stay on the CPU
@@ -254,7 +252,7 @@ class FusedUnlearner:
         nbytes, link_s, rounds_done, trace = 0, 0.0, 0, []
         cur_adapter = adapters.tensors()
         merged_prev = base
-        n_rounds = int(hp["rounds"] if hp.get("rounds") is not None else fl["rounds"])
+        n_rounds = int(hp.rounds if hp.rounds is not None else fl.rounds)
         for r in tqdm(
             range(1, n_rounds + 1),
             desc="FUSED",
@@ -263,7 +261,7 @@ class FusedUnlearner:
             leave=False,
         ):
             t = T + r
-            chosen = select_clients(ctx.seed, t, len(parts), int(fl["clients_per_round"]))
+            chosen = select_clients(ctx.seed, t, len(parts), int(fl.clients_per_round))
             clients = [n for n in chosen if sizes[n] > 0]
             if not clients:
                 continue

@@ -138,21 +138,21 @@ class PGAUnlearner:
         model = ctx.new_model(ref_state).to(dev)
         ref_model = ctx.new_model(ref_state)
         radius = (
-            float(hp["radius"])
-            if hp.get("radius") is not None
-            else pga_radius(ctx, ref_model, int(hp["radius_models"]), float(hp["radius_fraction"]))
+            float(hp.radius)
+            if hp.radius is not None
+            else pga_radius(ctx, ref_model, int(hp.radius_models), float(hp.radius_fraction))
         )
         center = parameters_to_vector(ref_model.parameters()).detach().to(dev, copy=True)
         data = ctx.run.setup.train
         forget_idx = torch.as_tensor(ctx.forget_idx, dtype=torch.int64)
         check = ctx.forget
-        cap = int(hp["check_samples"])
+        cap = int(hp.check_samples)
         if len(check) > cap:
             rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 72]))
             check = check.subset(np.sort(rng.choice(len(check), size=cap, replace=False)))
-        stop_acc = float(hp["stop_acc"])
-        rule = str(hp["stop_rule"])
-        stop_distance = hp.get("stop_distance")
+        stop_acc = float(hp.stop_acc)
+        rule = str(hp.stop_rule)
+        stop_distance = hp.stop_distance
         targets = target_models(ctx) if rule == "reference" else {}
         target_vecs = {
             n: parameters_to_vector(ctx.new_model(st).parameters()).detach().to(dev)
@@ -164,20 +164,18 @@ class PGAUnlearner:
             threshold = (
                 float(stop_distance)
                 if stop_distance is not None
-                else float(hp["stop_distance_ratio"]) * float(start_dist or 0.0)
+                else float(hp.stop_distance_ratio) * float(start_dist or 0.0)
             )
-        opt = torch.optim.SGD(
-            model.parameters(), lr=float(hp["lr"]), momentum=float(hp["momentum"])
-        )
-        bs = hp["batch_size"] or ctx.cfg["fl"]["batch_size"]  # None: full batch
-        clip = float(hp["clip_grad"])
+        opt = torch.optim.SGD(model.parameters(), lr=float(hp.lr), momentum=float(hp.momentum))
+        bs = hp.batch_size or ctx.cfg.fl.batch_size  # None: full batch
+        clip = float(hp.clip_grad)
         steps, stopped, dist, reason = 0, False, 0.0, "epochs done"
         acc = accuracy_from_probs(predict(model, check), check.labels) or 0.0
         acc_trace = [acc]
         target_dist: float | None = None
         torch.manual_seed(derive_seed(ctx.seed, 73))
         batches = client_batches(
-            len(forget_idx), int(hp["epochs"]), int(bs) if bs else None, ctx.seed, 0, 73
+            len(forget_idx), int(hp.epochs), int(bs) if bs else None, ctx.seed, 0, 73
         )
         model.train()
         for pos in tqdm(batches, desc="PGA", unit="step", disable=not ctx.progress, leave=False):
@@ -219,8 +217,8 @@ class PGAUnlearner:
         # The unlearned model replaces Theta at the clients: one update of the changed groups.
         aoi.full_round(link_s, changed_groups(theta, unlearned, ctx.groups, ctx.link_tol))
         trace = [float(aoi.total()["aoi_s"])]
-        post = int(hp["post_rounds"])
-        pre_post = ctx.evaluate(unlearned, relearn=False) if hp.get("report_pre_post") else None
+        post = int(hp.post_rounds)
+        pre_post = ctx.evaluate(unlearned, relearn=False) if hp.report_pre_post else None
         state, cost = unlearned, None
         if post > 0:
             T = ctx.run.history.last_completed_round()

@@ -1,0 +1,75 @@
+"""Set-up shared by the in-process testbed tests (tests/testbed, tests/security).
+
+Three robots on three FL clients with client 0 backdoored, a small data set, two rounds and
+a short wait for the unlearning request; each module adds its deadlines and link.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from scaleflu.config import Config, load_config
+
+TESTBED_OVERRIDES = (
+    "data.num_clients=3",
+    "fl.clients_per_round=3",
+    "data.train_subset=1500",
+    "data.test_subset=300",
+    "fl.local_epochs=1",
+    "fl.lr=0.05",
+    "data.poison.backdoor_clients=[0]",
+    "testbed.rounds=2",
+    "testbed.unlearn.wait_s=3",
+    "testbed.eval_test_samples=100",
+    "testbed.min_robots=3",
+)
+
+
+def base_config(*extra: str) -> Config:
+    """The shared overrides, then ``extra`` (``key=value``, later wins)."""
+    return load_config(None, [*TESTBED_OVERRIDES, *extra])
+
+
+def robot_data(cfg: Config) -> dict[int, Any]:
+    """Robots 1..3's local data (the same builder as the robot app's)."""
+    from scaleflu.testbed.robot import RobotData
+
+    return {r: RobotData(cfg, r) for r in (1, 2, 3)}
+
+
+def halve_unlearn(
+    run_dir: Any, request: str, method: str, mode: str, overrides: Any, progress: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stand-in for SCALE (tested elsewhere): halve the final model, say which request ran."""
+    from scaleflu.fl.run import load_run
+
+    run = load_run(run_dir)
+    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
+    return state, {"protocol": "backdoor", "request": request}
+
+
+def run_federation(
+    server: Any, robots: list[Any], robot_s: float, close: Any
+) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """Each robot's ``run(robot_s)`` in a thread, the server's ``run()`` here; then join them
+    and call ``close()`` (the links, channel or hub). Returns the report and each robot's
+    summary (a robot that crashed on purpose, the ``crash`` fault, has none)."""
+    outs: dict[int, dict[str, Any]] = {}
+
+    def target(rb: Any) -> None:
+        try:
+            outs[rb.robot_id] = rb.run(robot_s)
+        except SystemExit:  # the "crash" fault (os._exit is patched to raise in-process)
+            rb.link.close()
+
+    threads = [threading.Thread(target=target, args=(rb,)) for rb in robots]
+    for t in threads:
+        t.start()
+    try:
+        report = server.run()
+    finally:
+        for t in threads:
+            t.join(60)
+        close()
+    return report, outs
