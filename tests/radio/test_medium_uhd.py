@@ -168,11 +168,10 @@ def test_shared_medium_flowgraphs_compile_and_deliver(tmp_path):
         r = subprocess.run(
             [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=90
         )
-        # the robot's strobe keeps sending: two messages can complete within one 50 ms poll
-        got = [
-            int(line.split()[1]) for line in r.stdout.splitlines() if line.startswith("DELIVERED")
-        ]
-        assert got and got[0] >= 1, r.stdout[-1500:] + r.stderr[-2000:]
+        # the robot's strobe sends the same message every 5 s: under CPU load a second copy may
+        # be delivered before the poll loop above sees the first
+        got = [ln for ln in r.stdout.splitlines() if ln.startswith("DELIVERED ")]
+        assert got and int(got[-1].split()[1]) >= 1, r.stdout[-1500:] + r.stderr[-2000:]
         assert br.stats()["airtime_samples"]["1"] > 0
     # without a broker: one line and exit status 1
     code = (
