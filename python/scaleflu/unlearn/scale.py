@@ -88,13 +88,13 @@ def phase_one(
     from scaleflu.fl.models import sensitivity_layers
 
     layers = [k for k in sensitivity_layers(ctx.new_model()) if k in ctx.groups]
-    lam, top_m, eps = float(sc["lambda"]), int(sc["top_m"]), float(sc["eps"])
+    lam, top_m, eps = float(sc["lambda"]), int(sc.top_m), float(sc.eps)
     history = ctx.run.history
     if mode == "paper":
         return paper_sensitivity(history, ctx.request.targets, layers, lam, top_m, eps)
     req = ctx.request.request
-    if req.kind == "client" and sc.get("top_m_client") is not None:
-        top_m = int(sc["top_m_client"])
+    if req.kind == "client" and sc.top_m_client is not None:
+        top_m = int(sc.top_m_client)
     if top_m < 1:
         raise ConfigError(f"scale.top_m (and top_m_client) must be at least 1, got {top_m}")
     sizes = ctx.run.setup.data_sizes
@@ -102,7 +102,7 @@ def phase_one(
     report = historical_sensitivity(history, shares, layers, lam, top_m, eps)
     report.contribution = dict(report.attribution)
     timing["history_s"] = time.perf_counter() - th
-    attribution = str(sc.get("class_attribution", "contribution"))
+    attribution = str(sc.class_attribution)
     if attribution not in ("saliency", "contribution"):
         raise ConfigError(
             f"scale.class_attribution must be saliency or contribution, got {attribution!r}"
@@ -119,7 +119,7 @@ def phase_one(
             ctx.val.labels.to(ctx.device),
             list(req.classes),
             layers,
-            float(sc.get("class_saliency_contrast", 1.0)),
+            float(sc.class_saliency_contrast),
         )
         timing["saliency_s"] = time.perf_counter() - ts
         if info["forget_val_samples"] == 0:
@@ -134,7 +134,7 @@ def phase_one(
                 f"saliency on the validation set ({info['forget_val_samples']} samples of the "
                 f"class(es), {info['rest_val_samples']} others, contrast {info['contrast']})"
             )
-            if str(sc.get("class_layers", "saliency")) == "saliency":
+            if str(sc.class_layers) == "saliency":
                 # every client holds the class, so the per-client history scores S_l do not
                 # point at it either: take the M layers where the saliency is densest
                 density = {k: float(sal[k].sum()) / max(sal[k].numel(), 1) for k in layers}
@@ -146,13 +146,13 @@ def phase_one(
                         + ", ".join(f"{k} {density[k]:.3g}" for k in report.top)
                         + "), not by S_l"
                     )
-    client_attr = str(sc.get("client_attribution", "contribution"))
+    client_attr = str(sc.client_attribution)
     if client_attr not in ("contrast", "contribution", "saliency"):
         raise ConfigError(
             "scale.client_attribution must be contrast, contribution or saliency, "
             f"got {client_attr!r}"
         )
-    sample_attr = str(sc.get("sample_attribution", "contribution"))
+    sample_attr = str(sc.sample_attribution)
     if sample_attr not in ("contrast", "contribution", "saliency"):
         raise ConfigError(
             "scale.sample_attribution must be contrast, contribution or saliency, "
@@ -172,7 +172,7 @@ def phase_one(
         # entries by how much more the targets moved them than the other participants did
         tc = time.perf_counter()
         attr, info = contrastive_contribution(
-            history, shares, layers, report.rounds, float(sc.get("client_contrast", 1.0))
+            history, shares, layers, report.rounds, float(sc.client_contrast)
         )
         timing["contrast_s"] = time.perf_counter() - tc
         if any(float(v.sum()) > 0 for v in attr.values()):
@@ -200,7 +200,7 @@ def _forget_saliency(
     """
     sc = ctx.scale_cfg
     ts = time.perf_counter()
-    n = sc.get("forget_saliency_samples")
+    n = sc.forget_saliency_samples
     data = ctx.forget
     if n is not None:
         if int(n) < 1:
@@ -216,7 +216,7 @@ def _forget_saliency(
         ctx.val_retain.inputs().to(ctx.device),
         ctx.val_retain.labels.to(ctx.device),
         layers,
-        float(sc.get("forget_saliency_contrast", 1.0)),
+        float(sc.forget_saliency_contrast),
     )
     timing["saliency_s"] = time.perf_counter() - ts
     if not any(float(v.sum()) > 0 for v in sal.values()):
@@ -228,7 +228,7 @@ def _forget_saliency(
         f"holding it ({info['forget_samples']} samples), contrasted with the retained "
         f"validation set's ({info['rest_samples']} samples, contrast {info['contrast']})"
     )
-    layer_rule = str(sc.get("forget_layers", "saliency"))
+    layer_rule = str(sc.forget_layers)
     if layer_rule not in ("saliency", "score"):
         raise ConfigError(f"scale.forget_layers must be saliency or score, got {layer_rule!r}")
     if layer_rule == "saliency":
@@ -290,11 +290,11 @@ def _selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | Non
     re-check, so the episode is never chosen on the samples that then heal it.
     """
     sc = ctx.scale_cfg
-    epochs = int(sc.get("heal_epochs") or 0)
+    epochs = int(sc.heal_epochs or 0)
     data = ctx.val_retain
     if epochs <= 0 or len(data) < 2:
         return data, None
-    share = float(sc.get("heal_share", 0.5))
+    share = float(sc.heal_share)
     if not 0.0 < share < 1.0:
         raise ConfigError(f"scale.heal_share must be in (0, 1), got {share}")
     rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 47]))
@@ -351,18 +351,18 @@ def heal(
     improvement. Costs no client and no link time. Returns the state and a summary.
     """
     sc = ctx.scale_cfg
-    fl = ctx.cfg["fl"]
-    lr = float(sc.get("heal_lr") or fl["lr"])
-    patience = int(sc.get("heal_patience") or 0)
-    loss_kind = str(sc.get("heal_loss") or "ce")
+    fl = ctx.cfg.fl
+    lr = float(sc.heal_lr or fl.lr)
+    patience = int(sc.heal_patience or 0)
+    loss_kind = str(sc.heal_loss or "ce")
     if loss_kind not in ("ce", "distill"):
         raise ConfigError(f"scale.heal_loss must be ce or distill, got {loss_kind!r}")
-    temp = sc.get("heal_temperature")
+    temp = sc.heal_temperature
     temp = 1.0 if temp is None else float(temp)
     if not temp > 0.0:
         raise ConfigError(f"scale.heal_temperature must be positive, got {temp}")
     model = ctx.new_model(state).to(ctx.device)
-    which = str(sc.get("heal_params") or "all")
+    which = str(sc.heal_params or "all")
     if which not in ("all", "layers", "cut"):
         raise ConfigError(f"scale.heal_params must be all, layers or cut, got {which!r}")
     grad_mask: dict[str, torch.Tensor | None] = {}
@@ -376,9 +376,9 @@ def heal(
             else:
                 grad_mask[k] = torch.zeros((), device=ctx.device)  # frozen
     params = dict(model.named_parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(fl.get("momentum") or 0.0))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(fl.momentum or 0.0))
     x, y = data.inputs().to(ctx.device), data.labels.to(ctx.device)
-    augment = str(sc.get("heal_augment") or "none")
+    augment = str(sc.heal_augment or "none")
     if augment not in ("none", "mix"):
         raise ConfigError(f"scale.heal_augment must be none or mix, got {augment!r}")
     if augment != "none" and loss_kind != "distill":
@@ -405,9 +405,9 @@ def heal(
     best = score() if sx is not None else -1.0
     trace = [best] if sx is not None else []
     best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    best_epoch, bs, since = 0, int(fl["batch_size"]), 0
+    best_epoch, bs, since = 0, int(fl.batch_size), 0
     gen = torch.Generator().manual_seed(int(ctx.seed) * 1000 + 48)
-    epochs = int(sc["heal_epochs"])
+    epochs = int(sc.heal_epochs)
     for ep in range(1, epochs + 1):
         model.train()
         perm = torch.randperm(len(y), generator=gen).to(ctx.device)
@@ -493,7 +493,7 @@ class _Utility:
 
 def _ppo_device(ctx: UnlearnContext) -> str:
     """``scale.ppo.device``: cpu (SB3's advice for an MlpPolicy) or fl (= ``fl.device``)."""
-    choice = str(ctx.scale_cfg["ppo"].get("device", "cpu"))
+    choice = str(ctx.scale_cfg.ppo.device)
     if choice not in ("cpu", "fl"):
         raise ConfigError(f"scale.ppo.device must be cpu or fl, got {choice!r}")
     return str(ctx.device) if choice == "fl" else "cpu"
@@ -504,9 +504,9 @@ def _ppo(env: SparsifyEnv, ctx: UnlearnContext, total_steps: int) -> Any:
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
 
-    p = ctx.scale_cfg["ppo"]
-    n_steps = max(2, min(int(p["n_steps"]), total_steps))
-    batch = max(2, min(int(p["batch_size"]), n_steps))
+    p = ctx.scale_cfg.ppo
+    n_steps = max(2, min(int(p.n_steps), total_steps))
+    batch = max(2, min(int(p.batch_size), n_steps))
 
     class _Bar(BaseCallback):
         def __init__(self) -> None:
@@ -527,14 +527,14 @@ def _ppo(env: SparsifyEnv, ctx: UnlearnContext, total_steps: int) -> Any:
     model = PPO(
         "MlpPolicy",
         env,
-        learning_rate=float(p["learning_rate"]),
+        learning_rate=float(p.learning_rate),
         n_steps=n_steps,
         batch_size=batch,
-        n_epochs=int(p["epochs"]),
-        gamma=float(p["gamma"]),
-        gae_lambda=float(p["gae_lambda"]),
-        clip_range=float(p["clip_range"]),
-        ent_coef=float(p["ent_coef"]),
+        n_epochs=int(p.epochs),
+        gamma=float(p.gamma),
+        gae_lambda=float(p.gae_lambda),
+        clip_range=float(p.clip_range),
+        ent_coef=float(p.ent_coef),
         seed=ctx.seed,
         device=_ppo_device(ctx),
         verbose=0,
@@ -592,27 +592,27 @@ class ScaleUnlearner:
         keep_val = len(ctx.val_retain) > 0
         select, heal_set = _selection_and_heal(ctx) if default else (ctx.val_retain, None)
         exact = (
-            _Utility(ctx, theta, data=select) if default and float(sc["w_u"]) and keep_val else None
+            _Utility(ctx, theta, data=select) if default and float(sc.w_u) and keep_val else None
         )
         utility = exact
-        n_search = sc.get("utility_samples")
+        n_search = sc.utility_samples
         if exact is not None and n_search is not None and int(n_search) < len(exact.y):
             if int(n_search) < 1:
                 raise ConfigError(f"scale.utility_samples must be positive, got {n_search}")
             # PPO's reward on a subset (cheaper); the best episodes are re-scored on all of it
             utility = _Utility(ctx, theta, int(n_search), data=select)
-        budget = sc["budget"] if default else None
+        budget = sc.budget if default else None
         forget_u = None
-        if sc["class_forget_reward"] not in ("measured", "attribution"):
+        if sc.class_forget_reward not in ("measured", "attribution"):
             raise ConfigError(
                 "scale.class_forget_reward must be measured or attribution, "
                 f"got {sc['class_forget_reward']!r}"
             )
-        if default and len(ctx.val_forget) and sc["class_forget_reward"] == "measured":
+        if default and len(ctx.val_forget) and sc.class_forget_reward == "measured":
             # a class removed from the whole federation: the server sees its validation samples,
             # so R_f measures the forgetting instead of a proxy for it
             forget_u = _Utility(ctx, theta, data=ctx.val_forget)
-        if str(sc.get("measure_every", "episode")) not in ("step", "episode"):
+        if str(sc.measure_every) not in ("step", "episode"):
             raise ConfigError(
                 f"scale.measure_every must be step or episode, got {sc['measure_every']!r}"
             )
@@ -623,12 +623,12 @@ class ScaleUnlearner:
             weights={k: theta[k] for k in report.top},
             score={k: report.score[k] for k in report.top},
             aoi=aoi0,
-            G=int(sc["groups_per_layer"]),
-            s_levels=int(sc["s_levels"]),
-            episode_steps=int(sc["episode_steps"]),
-            w_f=float(sc["w_f"]),
-            w_c=float(sc["w_c"]),
-            w_u=float(sc["w_u"]) if default else 0.0,
+            G=int(sc.groups_per_layer),
+            s_levels=int(sc.s_levels),
+            episode_steps=int(sc.episode_steps),
+            w_f=float(sc.w_f),
+            w_c=float(sc.w_c),
+            w_u=float(sc.w_u) if default else 0.0,
             budget=float(budget) if budget is not None else None,
             attribution={k: report.attribution[k] for k in report.top} if default else {},
             contribution=(
@@ -638,15 +638,15 @@ class ScaleUnlearner:
             ),
             utility=utility,
             forget_utility=forget_u,
-            measure_every=str(sc.get("measure_every", "episode")),
-            aoi_unit=str(sc["aoi_unit"]),
-            op=str(sc.get("sparsify_op", "zero")),
+            measure_every=str(sc.measure_every),
+            aoi_unit=str(sc.aoi_unit),
+            op=str(sc.sparsify_op),
         )
         env = SparsifyEnv(spec)
-        env.keep_best = default and bool(sc["keep_best"])
+        env.keep_best = default and bool(sc.keep_best)
         if utility is not exact:
-            env.keep_top = max(1, int(sc.get("utility_recheck", 8)))
-        search = str(sc.get("search", "ppo"))
+            env.keep_top = max(1, int(sc.utility_recheck))
+        search = str(sc.search)
         if search not in ("ppo", "greedy"):
             raise ConfigError(f"scale.search must be ppo or greedy, got {search!r}")
         total = 0
@@ -659,7 +659,7 @@ class ScaleUnlearner:
             t2 = time.perf_counter()
             rollout_return = 0.0
         else:
-            total = max(1, int(sc["ppo"]["episodes"]) * int(sc["episode_steps"]))
+            total = max(1, int(sc.ppo.episodes) * int(sc.episode_steps))
             policy = _ppo(env, ctx, total)
             t2 = time.perf_counter()
             curve = list(env.episode_returns)
@@ -684,7 +684,7 @@ class ScaleUnlearner:
             recheck: list[dict[str, Any]] = []
             if utility is not exact and exact is not None:
                 # the estimate only ranked the search: re-score the candidates' utility term exactly
-                w_u = float(sc["w_u"])
+                w_u = float(sc.w_u)
                 acc0 = max(exact({k: theta[k] for k in report.top}), 1e-6)
                 for i, c in enumerate(cands):
                     acc = exact(c.layers)
@@ -719,15 +719,15 @@ class ScaleUnlearner:
         t3 = time.perf_counter()
         recovery = {"rounds": 0, "bytes": 0, "link_s": 0.0, "wall_s": 0.0}
         pre_recovery_acc = None
-        if default and int(sc["recovery_rounds"]) > 0:
+        if default and int(sc.recovery_rounds) > 0:
             pre_recovery_acc = accuracy_from_probs(
                 predict(ctx.new_model(new_state), ctx.val), ctx.val.labels
             )
-            epochs = sc["recovery_local_epochs"]
+            epochs = sc.recovery_local_epochs
             local = ctx.local_config(int(epochs) if epochs is not None else None)
             T = ctx.run.history.last_completed_round()
             new_state, cost = ctx.fedavg_rounds(
-                new_state, int(sc["recovery_rounds"]), T + 1, local, aoi, desc="recovery"
+                new_state, int(sc.recovery_rounds), T + 1, local, aoi, desc="recovery"
             )
             recovery = {
                 "rounds": cost.rounds,
@@ -746,7 +746,7 @@ class ScaleUnlearner:
             new_state, heal_info = heal(ctx, new_state, heal_set, select, cut)
             healing = {
                 **heal_info,
-                "epochs": int(sc["heal_epochs"]),
+                "epochs": int(sc.heal_epochs),
                 "samples": len(heal_set),
                 "selection_samples": len(select),
                 "val_acc_before": val_sel,
