@@ -95,9 +95,12 @@ class PhyConfig:
             min_output_buffer=self.min_output_buffer,
         )
 
-    def rx(self, node_id: int, raw_frames: bool = False) -> ofdm_link_rx:
+    def rx(
+        self, node_id: int, raw_frames: bool = False, blocking_demux: bool | None = None
+    ) -> ofdm_link_rx:
         """A receiver that passes frames addressed to ``node_id`` (or broadcast); with
-        ``raw_frames`` whole frames (for link_arq, which then re-encodes nothing in Python)."""
+        ``raw_frames`` whole frames (for link_arq, which then re-encodes nothing in Python);
+        ``blocking_demux`` as in :class:`ofdm_link_rx` (None: ours when compiled)."""
         return ofdm_link_rx(
             node_id=node_id,
             fft_len=self.fft_len,
@@ -108,6 +111,7 @@ class PhyConfig:
             mtu=self.mtu,
             min_output_buffer=self.min_output_buffer,
             raw_frames=raw_frames,
+            blocking_demux=blocking_demux,
         )
 
 
