@@ -189,20 +189,21 @@ def test_each_copy_of_a_tail_retransmission_is_answered_up_to_reack_burst(burst:
 
 
 @pytest.mark.parametrize(
-    ("delay", "arq"),
+    ("delay", "arq", "seed", "bound"),
     [
-        (0.002, {}),  # MemoryChannel-like
-        (0.05, {"window": 64, "initial_rto": 3.0, "min_rto": 0.25}),  # OFDM loopback-like
+        (0.002, {}, 3, 2.0),  # MemoryChannel-like
+        (0.002, {}, 1, 3.0),  # the same, another seed (p99 was 9 x with per-fragment backoff)
+        (0.05, {"window": 64, "initial_rto": 3.0, "min_rto": 0.25}, 3, 2.0),  # OFDM-like
     ],
 )
 def test_lenet_at_40_percent_loss_has_no_long_tail_in_virtual_time(
-    make_lenet, delay: float, arq: dict
+    make_lenet, delay: float, arq: dict, seed: int, bound: float
 ) -> None:  # noqa: ANN001
     # deterministic virtual time: the slowest of 40 LeNet transfers at 40 % frame loss (both
-    # directions) within 2 x the median (before the per-round backoff, the tail copies and the
-    # repeated partial ACK: 3.2 x on the OFDM-like path)
+    # directions) within `bound` x the median (before the per-round backoff, the tail copies
+    # and the repeated partial ACK: 3.2 x on the OFDM-like path)
     data = encode_tensors(make_lenet(0), encoding=Encoding.RAW)
-    net = SimNetwork(ChannelModel(loss=0.4, delay=delay, rate_bytes_per_s=700e3), seed=3)
+    net = SimNetwork(ChannelModel(loss=0.4, delay=delay, rate_bytes_per_s=700e3), seed=seed)
     a = net.add_endpoint(0, rate_bytes_per_s=650e3, **arq)
     net.add_endpoint(1)
     times = []
@@ -211,7 +212,7 @@ def test_lenet_at_40_percent_loss_has_no_long_tail_in_virtual_time(
         assert net.run_until(h.done, max_time=net.now + 100)
         assert h.status is SendStatus.DELIVERED
         times.append(h.elapsed)
-    assert max(times) <= 2 * float(np.median(times)), sorted(times)
+    assert max(times) <= bound * float(np.median(times)), sorted(times)
     assert len(net.inbox[1]) == 40
 
 
