@@ -83,3 +83,30 @@ def test_context_manager_and_recv_timeout() -> None:
         assert a.recv(timeout=1) == (2, b"ping")
     with pytest.raises(ValueError):
         MemoryChannel(model=ch.model, loss=0.1)
+
+
+def test_receiving_from_tells_a_transfer_under_way() -> None:
+    """A partial message from a peer shows as receiving_from(peer) until it completes."""
+    from scaleflu.link.api import ArqLink
+
+    frames: list[bytes] = []
+    tx = ArqLink(1, frames.append, initial_rto=60.0)
+    rx = ArqLink(0, lambda raw: None)
+    try:
+        payload = bytes(range(256)) * 80  # 20 kB: several frames
+        tx.send_async(0, payload, timeout=120)
+        deadline = time.monotonic() + 10
+        while len(frames) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(frames) >= 2
+        assert not rx.receiving_from(1)
+        rx.feed(frames[0])
+        assert rx.receiving_from(1) and not rx.receiving_from(2)
+        for raw in frames[1:]:
+            rx.feed(raw)
+        got = rx.recv(timeout=5)
+        assert got == (1, payload)
+        assert not rx.receiving_from(1)
+    finally:
+        tx.close()
+        rx.close()

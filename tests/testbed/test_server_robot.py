@@ -308,3 +308,17 @@ def test_unlearning_waits_for_a_robot_silent_since_the_last_round(cfg, tmp_path)
         assert server.wait_for_rejoin(since, 30.0) == []
         assert time.monotonic() - t0 < 1.0
         server.link.close()
+
+
+def test_a_refused_robot_still_sending_is_awaited() -> None:
+    """After its grace a refused robot is no longer awaited, unless an upload from it is
+    arriving: then its grace starts again (a resend on a slow link is not cut off)."""
+    import time
+
+    from scaleflu.testbed.rounds import RoundState
+
+    rs = RoundState(1, {}, time.monotonic() + 60)
+    rs.refused = {3: time.monotonic() - 10, 4: time.monotonic() - 10, 5: time.monotonic()}
+    assert rs.not_awaited(5.0) == {3, 4}
+    assert rs.not_awaited(5.0, receiving=lambda r: r == 3) == {4}
+    assert rs.not_awaited(5.0) == {4}  # 3's grace restarted when its transfer was seen

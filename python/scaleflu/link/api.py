@@ -107,6 +107,14 @@ class Link(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no link-level authentication")
 
+    def receiving_from(self, peer: int) -> bool:
+        """Whether part of a message from ``peer`` is held now (a transfer from it is arriving).
+
+        Lets the layer above wait for an upload under way instead of giving up on a timer that
+        does not know the link's speed. False where the link kind cannot tell.
+        """
+        return False
+
     @abc.abstractmethod
     def cancel(self, handle: SendHandle, reason: str = "cancelled") -> None:
         """End a pending send now (FAILED, or UNCONFIRMED if all of it was sent; ``reason``)."""
@@ -254,6 +262,11 @@ class ArqLink(Link):
         """Authenticate every frame exchanged with ``peer`` (see ArqEndpoint.set_peer_key)."""
         with self._wake:
             self.endpoint.set_peer_key(peer, key)
+
+    def receiving_from(self, peer: int) -> bool:
+        """Whether the reassembler holds a partial message from ``peer`` (see Link)."""
+        with self._lock:
+            return self.endpoint.reassembler.sender_usage(peer)[0] > 0
 
     def stats(self) -> dict[str, Any]:
         """Snapshot of the ARQ and reassembly counters."""

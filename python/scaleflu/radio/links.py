@@ -214,6 +214,10 @@ class GrLink(Link):
         """Next delivered (src, payload) or None after ``timeout``."""
         return self.arq.link.recv(timeout)
 
+    def receiving_from(self, peer: int) -> bool:
+        """Whether a message from ``peer`` is being reassembled (see Link.receiving_from)."""
+        return self.arq.link.receiving_from(peer)
+
     def stats(self) -> dict[str, Any]:
         """ARQ and reassembly counters of this node."""
         return self.arq.stats()

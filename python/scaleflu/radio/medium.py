@@ -1006,6 +1006,9 @@ class MediumPort:
         # node's decoding latency, in virtual time, a few blocks whatever the CPU load.
         self.rx_lag = rx_lag
         self._rx_queued = 0  # samples put in the receiver's queue
+        # lockstep waits that ran out (30 s wall) and went on anyway: the transmitter never
+        # reported a frame built / the receiver never caught up (each one stalls the medium)
+        self.stalls = {"tx": 0, "rx": 0}
         # frames the receiver decoded that the node has not acted on yet (SharedMediumLink: the
         # receiver's frame count minus the frames its ARQ/MAC processed): the lockstep waits for
         # them, so a node's answer to a frame (a robot's to its grant) does not depend on how
@@ -1053,6 +1056,18 @@ class MediumPort:
             if self.tx_sink.bursts >= built and not self.tx_sink.pending_bursts():
                 return
             time.sleep(0.001)
+        if not self._stop.is_set():
+            self._stalled("tx", f"{self.tx_sink.bursts} bursts out of {built} frames built")
+
+    def _stalled(self, side: str, detail: str) -> None:
+        self.stalls[side] += 1
+        logger.warning(
+            "medium node %d: lockstep waited 30 s for its %s (%s); going on (stall %d)",
+            self.client.node_id,
+            "transmitter" if side == "tx" else "receiver",
+            detail,
+            self.stalls[side],
+        )
 
     def _rx_wait(self) -> None:
         if self.rx_lag is None and self.rx_pending is None:
@@ -1066,6 +1081,11 @@ class MediumPort:
             self._rx_queued - self.rx_source.fed > limit or pending() > 0
         ) and not self._stop.is_set():
             if time.monotonic() > deadline:
+                self._stalled(
+                    "rx",
+                    f"{self._rx_queued - self.rx_source.fed} samples queued, "
+                    f"{pending()} frames decoded and not processed",
+                )
                 return
             time.sleep(0.001)
 
@@ -1302,6 +1322,8 @@ def _make_shared_link_class() -> type:
                 "headers_rejected": self.rx.headers_rejected(),
                 "steps": self.port.steps,
                 "tx_samples": self.port.tx_samples,
+                "stalls_tx": self.port.stalls["tx"],
+                "stalls_rx": self.port.stalls["rx"],
             }
 
         def _stop(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,10 +47,22 @@ class RoundState:
     updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
     refused: dict[int, float] = field(default_factory=dict)  # robot -> when its upload was refused
 
-    def not_awaited(self, grace_s: float) -> set[int]:
-        """Robots refused more than ``grace_s`` ago: the round no longer waits for them."""
+    def not_awaited(
+        self, grace_s: float, receiving: Callable[[int], bool] = lambda r: False
+    ) -> set[int]:
+        """Robots refused more than ``grace_s`` ago and not sending now (``receiving(r)``: an
+        upload from r is arriving on the link): the round no longer waits for them. A resend
+        under way is awaited, however slow the link (up to the round's deadline)."""
         now = time.monotonic()
-        return {r for r, at in self.refused.items() if now - at > grace_s}
+        out = set()
+        for r, at in self.refused.items():
+            if now - at <= grace_s:
+                continue
+            if receiving(r):
+                self.refused[r] = now  # its grace starts again when the transfer ends
+                continue
+            out.add(r)
+        return out
 
     reported: dict[int, dict[str, Any]] = field(default_factory=dict)
 
@@ -135,7 +147,8 @@ class RoundsMixin:
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while self.clock() < rs.deadline:
             grace = float(tb.refused_grace_s)
-            waiting = rs.scheduled - self._forgotten_ids() - rs.not_awaited(grace)
+            gone = rs.not_awaited(grace, self.link.receiving_from)
+            waiting = rs.scheduled - self._forgotten_ids() - gone
             if rs.scheduled and set(rs.updates) >= waiting:
                 break
             self.poll(0.2)
