@@ -161,3 +161,17 @@ def test_a_bad_verdict_is_a_rejected_header(bad) -> None:  # noqa: ANN001
     hdr, pay, tags = _demux_by_hand(True, bad)
     assert hdr == [12, 13, 14, 15, 42, 43, 44, 45]
     assert pay == [48, 49, 50, 51, 54, 55, 56, 57]
+
+
+def test_which_receivers_use_it() -> None:
+    """gr-digital's demux by default (GRC, radios, the shared medium: noise between bursts);
+    ours on the simulated per-pair links (PhyConfig.rx) when the build has it."""
+    from gnuradio import digital
+
+    from scaleflu.radio.links import PhyConfig
+    from scaleflu.radio.ofdm import burst_demux_available
+
+    assert burst_demux_available()
+    assert isinstance(ofdm_link_rx(node_id=1).hpd, digital.header_payload_demux)
+    assert PhyConfig().rx(1).blocking_demux
+    assert not PhyConfig().rx(1, blocking_demux=False).blocking_demux

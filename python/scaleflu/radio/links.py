@@ -46,7 +46,13 @@ from scaleflu.link.arq import SendHandle
 from scaleflu.link.wire import Message
 
 from .blocks import frame_drop, link_arq
-from .ofdm import DEFAULT_POST_PADDING, ofdm_link_rx, ofdm_link_tx, samples_per_frame
+from .ofdm import (
+    DEFAULT_POST_PADDING,
+    burst_demux_available,
+    ofdm_link_rx,
+    ofdm_link_tx,
+    samples_per_frame,
+)
 
 __all__ = [
     "ChannelConfig",
@@ -100,7 +106,11 @@ class PhyConfig:
     ) -> ofdm_link_rx:
         """A receiver that passes frames addressed to ``node_id`` (or broadcast); with
         ``raw_frames`` whole frames (for link_arq, which then re-encodes nothing in Python);
-        ``blocking_demux`` as in :class:`ofdm_link_rx` (None: ours when compiled)."""
+        ``blocking_demux`` as in :class:`ofdm_link_rx` (None: ours when compiled, for the
+        simulated per-pair links whose receivers get bursts only; radios and the shared
+        medium pass False)."""
+        if blocking_demux is None:
+            blocking_demux = burst_demux_available()
         return ofdm_link_rx(
             node_id=node_id,
             fft_len=self.fft_len,
@@ -280,8 +290,10 @@ def _attach_rx(
     power: float,
     src: int,
     seed: int,
+    blocking_demux: bool | None = None,
 ) -> _RxChain:
-    rx = phy.rx(arq.node_id, raw_frames=True)  # whole frames: no re-encoding in Python
+    # whole frames: no re-encoding in Python
+    rx = phy.rx(arq.node_id, raw_frames=True, blocking_demux=blocking_demux)
     chain = _RxChain(src, arq.node_id, rx, None)
     if ch is not None:
         chain.channel = _channel_block(ch, power, seed)
@@ -567,7 +579,18 @@ class UhdLink(GrLink):
         self.tb.msg_connect(arq, "frames_out", self.tx, "in")
         self.tb.connect(self.tx, self.sink)
         self.rx_chains = [
-            _attach_rx(self.tb, self.source, arq, self.phy, None, 1.0, -1, node_id + 1)
+            # a radio hears noise between bursts: gr-digital's demux (docs/link.md 8.3 item 5)
+            _attach_rx(
+                self.tb,
+                self.source,
+                arq,
+                self.phy,
+                None,
+                1.0,
+                -1,
+                node_id + 1,
+                blocking_demux=False,
+            )
         ]
         super().__init__(arq, on_close=self._stop)
         self.tb.start()

@@ -1260,10 +1260,9 @@ def _make_shared_link_class() -> type:
             # whole checked frames into link_arq (no per-frame re-encode in Python); the
             # parser counts a frame in frames_ok() exactly when it publishes it, in either
             # mode, so rx_pending below stays exact
-            # gr-digital's polling demux here, not ofdm_burst_demux: with the sleeping demux the
-            # sample-level medium's lockstep lost a robot's registration in `make demo` (robot 2
-            # never registered, 15:49 on merged main d72d07e; with the stock demux it did) and
-            # tests/radio/test_medium_mac.py failed twice under load; not yet understood
+            # gr-digital's demux here, not ofdm_burst_demux: the medium's receivers hear noise
+            # and others' bursts between their frames, where ours is not validated (docs/link.md
+            # 8.3 item 5: a `make demo` with it lost a robot's registration)
             self.rx = self.phy.rx(node_id, raw_frames=True, blocking_demux=False)
             self.port = MediumPort(
                 node_id, broker, timeout, frames_built=self.tx.frames_built, rx_lag=rx_lag

@@ -30,6 +30,7 @@ except ImportError as exc:  # pragma: no cover - build problem, say so plainly
 
 __all__ = [
     "DEFAULT_POST_PADDING",
+    "burst_demux_available",
     "ofdm_carriers",
     "auto_min_output_buffer",
     "ofdm_link_rx",
@@ -38,6 +39,14 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+def burst_demux_available() -> bool:
+    """Whether this build has ``ofdm_burst_demux`` and the header parser guard it needs."""
+    return hasattr(_gr_scaleflu, "ofdm_burst_demux") and hasattr(
+        _gr_scaleflu, "header_parser_guard"
+    )
+
 
 LEN_TAG_KEY = "packet_len"
 DEFAULT_POST_PADDING = 160  # zero samples after each burst (2 OFDM symbols at FFT 64, CP 16)
@@ -206,7 +215,8 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
     transmitter's own "packet_len" tags in the same flowgraph would corrupt the receiver).
     With ``raw_frames`` the PDUs carry the whole checked frame (metadata "raw" = #t plus the
     header fields) instead of its payload: what link_arq's "frames_in" takes without Python
-    re-encoding.
+    re-encoding. ``blocking_demux`` puts our ``ofdm_burst_demux`` in place of gr-digital's
+    header/payload demux (less CPU; for receivers fed bursts only, see docs/link.md 8.3).
     """
 
     def __init__(
@@ -223,7 +233,7 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         guard_headers: bool = True,
         symbols_out: bool = False,
         raw_frames: bool = False,
-        blocking_demux: bool | None = None,
+        blocking_demux: bool = False,
     ) -> None:
         gr.hier_block2.__init__(
             self,
@@ -258,14 +268,15 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         # blocking_demux: our header/payload demux, which sleeps until the header parser hands
         # it the header's verdict; the stock one polls on a core meanwhile (docs/link.md 9.4.1).
         # It needs the C++ header parser + guard (the verdict is handed over directly).
-        can_block = (
-            guard_headers
-            and hasattr(_gr_scaleflu, "ofdm_burst_demux")
-            and hasattr(_gr_scaleflu, "header_parser_guard")
-        )
+        can_block = guard_headers and burst_demux_available()
+        # Off by default: on a receiver that hears noise between bursts (the shared medium; a
+        # real radio) ours never let an invalid header through to the parser where the stock
+        # demux logged dozens, and robots' registrations went unconfirmed for a minute (docs/
+        # link.md 8.3 item 5); the simulated per-pair links, whose receivers get only bursts,
+        # turn it on (PhyConfig.rx).
         if blocking_demux and not can_block:
             raise ValueError("blocking_demux needs the compiled ofdm_burst_demux and header guard")
-        self.blocking_demux = can_block if blocking_demux is None else bool(blocking_demux)
+        self.blocking_demux = bool(blocking_demux)
         if self.blocking_demux:
             hpd = _gr_scaleflu.ofdm_burst_demux(3, fft_len, cp_len, frame_key, max_syms)
         else:
