@@ -269,11 +269,10 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         # it the header's verdict; the stock one polls on a core meanwhile (docs/link.md 9.4.1).
         # It needs the C++ header parser + guard (the verdict is handed over directly).
         can_block = guard_headers and burst_demux_available()
-        # Off by default: on a receiver that hears noise between bursts (the shared medium; a
-        # real radio) ours never let an invalid header through to the parser where the stock
-        # demux logged dozens, and robots' registrations went unconfirmed for a minute (docs/
-        # link.md 8.3 item 5); the simulated per-pair links, whose receivers get only bursts,
-        # turn it on (PhyConfig.rx).
+        # Off by default: ours is measured only on receivers fed bursts; one that hears noise
+        # and other nodes' bursts between its frames (the shared medium, a real radio) is not
+        # validated (docs/link.md 8.3 item 5). The simulated per-pair links turn it on
+        # (PhyConfig.rx).
         if blocking_demux and not can_block:
             raise ValueError("blocking_demux needs the compiled ofdm_burst_demux and header guard")
         self.blocking_demux = bool(blocking_demux)
