@@ -8,8 +8,8 @@ Override values are parsed as YAML scalars, so ``fl.lr=0.01`` gives a float and
 (every key, its type from its default, nullability from its comment) plus the ranges, choices
 and cross-key rules below, checked by the one validator :func:`check_config`. A ``Config`` is
 read by attribute (``cfg.fl.lr``, ``cfg.data.poison.target_label``); it is also the nested
-mapping (``cfg["fl"]["lr"]``) that SCALE's modules (unlearn/scale.py) and the readers of raw
-saved config.yaml files still use. :func:`config_section` completes a partial section (a
+mapping (``cfg["fl"]["lr"]``) that the readers of raw saved config.yaml files still use (and
+``scale["lambda"]``, a Python keyword). :func:`config_section` completes a partial section (a
 library caller's mapping) from default.yaml, so no reader keeps defaults of its own.
 """
 
