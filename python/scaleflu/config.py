@@ -334,6 +334,8 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.robots": (1, None),
     "testbed.rounds": (1, None),
     "testbed.min_robots": (1, None),
+    "testbed.broadcast_stall_passes": (1, None),
+    "testbed.broadcast_stall_s": (0, None),
     "testbed.medium.snr_db": (-20, 80),
     "testbed.medium.k_factor_db": (-30, 60),
     "testbed.medium.doppler_hz": (0, 1000),

@@ -26,7 +26,10 @@ Rules (docs/link.md, "MAC"):
   BROADCAST (the ArqEndpoints of the robots reassemble and deliver it, they never ACK it).
   Robots report what they miss in their REPORTs; once every unconfirmed target has been polled
   since the last pass, the server broadcasts the union of the missing fragments once more
-  (NORM, RFC 5740, without FEC), until every target confirmed or the deadline passed.
+  (NORM, RFC 5740, without FEC), until every target confirmed or the deadline passed. The
+  handle records each target's progress (fragments it reported, repair passes since it last
+  gained one: :meth:`BroadcastHandle.stalled`); the owner may hand a stalled target over to a
+  unicast (:meth:`BroadcastHandle.abandon`), and the broadcast then goes on for the others.
 
 MAC control frame (big-endian). On air it is the payload of a one-fragment link DATA frame with
 msg_id 0xFFFFFFFF (``mac_on_air``), so every PHY chain that carries link frames carries it too
@@ -324,6 +327,7 @@ class MacStats:
     bcast_frames_tx: int = 0
     bcast_bytes_tx: int = 0
     bcast_repair_frames: int = 0
+    bcast_abandoned: int = 0  # broadcast targets the owner handed over to a unicast
     bad_frames: int = 0
     not_for_us: int = 0
 
@@ -404,16 +408,69 @@ class BroadcastHandle:
         self.reason = ""
         self.passes = 0
         self.frames_sent = 0
+        # per target progress (the MAC's clock): when the first pass was all on air, the most
+        # fragments each target reported holding, when that last grew, and the repair passes
+        # queued since then; targets handed over to a unicast (abandon) are no longer served
+        self.pass_out: float | None = None
+        self.received: dict[int, int] = {}
+        self.last_progress: dict[int, float] = {}
+        self.passes_since: dict[int, int] = {}
+        self.abandoned: set[int] = set()
+        self._abandon_req: set[int] = set()
+        self._lock = threading.Lock()
         self._event = threading.Event()
 
     def done(self) -> bool:
-        """Finished: every target confirmed, or the deadline passed."""
+        """Finished: every target confirmed (or handed over), or the deadline passed."""
         return self.finished is not None
 
     @property
     def ok(self) -> bool:
-        """Every target confirmed the message."""
-        return self.confirmed >= self.targets
+        """Every target confirmed the message, except those handed over (:meth:`abandon`)."""
+        return self.confirmed >= self.targets - self.abandoned
+
+    def open_targets(self) -> set[int]:
+        """Targets the broadcast still serves: not confirmed, not handed over."""
+        return self.targets - self.confirmed - self.abandoned
+
+    def stalled(self, robot: int, now: float, max_passes: int, max_s: float) -> str | None:
+        """Why ``robot``'s repair has stalled, or None: after the first pass was on air, it
+        gained no fragment in ``max_passes`` repair passes or for ``max_s`` seconds of the
+        MAC's clock (``now``: that clock). A robot that never answers its grants (no REPORT)
+        stalls on the time; one that answers but keeps missing what is repaired, on the passes.
+        """
+        if self.done() or robot not in self.open_targets() or self.pass_out is None:
+            return None
+        n = self.passes_since.get(robot, 0)
+        held = f"{self.received.get(robot, 0)}/{self.count} fragments"
+        if n >= max_passes:
+            return f"{n} repair passes without progress, {held}"
+        since = self.last_progress.get(robot, self.pass_out)
+        if now - since >= max_s:
+            return f"no progress for {now - since:.1f} s, {held}"
+        return None
+
+    def abandon(self, robot: int) -> None:
+        """Stop serving ``robot`` (its owner sends it the message another way); thread-safe:
+        the MAC applies it at its next schedule, and finishes the broadcast when every other
+        target has confirmed."""
+        with self._lock:
+            if robot in self.targets:
+                self._abandon_req.add(robot)
+
+    def _take_abandoned(self) -> set[int]:
+        with self._lock:
+            req, self._abandon_req = self._abandon_req, set()
+        req -= self.abandoned | self.confirmed
+        self.abandoned |= req
+        return req
+
+    def _note_report(self, robot: int, got: int, now: float) -> None:
+        """A REPORT said ``robot`` holds ``got`` fragments: progress when that grew."""
+        if got > self.received.get(robot, 0):
+            self.received[robot] = got
+            self.last_progress[robot] = now
+            self.passes_since[robot] = 0
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until finished (threaded owners)."""
@@ -590,6 +647,8 @@ class MacServer:
         self.stats.bcast_passes += 1
         if b.h.passes > 1:
             self.stats.bcast_repair_frames += n
+            for r in b.h.open_targets():
+                b.h.passes_since[r] = b.h.passes_since.get(r, 0) + 1
 
     def _tx(self, raw: bytes, control: bool) -> None:
         now = self.clock()
@@ -625,10 +684,16 @@ class MacServer:
             if b is None or it.count != b.h.count or f.src not in b.h.targets:
                 continue
             b.awaiting.discard(f.src)
+            if f.src in b.h.abandoned:  # handed over to a unicast: its gaps are not repaired
+                self._bcast_progress(b, now)
+                continue
             if it.complete:
                 b.h.confirmed.add(f.src)
+                b.h._note_report(f.src, b.h.count, now)
             else:
-                b.missing.update(it.missing())
+                gaps = it.missing()
+                b.missing.update(gaps)
+                b.h._note_report(f.src, b.h.count - len(gaps), now)
             self._bcast_progress(b, now)
         g = self._grant
         if g is not None and g.robot == f.src and g.seq == seq:
@@ -644,7 +709,7 @@ class MacServer:
             return
         if b.unsent or b.awaiting:
             return
-        unconfirmed = h.targets - h.confirmed
+        unconfirmed = h.open_targets()
         if b.missing:
             self._queue_pass(b, sorted(b.missing))
             b.missing = set()
@@ -674,6 +739,12 @@ class MacServer:
             if now >= b.deadline and not b.h.done():
                 b.h._finish(now, "deadline")
                 self._bcasts.pop(b.h.msg_id, None)
+                continue
+            gone = b.h._take_abandoned()
+            if gone:  # targets the owner now serves by unicast
+                self.stats.bcast_abandoned += len(gone)
+                b.awaiting -= gone
+                self._bcast_progress(b, now)
         g = self._grant
         if g is not None:
             if now < g.expires:
@@ -709,7 +780,9 @@ class MacServer:
             self.stats.bcast_frames_tx += 1
             self.stats.bcast_bytes_tx += len(raw)
             if b.unsent == 0:
-                b.awaiting = set(b.h.targets - b.h.confirmed)
+                if b.h.pass_out is None:
+                    b.h.pass_out = now  # the first pass is on air: stall times count from here
+                b.awaiting = b.h.open_targets()
                 for r in b.awaiting:
                     if r in self.members:
                         self.members[r].want = True
@@ -771,11 +844,9 @@ class MacServer:
     def _send_grant(self, r: int, now: float) -> None:
         cfg = self.config
         m = self.members[r]
-        refs = [
-            b
-            for b in self._bcasts.values()
-            if r in b.h.targets and r not in b.h.confirmed and b.unsent == 0
-        ][:MAX_BCAST_PER_GRANT]
+        refs = [b for b in self._bcasts.values() if r in b.h.open_targets() and b.unsent == 0][
+            :MAX_BCAST_PER_GRANT
+        ]
         self._grant_seq = (self._grant_seq + 1) & 0xFFFFFFFF
         body = _grant_body(
             self._grant_seq, cfg.grant_bytes, [(b.h.msg_id, b.h.count) for b in refs]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,48 @@ def federation_config(cfg: Mapping[str, Any]) -> Any:
     out = as_config(as_config(cfg).to_dict())
     out.fl.rounds = int(out.testbed.rounds)
     return out
+
+
+def link_clock(link: Any) -> Callable[[], float]:
+    """The clock of a link's timers, for every wait on the link: the medium's virtual time on
+    ``ofdm-shared`` (which runs at a fraction of real time while the medium is busy; a wait on
+    the wall clock there gives up on peers that are only slow), else ``time.monotonic``."""
+    return getattr(link, "virtual_time", time.monotonic)
+
+
+class LinkDeadline:
+    """``timeout`` seconds from now on a link's clock (:func:`link_clock`).
+
+    A backstop on the wall clock for a clock that does not move at all (a shared medium whose
+    broker waits for a node that never joined, or that is gone): the deadline also passes once
+    ``timeout`` wall seconds went by without the clock advancing. A medium that runs slowly
+    (its virtual time moves) is waited for.
+    """
+
+    def __init__(self, timeout: float, clock: Callable[[], float]) -> None:
+        self.timeout = float(timeout)
+        self.clock = clock
+        self.start = clock()
+        self._wall = time.monotonic()
+
+    def expired(self) -> bool:
+        """Whether the deadline has passed."""
+        now = self.clock()
+        if now - self.start >= self.timeout:
+            return True
+        return now == self.start and time.monotonic() - self._wall >= self.timeout
+
+
+def wait_on_clock(handle: Any, timeout: float, clock: Callable[[], float]) -> bool:
+    """Wait until a send ``handle`` is done or ``timeout`` seconds of ``clock`` have passed
+    (:class:`LinkDeadline`); True when done. On the shared medium the ARQ ends every send at its
+    virtual deadline (a lost medium cancels them), so this returns whatever the medium's speed."""
+    end = LinkDeadline(timeout, clock)
+    while not handle.done():
+        if end.expired():
+            return False
+        handle.wait(0.2)
+    return True
 
 
 def to_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:

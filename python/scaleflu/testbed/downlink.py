@@ -46,6 +46,10 @@ class Outgoing:
     round: int
     changed: set[tuple[str, int]] = field(default_factory=set)
     started: float = field(default_factory=time.monotonic)
+    # a broadcast send: the state and meta it was made from, for a unicast in its place when
+    # the robot's broadcast repair stalls (_fall_back_to_unicast)
+    source: dict[str, np.ndarray] | None = None
+    extra: dict[str, Any] | None = None
 
 
 class DownlinkMixin:
@@ -168,6 +172,7 @@ class DownlinkMixin:
                 )
                 joint = JointHandle(h, bh, rb.robot_id)
                 out = Outgoing(rb.robot_id, joint, held, sha, src_sha, purpose, t, changed)  # type: ignore[arg-type]
+                out.source, out.extra = state, extra  # for a unicast in its place (stall)
                 self.outgoing.append(out)
                 outs.append(out)
         return outs
@@ -209,8 +214,47 @@ class DownlinkMixin:
         y = old[layer].reshape(-1)[a:b]
         return bool(np.max(np.abs(x.astype(np.float64) - y)) > float(self.history.update_tol))
 
+    def _fall_back_to_unicast(self) -> None:
+        """Send the model by unicast to every robot whose broadcast repair stalled.
+
+        A robot that gained no fragment of the broadcast body in
+        ``testbed.broadcast_stall_passes`` repair passes, or for ``testbed.broadcast_stall_s``
+        seconds of the link's clock (virtual seconds on ofdm-shared), since the first pass was
+        on air: the broadcast stops serving it (``BroadcastHandle.abandon``), it gets the same
+        model as a unicast MODEL (body included, ARQ), and the broadcast goes on for the others.
+        Counted in ``unicast_fallbacks`` (the round's link row) and logged as an event. Without
+        this, a robot the repairs never reach waits for the broadcast's deadline
+        (``send_timeout_s``), and the round for it.
+        """
+        passes = int(self.tb.broadcast_stall_passes)
+        stall_s = float(self.tb.broadcast_stall_s)
+        now = self.clock()
+        for o in list(self.outgoing):
+            bh = getattr(o.handle, "broadcast", None)
+            if bh is None or o.source is None or o.handle.done():
+                continue
+            why = bh.stalled(o.robot, now, passes, stall_s)
+            robot = self.robots.get(o.robot)
+            if why is None or robot is None:
+                continue
+            bh.abandon(o.robot)
+            self.outgoing.remove(o)  # superseded: its failure must not reset what robot holds
+            self.unicast_fallbacks += 1
+            log.warning(
+                "%s model r%d: broadcast repair to robot %d stalled (%s); sending it by unicast",
+                o.purpose,
+                o.round,
+                o.robot,
+                why,
+            )
+            self._event(
+                "broadcast_fallback", robot=o.robot, round=o.round, purpose=o.purpose, reason=why
+            )
+            self._send_model(robot, o.source, o.purpose, o.round, o.extra, o.src_sha)
+
     def _check_sends(self) -> None:
         """Account finished model sends: what each robot holds, and AoI of the groups."""
+        self._fall_back_to_unicast()
         still = []
         for o in self.outgoing:
             if not o.handle.done():

@@ -106,6 +106,7 @@ class RecordsMixin:
             "server_tx_bytes": self.ep.sent_bytes,
             "server_rx_bytes": self.bytes_rx,
             "air_bytes_total": self._air_bytes(),
+            "unicast_fallbacks": self.unicast_fallbacks,
             "history_rounds": self.history.last_completed_round(),
             "poison": {
                 "backdoor_clients": self.cfg.data.poison.backdoor_clients,

@@ -4,7 +4,11 @@ The robot holds only its own partition of the training set (rebuilt from the sha
 config, poisoned as the evaluation protocol says) and a local test slice. Local training is the
 FL runtime's ``train_client`` (the same SGD, seeds and batches as the simulation). Every message
 it accepts is authenticated with its pre-shared key and replay-checked; it re-registers when the
-server announces a new session (restart) or stays silent for ``testbed.robot_idle_s``.
+server announces a new session (restart) or stays silent for ``testbed.robot_idle_s``. Every
+wait on the server (that silence, registration retries, an upload's verdict, the round's time
+left) runs on the link's clock (``common.link_clock``: the shared medium's virtual time on
+``ofdm-shared``), so a medium that runs slower than the wall does not make a robot give up on a
+live server.
 
 ``faults`` makes the robot misbehave on purpose, for tests and demos of the server's defences:
 ``nan`` and ``shape`` (a NaN / wrong-shape upload before the real one), ``duplicate`` and
@@ -34,12 +38,15 @@ from scaleflu.fl.models import build_model
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
+    LinkDeadline,
     cast_like,
     decode_state,
     encode_state,
     federation_config,
     install_link_keys,
+    link_clock,
     to_numpy,
+    wait_on_clock,
 )
 from scaleflu.testbed.keys import verify
 from scaleflu.testbed.protocol import (
@@ -186,6 +193,7 @@ class RobotClient:
         if bad:
             raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
         self.link = link
+        self.clock = link_clock(link)  # every wait on the server runs on the link's clock
         self.robot_id = robot_id
         self.key = key
         self.cfg = cfg = federation_config(cfg)  # fl.rounds as on the server: the lr schedule
@@ -221,11 +229,15 @@ class RobotClient:
         self.rejects: list[dict[str, Any]] = []
         self.unlearn_ack: dict[str, Any] | None = None
         self.registrations = 0
+        self.reregistrations = 0  # registrations after robot_idle_s of server silence
         self.done = False
         self._pending_nonce: str | None = None
         self._challenge: int | None = None  # the session the server announced (SERVER_HELLO)
         self._early_model: Any = None  # a MODEL that came before our REGISTER_ACK
-        self._last_heard = time.monotonic()
+        # round -> (SHA-256 of the model trained, upload handle): the same model again (a
+        # broadcast envelope after its unicast fall-back) does not train the round twice
+        self._uploads: dict[int, tuple[str, Any]] = {}
+        self._last_heard = self.clock()
         self._requested = False
 
     # -- registration ----------------------------------------------------------------------
@@ -248,16 +260,16 @@ class RobotClient:
         server announced in its SERVER_HELLO (fresh per server start). Without one the robot
         sends session 0, which the server answers with a SERVER_HELLO only.
         """
-        end = time.monotonic() + timeout
+        # on the link's clock: on ofdm-shared the medium's virtual time, which runs slower than
+        # the wall while it is busy (retrying on wall time re-registered)
+        clock = self.clock
+        end = LinkDeadline(timeout, clock)
         wait = 1.0
-        # the retry interval on the link's clock: on ofdm-shared the medium's virtual time, which
-        # runs slower than the wall while it is busy (retrying on wall time re-registered)
-        clock = getattr(self.link, "virtual_time", time.monotonic)
-        while time.monotonic() < end and not self.done:
+        while not end.expired() and not self.done:
             self._pending_nonce = secrets.token_hex(8)
             self._send_register(wait * 4)
-            until = clock() + wait * 4
-            while clock() < until and self._pending_nonce is not None:
+            until = LinkDeadline(wait * 4, clock)
+            while not until.expired() and self._pending_nonce is not None:
                 self.poll(0.2)
             if self._pending_nonce is None:
                 return True
@@ -297,7 +309,7 @@ class RobotClient:
         except ProtocolError as exc:
             log.warning("robot %d: dropped a message from node %s: %s", self.robot_id, src, exc)
             return
-        self._last_heard = time.monotonic()
+        self._last_heard = self.clock()
         if env.type is MsgType.REGISTER_ACK:
             if env.meta.get("nonce") != self._pending_nonce or self._pending_nonce is None:
                 log.warning("robot %d: REGISTER_ACK with a stale nonce", self.robot_id)
@@ -322,6 +334,7 @@ class RobotClient:
             self._pending_nonce = None
             self.registrations += 1
             self.state, self.state_sha = None, None  # the server sends a full model next
+            self._uploads.clear()  # the server forgot them too: a model sent again is trained
             log.info("robot %d registered, session %08x", self.robot_id, env.session)
             early, self._early_model = self._early_model, None
             if early is not None and early.session == self.session:
@@ -392,6 +405,8 @@ class RobotClient:
 
     def _on_model(self, t: int, meta: Mapping[str, Any], body: bytes) -> None:
         want = meta.get("body_sha256")
+        if body:  # a unicast model (the server's fall-back included) supersedes one waiting
+            self._waiting_body.clear()
         if not body and isinstance(want, str):  # the body comes (came) by broadcast
             got = self._bodies.get(want)
             if got is None:
@@ -435,6 +450,14 @@ class RobotClient:
             )
             self.rejects.append({"round": t, "reason": "bad_signature", "purpose": purpose})
             return
+        if purpose == "train" and self._upload_live(t, sha):
+            log.info(
+                "robot %d: round %d model again, same SHA-256, upload %s: not training it twice",
+                self.robot_id,
+                t,
+                self._uploads[t][1].status.value,
+            )
+            return
         self.state, self.state_sha = state, sha
         self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
         if purpose == "train":
@@ -444,6 +467,14 @@ class RobotClient:
             self._train_and_upload(t, meta)
         else:
             self._evaluate_and_report(purpose, meta)
+
+    def _upload_live(self, t: int, sha: str) -> bool:
+        """Whether round t was trained from the model ``sha`` and its upload is under way or
+        delivered (a failed one is trained again when the server sends the model again)."""
+        got = self._uploads.get(t)
+        if got is None or got[0] != sha:
+            return False
+        return got[1].status.value in ("pending", "delivered")
 
     # -- work ------------------------------------------------------------------------------
 
@@ -459,6 +490,7 @@ class RobotClient:
                     pass
             os._exit(3)
         t0 = time.perf_counter()
+        c0 = self.clock()  # the round's time left counts on the server's (the link's) clock
         global_state = {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
         local = train_client(
             self.model,
@@ -487,8 +519,9 @@ class RobotClient:
             "link_bytes_tx": int(stats.get("bytes_tx", self.ep.sent_bytes)),
         }
         body = encode_state(local_np, str(self.tb.upload_encoding))
-        # No point uploading past the round deadline (the server would refuse it as late).
-        left = float(meta.get("deadline_s") or 0.0) - train_s
+        # No point uploading past the round deadline (the server would refuse it as late);
+        # deadline_s is on the server's clock, the link's (virtual s on ofdm-shared)
+        left = float(meta.get("deadline_s") or 0.0) - (self.clock() - c0)
         timeout = float(self.tb.send_timeout_s)
         if left > 0:
             timeout = min(timeout, left + 2.0)
@@ -496,7 +529,8 @@ class RobotClient:
             self._fault_uploads_before(t, local_np, up_meta, timeout)
         sealed = self.ep.build(MsgType.UPDATE, SERVER_ID, self.key, self.session, t, up_meta, body)
         res = self.ep.send_raw(SERVER_ID, sealed, timeout)
-        res.wait(timeout + 5)
+        self._uploads = {t: (self.state_sha or "", res)}  # only the open round's
+        wait_on_clock(res, timeout + 5, self.clock)  # the ARQ's verdict, on its own clock
         self.rounds.append(
             {
                 "round": t,
@@ -638,20 +672,25 @@ class RobotClient:
         while not self.done and not self.register(timeout=60.0):
             if max_runtime is not None and time.monotonic() - start > max_runtime:
                 break
+        # robot_idle_s on the link's clock: on ofdm-shared the medium's virtual time, which
+        # runs at about a tenth of real time while the medium is busy (on the wall clock robots
+        # that had uploaded gave up on a server still repairing another robot's transfer).
+        # max_runtime stays on the wall: it is the operator's bound on the process.
         idle = float(self.tb.robot_idle_s)
         while not self.done:
             if max_runtime is not None and time.monotonic() - start > max_runtime:
                 log.warning("robot %d: max runtime reached", self.robot_id)
                 break
             self.poll(0.5)
-            if time.monotonic() - self._last_heard > idle:
+            if self.clock() - self._last_heard > idle:
                 log.info(
                     "robot %d: server silent for %.0fs; registering again", self.robot_id, idle
                 )
+                self.reregistrations += 1
                 # keep the current session until a REGISTER_ACK brings a new one: a server that
                 # was only busy (a long unlearning run) still reaches us meanwhile
                 self.register(timeout=60.0)
-                self._last_heard = time.monotonic()
+                self._last_heard = self.clock()
         return self.summary(time.monotonic() - start)
 
     def summary(self, runtime_s: float) -> dict[str, Any]:
@@ -661,6 +700,7 @@ class RobotClient:
             "runtime_s": runtime_s,
             "load_s": self.load_s,
             "registrations": self.registrations,
+            "idle_reregistrations": self.reregistrations,
             "rounds": self.rounds,
             "evals": self.evals,
             "rejects": self.rejects,

@@ -48,12 +48,17 @@ class RoundState:
     refused: dict[int, float] = field(default_factory=dict)  # robot -> when its upload was refused
 
     def not_awaited(
-        self, grace_s: float, receiving: Callable[[int], bool] = lambda r: False
+        self,
+        grace_s: float,
+        receiving: Callable[[int], bool] = lambda r: False,
+        now: float | None = None,
     ) -> set[int]:
         """Robots refused more than ``grace_s`` ago and not sending now (``receiving(r)``: an
         upload from r is arriving on the link): the round no longer waits for them. A resend
-        under way is awaited, however slow the link (up to the round's deadline)."""
-        now = time.monotonic()
+        under way is awaited, however slow the link (up to the round's deadline). ``now`` and
+        the refusal times are on the server's clock (the link's, as the deadline; None:
+        ``time.monotonic()``)."""
+        now = time.monotonic() if now is None else now
         out = set()
         for r, at in self.refused.items():
             if now - at <= grace_s:
@@ -123,7 +128,7 @@ class RoundsMixin:
 
     def _refuse_update(self, rs: RoundState, r: int, t: int, reason: str, detail: str) -> None:
         """Refuse a robot's upload of the open round; the round stops waiting for it."""
-        rs.refused.setdefault(r, time.monotonic())
+        rs.refused.setdefault(r, self.clock())
         self._reject(reason, r, f"UPDATE r{t}", detail, round_=t)
         self._notify_reject(r, t, f"{reason}: {detail}"[:200])
 
@@ -138,6 +143,7 @@ class RoundsMixin:
         w0 = time.perf_counter()
         bytes0 = self._air_bytes()
         link0 = link_counters(self.link)
+        fallbacks0 = self.unicast_fallbacks
         rs = RoundState(t, self.global_np, self.clock() + float(tb.round_deadline_s))
         self.round = rs
         src = state_sha256(self.global_np)
@@ -147,7 +153,7 @@ class RoundsMixin:
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while self.clock() < rs.deadline:
             grace = float(tb.refused_grace_s)
-            gone = rs.not_awaited(grace, self.link.receiving_from)
+            gone = rs.not_awaited(grace, self.link.receiving_from, self.clock())
             waiting = rs.scheduled - self._forgotten_ids() - gone
             if rs.scheduled and set(rs.updates) >= waiting:
                 break
@@ -220,6 +226,8 @@ class RoundsMixin:
             "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
         }
         row["link"] = round_link_row(link0, link_counters(self.link), row["air_bytes"])
+        if hasattr(self.link, "broadcast"):  # a MAC link: model sends moved off the broadcast
+            row["link"]["unicast_fallbacks"] = self.unicast_fallbacks - fallbacks0
         self.rounds_log.append(row)
         append_jsonl(self.run_dir / "rounds.jsonl", row)
         self._event("round_end", **{k: row[k] for k in ("round", "test_acc", "participants")})

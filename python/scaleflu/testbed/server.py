@@ -36,8 +36,10 @@ from scaleflu.fl.run import build_setup, open_history, write_training_outputs
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
+    LinkDeadline,
     federation_config,
     install_link_keys,
+    link_clock,
     to_numpy,
 )
 from scaleflu.testbed.downlink import DownlinkMixin, Outgoing
@@ -113,7 +115,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.link = link
         # deadlines of rounds and deployments on the link's clock: the shared medium's virtual
         # time on ofdm-shared (a busy, slow medium stretches the wall time, not the round)
-        self.clock = getattr(link, "virtual_time", time.monotonic)
+        self.clock = link_clock(link)
         self.signing_key = signing_key or Ed25519PrivateKey.generate()
         self.public_key = public_bytes(self.signing_key)
         self.keys = dict(keys)
@@ -141,6 +143,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.robots: dict[int, RobotInfo] = {}
         self.round: RoundState | None = None
         self.outgoing: list[Outgoing] = []
+        self.unicast_fallbacks = 0  # model sends moved from a stalled broadcast to a unicast
         self.rejections: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
@@ -240,7 +243,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         robot = self.robots.get(r)
         if robot is None:
             raise ProtocolError("not_registered", f"{env.type.name} before REGISTER")
-        robot.last_heard = time.monotonic()
+        robot.last_heard = self.clock()
         if env.type is MsgType.UPDATE:
             self._on_update(robot, env.round, env.meta, env.body)
         elif env.type is MsgType.UNLEARN_REQUEST:
@@ -274,10 +277,10 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         T = int(tb.rounds)
         t = self.history.last_completed_round() + 1
         retries = 0
-        round_start = started
+        round_start = self.clock()
         while t <= T:
             self.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s))
-            round_start = time.monotonic()
+            round_start = self.clock()  # compared with the robots' last_heard (link's clock)
             row = self.run_round(t)
             if row is None:  # a failed round is logged and retried ...
                 retries += 1
@@ -290,8 +293,9 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
             t += 1
         fl_s = time.monotonic() - started
         report: dict[str, Any] = {"rounds": self.rounds_log, "fl_s": fl_s}
-        wait_end = time.monotonic() + float(tb.unlearn.wait_s)
-        while not self.requests and time.monotonic() < wait_end:
+        # the request travels over the link: its wait on the link's clock
+        wait_end = LinkDeadline(float(tb.unlearn.wait_s), self.clock)
+        while not self.requests and not wait_end.expired():
             self.poll(0.2)
         if self.requests:  # a robot that died in the last round and restarts: evaluate it too
             self.wait_for_rejoin(round_start, float(tb.register_timeout_s))

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from scaleflu.testbed.common import LinkDeadline, wait_on_clock
 from scaleflu.testbed.keys import sign
 from scaleflu.testbed.protocol import (
     MsgType,
@@ -35,7 +36,7 @@ class RobotInfo:
     held_src: str | None = None  # SHA-256 of the server-side state it was encoded from
     resync_at: float = 0.0  # when the robot last said it does not hold what we think
     last_nonce: str | None = None  # nonce of its last REGISTER (a retry is not a new one)
-    last_heard: float = 0.0  # monotonic time of its last authenticated message
+    last_heard: float = 0.0  # the server's clock (the link's) at its last authenticated message
 
 
 class SessionsMixin:
@@ -50,7 +51,7 @@ class SessionsMixin:
             return
         info.last_nonce = nonce
         info.num_samples = num
-        info.registered_at = time.monotonic()
+        info.registered_at = self.clock()  # the link's clock, as last_heard and round starts
         info.last_heard = info.registered_at
         info.registrations += 1
         info.held, info.held_sha = None, None
@@ -86,8 +87,8 @@ class SessionsMixin:
     def wait_for_robots(self, n: int, timeout: float) -> bool:
         """Handle messages until ``n`` robots are registered (and not forgotten) or timeout."""
         n = min(n, len(self.keys) - len(self._forgotten_ids()))
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
+        end = LinkDeadline(timeout, self.clock)  # robots register over the link: its clock
+        while not end.expired():
             if len(self._active()) >= n:
                 return True
             self.poll(0.2)
@@ -95,13 +96,14 @@ class SessionsMixin:
 
     def wait_for_rejoin(self, since: float, timeout: float) -> list[int]:
         """Handle messages until every registered robot has been heard from since ``since``
-        (monotonic; the start of the last round) or is forgotten, or until ``timeout``.
+        (the server's clock; the start of the last round) or is forgotten, or until ``timeout``
+        (on that clock, the link's).
 
         A robot silent since then died in the last round: if it is restarting, waiting lets it
         register again and take part in what follows (the unlearning's "before" and "after"
         evaluations, which would otherwise reach it only half). Returns the robots still silent.
         """
-        end = time.monotonic() + timeout
+        end = LinkDeadline(timeout, self.clock)
 
         def silent() -> list[int]:
             return sorted(
@@ -115,7 +117,7 @@ class SessionsMixin:
                 timeout,
                 away,
             )
-        while away and time.monotonic() < end:
+        while away and not end.expired():
             self.poll(0.2)
             away = silent()
         if away:
@@ -136,5 +138,5 @@ class SessionsMixin:
             )
             for r in self.robots.values()
         ]
-        for h in hs:
-            h.wait(6.0)
+        for h in hs:  # each BYE's ARQ deadline is 5 s of the link's clock
+            wait_on_clock(h, 6.0, self.clock)
