@@ -279,3 +279,70 @@ def test_the_mac_turns_off_time_based_loss_detection_of_its_endpoint() -> None:
         assert ep.config.rack_rtt
         make(ep)
         assert not ep.config.rack_rtt and ep.config.window == 16
+
+
+def _bcast_sim_dropping(robot: int):
+    """A server and robots 1, 2 in MacSim; every broadcast DATA frame to ``robot`` is lost."""
+    cfg = MacConfig(contention_slots=0)
+    sim = MacSim(cfg)
+    arq = ArqConfig(window=64)
+    srv = MacServer(
+        ArqEndpoint(0, lambda raw: None, clock=sim.clock, config=arq),
+        sim.transmitter(0),
+        cfg,
+        members=[1, 2],
+    )
+    sim.add(0, srv)
+    got: dict[int, bytes] = {}
+    for r in (1, 2):
+        ep = ArqEndpoint(
+            r,
+            lambda raw: None,
+            clock=sim.clock,
+            config=arq,
+            on_message=lambda s, p, r=r: got.setdefault(r, p),
+        )
+        sim.add(r, MacStation(ep, sim.transmitter(r), cfg, joined=True))
+    orig = sim._deliver
+
+    def deliver(tx):
+        if tx.dst == BROADCAST and tx.category == "downlink":
+            sim.set_link(0, robot, loss=1.0)
+            orig(tx)
+            sim.set_link(0, robot, loss=0.0)
+            return
+        orig(tx)
+
+    sim._deliver = deliver
+    return sim, srv, got
+
+
+def test_a_stalled_broadcast_target_is_reported_and_handed_over():
+    """A robot that never receives the broadcast makes no progress: after N repair passes it is
+    stalled (the others are not); abandoning it ends the broadcast for the rest, delivered."""
+    sim, srv, got = _bcast_sim_dropping(2)
+    payload = random.Random(1).randbytes(30 * 1474)
+    h = sim.call(0, lambda: srv.broadcast(payload, [1, 2], deadline=60.0))
+    assert h.stalled(2, sim.clock(), 1, 5.0) is None  # no repair pass yet, 5 s not passed
+    sim.run_until(lambda: h.passes_since.get(2, 0) >= 3, max_time=30.0)
+    now = sim.clock()
+    assert not h.done() and h.confirmed == {1} and got == {1: payload}
+    why = h.stalled(2, now, 3, 1e9)
+    assert why is not None and "3 repair passes without progress" in why and "0/" in why
+    assert h.stalled(2, now, 100, 1e9) is None  # neither bound reached
+    assert h.stalled(2, now, 100, 0.0) is not None  # the time bound alone
+    assert h.stalled(1, now, 1, 0.0) is None  # confirmed: never stalled
+    h.abandon(2)
+    sim.run_until(h.done, max_time=now + 5.0)
+    assert h.ok and h.reason == "delivered" and h.abandoned == {2} and 2 not in h.confirmed
+    assert srv.stats.bcast_abandoned == 1
+    assert h.stalled(2, sim.clock(), 1, 0.0) is None  # handed over: no longer the MAC's
+
+
+def test_without_hand_over_a_starved_target_keeps_the_broadcast_to_its_deadline():
+    sim, srv, got = _bcast_sim_dropping(2)
+    payload = random.Random(2).randbytes(10 * 1474)
+    h = sim.call(0, lambda: srv.broadcast(payload, [1, 2], deadline=8.0))
+    sim.run_until(h.done, max_time=20.0)
+    assert h.reason == "deadline" and not h.ok and h.confirmed == {1}
+    assert h.passes > 3 and h.received.get(2, 0) == 0 and h.received[1] == h.count

@@ -11,7 +11,7 @@ from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, run_federation
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
 from scaleflu.link.hub import FrameHub
-from scaleflu.testbed.protocol import SERVER_ID, generate_keys
+from scaleflu.testbed.protocol import SERVER_ID, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
 from scaleflu.testbed.transport import (
@@ -124,3 +124,91 @@ def test_round_link_row_and_summary_columns():
     print_summary({"rounds": [{"round": 1, "participants": [1, 2], "link": row}]}, fh)
     text = fh.getvalue()
     assert "sched %" in text and " 1.33 " in text and "   0.2 " in text
+
+
+def test_a_robot_the_broadcast_never_reaches_gets_the_model_by_unicast(tmp_path: Path):
+    """Robot 2 loses every broadcast frame (its link drops them): its repair stalls, the server
+    sends it the model by unicast, and every round closes with it, bit-exact, without a robot
+    registering again (the rescue the idle timer used to provide)."""
+    from scaleflu.link.frame import BROADCAST, FrameType
+    from scaleflu.link.mac import MAC_MSG_ID, _frame_key
+
+    cfg: dict[str, Any] = load_config(
+        None,
+        [
+            *OVERRIDES,
+            "testbed.broadcast_stall_passes=3",
+            "testbed.broadcast_stall_s=3",
+            "testbed.unlearn.wait_s=8",
+        ],
+    )
+    hub = FrameHub(model=ChannelModel(rate_bytes_per_s=RATE), shared=True, seed=int(cfg["seed"]))
+    keys = generate_keys([1, 2, 3])
+    mac = dict(cfg["testbed"]["mac"])
+    dropped: list[int] = []
+
+    def link(node: int):
+        lk = make_testbed_link(
+            "frames-shared",
+            node,
+            hub=hub.address,
+            mac=mac,
+            members=(1, 2, 3) if node == SERVER_ID else (),
+            rate_bytes_per_s=RATE,
+            seed=node,
+        )
+        if node == 2:  # robot 2 hears every frame but the broadcast DATA (model bodies)
+            feed = lk.feed
+
+            def lossy_feed(raw: bytes) -> None:
+                k = _frame_key(raw)
+                if k and k[0] == FrameType.DATA and k[2] == BROADCAST and k[3] != MAC_MSG_ID:
+                    dropped.append(k[4])
+                    return
+                feed(raw)
+
+            lk.feed = lossy_feed
+        return lk
+
+    server_link = link(SERVER_ID)
+    server = EdgeServer(server_link, keys, cfg, tmp_path, False, halve_unlearn)
+    robots = [
+        RobotClient(
+            link(r),
+            r,
+            keys[r],
+            cfg,
+            data=RobotData(cfg, r),
+            **({"unlearn": {"kind": "client"}, "unlearn_after_round": 2} if r == 1 else {}),
+        )
+        for r in (1, 2, 3)
+    ]
+
+    def close() -> None:
+        for rb in robots:
+            rb.link.close()
+        server_link.close()
+        hub.close()
+
+    report, outs = run_federation(server, robots, 150, close)
+    assert dropped  # the broadcasts were on air and robot 2 lost them
+    rounds = report["rounds"]
+    assert [row["participants"] for row in rounds] == [[1, 2, 3], [1, 2, 3]]
+    assert all(row["missing"] == [] for row in rounds)
+    assert [row["link"]["unicast_fallbacks"] for row in rounds] == [1, 1]  # robot 2, each round
+    falls = [e for e in report["events"] if e["event"] == "broadcast_fallback"]
+    assert {e["robot"] for e in falls} == {2}
+    assert [e["purpose"] for e in falls][:2] == ["train", "train"]
+    assert report["unicast_fallbacks"] == len(falls) >= 3  # + the deployments after unlearning
+    assert report["server_link"]["mac"]["bcast_abandoned"] == len(falls)
+    # no robot registered again: the round did not need the idle timer's rescue
+    assert all(v["registrations"] == 1 for v in report["robots"].values())
+    assert all(outs[r]["registrations"] == 1 and outs[r]["idle_reregistrations"] == 0 for r in outs)
+    # robot 2 trained each round once, from exactly the server's global model of that round
+    for t in (1, 2):
+        g = {k: v.numpy() for k, v in server.history.global_model(t).items()}
+        assert outs[2]["rounds"][t - 1]["model_sha256"] == state_sha256(g)
+    assert [x["round"] for x in outs[2]["rounds"]] == [1, 2]
+    assert all(x["upload"] == "delivered" for x in outs[2]["rounds"])
+    un = report["unlearning"]
+    assert all(un["bit_exact"].values()) and set(un["bit_exact"]) == {1, 2, 3}
