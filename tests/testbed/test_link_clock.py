@@ -113,8 +113,9 @@ def test_link_deadline_follows_a_slow_clock_and_stops_on_a_frozen_one():
 
 
 def test_the_same_model_again_does_not_train_the_round_twice(cfg, data1):
-    """A unicast fall-back and the broadcast envelope it replaced name the same model: the robot
-    trains round t from it once; a different model of round t is trained (server resent it)."""
+    """A unicast fall-back and the broadcast envelope it replaced are one send (same send_id):
+    the robot trains round t from it once; another send of round t (the server retrying the
+    round, a new send_id) is trained again, as is a send without an id."""
     ch = MemoryChannel(seed=2)
     keys = generate_keys([1])
     server_link = ch.attach(SERVER_ID)  # its ARQ acknowledges the upload
@@ -124,7 +125,7 @@ def test_the_same_model_again_does_not_train_the_round_twice(cfg, data1):
     state = to_numpy(robot.model.state_dict())
 
     def model(st: dict[str, np.ndarray]) -> tuple[dict[str, Any], bytes]:
-        meta = {"purpose": "train", "sha256": state_sha256(st), "deadline_s": 30.0}
+        meta = {"purpose": "train", "sha256": state_sha256(st), "deadline_s": 30.0, "send_id": 4}
         return meta, encode_state(st)
 
     meta, body = model(state)
@@ -133,11 +134,13 @@ def test_the_same_model_again_does_not_train_the_round_twice(cfg, data1):
     robot._on_model(1, meta, body)
     assert robot._waiting_body == {}
     assert [r["upload"] for r in robot.rounds] == ["delivered"]
-    robot._on_model(1, meta, body)  # the same model again: not trained twice
+    robot._on_model(1, meta, body)  # the same send again: not trained twice
     assert len(robot.rounds) == 1
-    other = {k: (v + 1 if v.dtype.kind == "f" else v) for k, v in state.items()}
-    robot._on_model(1, *model(other))
-    assert len(robot.rounds) == 2 and robot.rounds[1]["model_sha256"] == state_sha256(other)
+    robot._on_model(1, {**meta, "send_id": 5}, body)  # the round retried: trained again
+    assert len(robot.rounds) == 2
+    robot._on_model(1, {k: v for k, v in meta.items() if k != "send_id"}, body)
+    assert len(robot.rounds) == 3
+    assert all(r["upload"] == "delivered" for r in robot.rounds)
     server_link.close()
     ch.close()
 

@@ -50,6 +50,7 @@ class Outgoing:
     # the robot's broadcast repair stalls (_fall_back_to_unicast)
     source: dict[str, np.ndarray] | None = None
     extra: dict[str, Any] | None = None
+    send_id: int = 0
 
 
 class DownlinkMixin:
@@ -66,9 +67,15 @@ class DownlinkMixin:
         t: int,
         extra: dict[str, Any] | None = None,
         src_sha: str | None = None,
+        send_id: int | None = None,
     ) -> Outgoing:
-        """Start sending ``state`` to a robot, as a delta against what it holds when allowed."""
+        """Start sending ``state`` to a robot, as a delta against what it holds when allowed.
+
+        ``send_id``: the id in the MODEL's meta (a new one when None); a unicast that replaces
+        a stalled broadcast keeps the broadcast's, so a robot that gets both trains once.
+        """
         tb = self.tb
+        send_id = self._next_send_id() if send_id is None else send_id
         src_sha = src_sha or state_sha256(state)
         ref = robot.held if tb.broadcast == "delta" and robot.held is not None else None
         enc = str(tb.broadcast_encoding)
@@ -78,7 +85,7 @@ class DownlinkMixin:
         held = cast_like(decode_state(body, reference=ref), state)
         sha = state_sha256(held)
         base = robot.held_sha if ref is not None else None
-        meta = self._model_meta(robot.robot_id, t, purpose, sha, base, extra)
+        meta = self._model_meta(robot.robot_id, t, purpose, sha, base, extra, send_id=send_id)
         h = self.ep.send(
             MsgType.MODEL,
             robot.robot_id,
@@ -93,6 +100,7 @@ class DownlinkMixin:
             g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
         }
         out = Outgoing(robot.robot_id, h, held, sha, src_sha, purpose, t, changed)
+        out.send_id = send_id
         self.outgoing.append(out)
         log.info(
             "%s model r%d -> robot %d: %d B (%s)",
@@ -138,6 +146,7 @@ class DownlinkMixin:
             g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
         }
         timeout = float(tb.send_timeout_s)
+        send_id = self._next_send_id()
         outs: list[Outgoing] = []
         for base, members in groups.items():
             ref = members[0].held if base is not None else None
@@ -158,7 +167,7 @@ class DownlinkMixin:
                 # signed as a unicast MODEL: robots verify it over the state they decoded from
                 # the broadcast body (its SHA-256), so an unsigned or re-signed body is refused
                 meta = self._model_meta(
-                    rb.robot_id, t, purpose, sha, base, extra, body_sha256=body_sha
+                    rb.robot_id, t, purpose, sha, base, extra, body_sha256=body_sha, send_id=send_id
                 )
                 h = self.ep.send(
                     MsgType.MODEL,
@@ -173,9 +182,14 @@ class DownlinkMixin:
                 joint = JointHandle(h, bh, rb.robot_id)
                 out = Outgoing(rb.robot_id, joint, held, sha, src_sha, purpose, t, changed)  # type: ignore[arg-type]
                 out.source, out.extra = state, extra  # for a unicast in its place (stall)
+                out.send_id = send_id
                 self.outgoing.append(out)
                 outs.append(out)
         return outs
+
+    def _next_send_id(self) -> int:
+        self._send_seq += 1
+        return self._send_seq
 
     def _model_meta(
         self,
@@ -250,7 +264,7 @@ class DownlinkMixin:
             self._event(
                 "broadcast_fallback", robot=o.robot, round=o.round, purpose=o.purpose, reason=why
             )
-            self._send_model(robot, o.source, o.purpose, o.round, o.extra, o.src_sha)
+            self._send_model(robot, o.source, o.purpose, o.round, o.extra, o.src_sha, o.send_id)
 
     def _check_sends(self) -> None:
         """Account finished model sends: what each robot holds, and AoI of the groups."""

@@ -234,9 +234,10 @@ class RobotClient:
         self._pending_nonce: str | None = None
         self._challenge: int | None = None  # the session the server announced (SERVER_HELLO)
         self._early_model: Any = None  # a MODEL that came before our REGISTER_ACK
-        # round -> (SHA-256 of the model trained, upload handle): the same model again (a
-        # broadcast envelope after its unicast fall-back) does not train the round twice
-        self._uploads: dict[int, tuple[str, Any]] = {}
+        # round -> (SHA-256 of the model trained, the server's send_id, upload handle): the
+        # same send again (a broadcast envelope after its unicast fall-back, which keeps the
+        # broadcast's send_id) does not train the round twice; a round retried is a new send
+        self._uploads: dict[int, tuple[str, Any, Any]] = {}
         self._last_heard = self.clock()
         self._requested = False
 
@@ -450,12 +451,14 @@ class RobotClient:
             )
             self.rejects.append({"round": t, "reason": "bad_signature", "purpose": purpose})
             return
-        if purpose == "train" and self._upload_live(t, sha):
+        send_id = meta.get("send_id")
+        if purpose == "train" and self._upload_live(t, sha, send_id):
             log.info(
-                "robot %d: round %d model again, same SHA-256, upload %s: not training it twice",
+                "robot %d: round %d model of send %s again, upload %s: not training it twice",
                 self.robot_id,
                 t,
-                self._uploads[t][1].status.value,
+                send_id,
+                self._uploads[t][2].status.value,
             )
             return
         self.state, self.state_sha = state, sha
@@ -468,17 +471,19 @@ class RobotClient:
         else:
             self._evaluate_and_report(purpose, meta)
 
-    def _upload_live(self, t: int, sha: str) -> bool:
-        """Whether round t was trained from the model ``sha`` and its upload is under way or
-        delivered (a failed one is trained again when the server sends the model again)."""
+    def _upload_live(self, t: int, sha: str, send_id: Any) -> bool:
+        """Whether round t was trained from this very send (model ``sha``, the server's
+        ``send_id``) and its upload is under way or delivered. A failed upload, a send without
+        an id, or another send of the same model (the server retrying the round) is trained."""
         got = self._uploads.get(t)
-        if got is None or got[0] != sha:
+        if got is None or send_id is None or got[:2] != (sha, send_id):
             return False
-        return got[1].status.value in ("pending", "delivered")
+        return got[2].status.value in ("pending", "delivered")
 
     # -- work ------------------------------------------------------------------------------
 
     def _train_and_upload(self, t: int, meta: Mapping[str, Any]) -> None:
+        """Train round t from the model just loaded and upload the update."""
         assert self.state is not None and self.session is not None
         fault_now = t == self.fault_round
         if fault_now and "crash" in self.faults:
@@ -529,7 +534,7 @@ class RobotClient:
             self._fault_uploads_before(t, local_np, up_meta, timeout)
         sealed = self.ep.build(MsgType.UPDATE, SERVER_ID, self.key, self.session, t, up_meta, body)
         res = self.ep.send_raw(SERVER_ID, sealed, timeout)
-        self._uploads = {t: (self.state_sha or "", res)}  # only the open round's
+        self._uploads = {t: (self.state_sha or "", meta.get("send_id"), res)}  # this round's
         wait_on_clock(res, timeout + 5, self.clock)  # the ARQ's verdict, on its own clock
         self.rounds.append(
             {

@@ -144,6 +144,7 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self.round: RoundState | None = None
         self.outgoing: list[Outgoing] = []
         self.unicast_fallbacks = 0  # model sends moved from a stalled broadcast to a unicast
+        self._send_seq = 0  # id of each model send (MODEL meta "send_id"; a fall-back keeps it)
         self.rejections: list[dict[str, Any]] = []
         self.events: list[dict[str, Any]] = []
         self.requests: list[dict[str, Any]] = []
