@@ -592,6 +592,9 @@ class RobotClient:
 
     # -- faults ----------------------------------------------------------------------------
 
+    def _await(self, handle: Any, timeout: float) -> None:
+        wait_on_clock(handle, timeout, self.clock)  # a send's verdict, on the link's clock
+
     def _fault_uploads_before(
         self, t: int, local: dict[str, np.ndarray], meta: dict[str, Any], timeout: float
     ) -> None:
@@ -600,11 +603,12 @@ class RobotClient:
             bad = {k: v.copy() for k, v in local.items()}
             first = next(k for k, v in bad.items() if v.dtype.kind == "f")
             bad[first].reshape(-1)[0] = np.nan
-            self.ep.send(
+            h = self.ep.send(
                 MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(bad), timeout=timeout
-            ).wait(timeout)
+            )
+            self._await(h, timeout)
         if "bad_meta" in self.faults:
-            self.ep.send(
+            h = self.ep.send(
                 MsgType.UPDATE,
                 SERVER_ID,
                 self.key,
@@ -613,19 +617,22 @@ class RobotClient:
                 {**meta, "num_samples": "x"},
                 encode_state(local),
                 timeout=timeout,
-            ).wait(timeout)
+            )
+            self._await(h, timeout)
         if "float64" in self.faults:
             wide = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in local.items()}
-            self.ep.send(
+            h = self.ep.send(
                 MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(wide), timeout=timeout
-            ).wait(timeout)
+            )
+            self._await(h, timeout)
         if "shape" in self.faults:
             bad = {k: v.copy() for k, v in local.items()}
             first = next(iter(bad))
             bad[first] = np.zeros((*bad[first].shape, 2), dtype=bad[first].dtype)
-            self.ep.send(
+            h = self.ep.send(
                 MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(bad), timeout=timeout
-            ).wait(timeout)
+            )
+            self._await(h, timeout)
 
     def _fault_uploads_after(
         self,
@@ -651,7 +658,7 @@ class RobotClient:
         if "garbage" in self.faults:
             hs.append(self.ep.send_raw(SERVER_ID, secrets.token_bytes(300), timeout))
         for h in hs:
-            h.wait(timeout)
+            self._await(h, timeout)
 
     def _forge(self, victim: int, t: int, meta: dict[str, Any], body: bytes) -> bytes:
         """An UPDATE that claims to come from ``victim`` but is sealed with our own key."""
