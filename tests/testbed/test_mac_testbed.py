@@ -124,6 +124,12 @@ def test_round_link_row_and_summary_columns():
     print_summary({"rounds": [{"round": 1, "participants": [1, 2], "link": row}]}, fh)
     text = fh.getvalue()
     assert "sched %" in text and " 1.33 " in text and "   0.2 " in text
+    assert "unicast" not in text  # no broadcast downlink counted: no column
+    fh = io.StringIO()
+    rounds = [{"round": 1, "participants": [1, 2], "link": {**row, "unicast_fallbacks": 3}}]
+    print_summary({"rounds": rounds}, fh)
+    head, line = fh.getvalue().splitlines()[-2:]
+    assert "unicast" in head and line.split()[-1] == "3"
 
 
 def test_a_robot_the_broadcast_never_reaches_gets_the_model_by_unicast(tmp_path: Path):

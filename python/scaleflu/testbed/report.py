@@ -107,9 +107,11 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
     links = [(r["round"], r["link"]) for r in report.get("rounds") or [] if r.get("link")]
     if links:
         medium = any("collision_s" in lk for _, lk in links)
+        ucast = any("unicast_fallbacks" in lk for _, lk in links)  # a broadcast downlink
         w(
             f"\n{'round':>5} {'airtime s':>9} {'retx':>6} {'sched %':>7} {'grants':>6} "
             f"{'timeouts':>8} {'bcast':>6} {'repair':>6}"
+            + (f" {'unicast':>7}" if ucast else "")
             + (f" {'collided ms':>11} {'virtual s':>9}" if medium else "")
             + "   (link: server's view"
             + ("; airtime, collisions, virtual time: the shared medium's)\n" if medium else ")\n")
@@ -122,6 +124,7 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
                 f"{_f(None if sched is None else 100 * sched, '{:.1f}'):>7} "
                 f"{lk.get('grants', '-'):>6} {lk.get('grant_timeouts', '-'):>8} "
                 f"{lk.get('bcast_frames', '-'):>6} {lk.get('bcast_repair_frames', '-'):>6}"
+                + (f" {lk.get('unicast_fallbacks', '-'):>7}" if ucast else "")
                 + (
                     f" {_f(None if coll is None else 1e3 * coll, '{:.2f}'):>11} "
                     f"{_f(lk.get('virtual_s'), '{:.2f}'):>9}"
