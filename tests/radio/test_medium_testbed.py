@@ -1,0 +1,100 @@
+"""The edge server and 3 robots on the sample-level shared medium (ofdm-shared), in one process:
+a robot that loses every broadcast frame gets the model by unicast (after 4 repair passes), and
+nobody registers again although the round takes longer than ``robot_idle_s`` of wall time.
+
+The medium runs at a fraction of real time here (4 OFDM receivers on a loaded 2-core machine),
+which is what made the robots' wall-clock idle timer re-register them (docs/testbed.md, "Waits
+on the link's clock"); every wait now runs on the medium's virtual clock.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig
+
+pytestmark = [pytest.mark.gnuradio, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+
+def test_robot_without_the_broadcast_gets_the_model_by_unicast_on_the_medium(tmp_path):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
+    from testbed_helpers import TESTBED_OVERRIDES, run_federation
+
+    from scaleflu.config import load_config
+    from scaleflu.link.frame import BROADCAST, FrameType
+    from scaleflu.link.kinds import open_link
+    from scaleflu.link.mac import MAC_MSG_ID, _frame_key
+    from scaleflu.testbed.protocol import generate_keys
+    from scaleflu.testbed.robot import RobotClient, RobotData
+    from scaleflu.testbed.server import EdgeServer
+
+    cfg = load_config(
+        None,
+        [
+            *TESTBED_OVERRIDES,
+            "testbed.rounds=1",
+            "testbed.unlearn.wait_s=1",
+            "testbed.register_timeout_s=120",
+            "testbed.link=ofdm-shared",
+            # 12 s of the medium's clock: over twice what this round takes in virtual time (about
+            # 5 s), less than it takes in wall time here (20-30 s at 0.15 x real time): on the
+            # wall clock robots 1 and 3, silent after their uploads, would register again
+            "testbed.robot_idle_s=12",
+        ],
+    )
+    medium = MediumConfig(
+        nodes=(0, 1, 2, 3),
+        seed=3,
+        address="tcp://127.0.0.1:0",
+        default=LinkChannel(snr_db=25.0),
+        hub=0,
+    )
+    keys = generate_keys([1, 2, 3])
+    mac = {"contention_slots": 0}
+    dropped: list[int] = []
+    with MediumBroker(medium).start() as br:
+        srv = open_link("ofdm-shared", 0, broker=br.address, members=(1, 2, 3), mac=mac, seed=0)
+        links = {
+            r: open_link("ofdm-shared", r, broker=br.address, mac=mac, seed=r) for r in (1, 2, 3)
+        }
+        arq2 = links[2].arq.link  # robot 2's receiver hands every frame to this ArqLink's feed
+        feed = arq2.feed
+
+        def lossy_feed(raw: bytes) -> None:
+            k = _frame_key(raw)
+            if k and k[0] == FrameType.DATA and k[2] == BROADCAST and k[3] != MAC_MSG_ID:
+                dropped.append(k[4])
+                return
+            feed(raw)
+
+        arq2.feed = lossy_feed
+        server = EdgeServer(srv, keys, cfg, tmp_path, False)
+        robots = [RobotClient(links[r], r, keys[r], cfg, data=RobotData(cfg, r)) for r in (1, 2, 3)]
+
+        def close() -> None:
+            for lk in (*links.values(), srv):
+                lk.close()
+
+        v0 = srv.virtual_time()
+        report, outs = run_federation(server, robots, 1200, close)
+        stats = br.stats()
+    assert dropped
+    (row,) = report["rounds"]
+    assert row["participants"] == [1, 2, 3] and row["missing"] == []
+    assert row["link"]["unicast_fallbacks"] == 1
+    # served long before the broadcast's own deadline (send_timeout_s, virtual seconds), which
+    # is when robot 2 got a unicast without the fall-back
+    assert row["link"]["virtual_s"] < float(cfg.testbed.send_timeout_s)
+    falls = [e for e in report["events"] if e["event"] == "broadcast_fallback"]
+    assert [(e["robot"], e["purpose"]) for e in falls] == [(2, "train")]
+    assert all(v["registrations"] == 1 for v in report["robots"].values())
+    assert all(o["registrations"] == 1 and o["idle_reregistrations"] == 0 for o in outs.values())
+    assert [x["upload"] for x in outs[2]["rounds"]] == ["delivered"]
+    assert stats["collision_s"] == 0.0
+    print(  # the speed of this run, for the record (pytest -s)
+        f"virtual {stats['virtual_s'] - v0:.1f} s, round wall {row['wall_s']:.1f} s, "
+        f"link {row['link']}"
+    )
