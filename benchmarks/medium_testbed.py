@@ -105,6 +105,8 @@ def main() -> int:
         "args": vars(args),
         "rounds": rounds,
         "fallbacks": [e for e in report["events"] if e["event"] == "broadcast_fallback"],
+        "events": report["events"],  # t: the server's wall seconds since it started
+        "rejections": report.get("rejection_counts"),
         "registrations": {r: v["registrations"] for r, v in report["robots"].items()},
         "idle_reregistrations": {r: o.get("idle_reregistrations") for r, o in outs.items()},
         "uploads": {r: [x["upload"] for x in o["rounds"]] for r, o in outs.items()},

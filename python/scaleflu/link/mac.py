@@ -415,6 +415,7 @@ class BroadcastHandle:
         self.received: dict[int, int] = {}
         self.last_progress: dict[int, float] = {}
         self.passes_since: dict[int, int] = {}
+        self._pass_at_report: dict[int, int] = {}  # target -> passes queued at its last REPORT
         self.abandoned: set[int] = set()
         self._abandon_req: set[int] = set()
         self._lock = threading.Lock()
@@ -434,10 +435,11 @@ class BroadcastHandle:
         return self.targets - self.confirmed - self.abandoned
 
     def stalled(self, robot: int, now: float, max_passes: int, max_s: float) -> str | None:
-        """Why ``robot``'s repair has stalled, or None: after the first pass was on air, it
-        gained no fragment in ``max_passes`` repair passes or for ``max_s`` seconds of the
-        MAC's clock (``now``: that clock). A robot that never answers its grants (no REPORT)
-        stalls on the time; one that answers but keeps missing what is repaired, on the passes.
+        """Why ``robot``'s repair has stalled, or None: after the first pass was on air, its
+        REPORTs after ``max_passes`` repair passes showed no new fragment, or it gained none for
+        ``max_s`` seconds of the MAC's clock (``now``: that clock). A robot that does not answer
+        its grants (no REPORT) stalls on the time only; one that answers but keeps missing what
+        is repaired, on the passes.
         """
         if self.done() or robot not in self.open_targets() or self.pass_out is None:
             return None
@@ -466,11 +468,17 @@ class BroadcastHandle:
         return req
 
     def _note_report(self, robot: int, got: int, now: float) -> None:
-        """A REPORT said ``robot`` holds ``got`` fragments: progress when that grew."""
+        """A REPORT said ``robot`` holds ``got`` fragments: progress when that grew; a report
+        after a repair pass that brought it nothing counts one pass without progress (passes
+        while it was not heard from do not: they may have reached it)."""
+        seen = self._pass_at_report.get(robot, 1)
+        self._pass_at_report[robot] = self.passes
         if got > self.received.get(robot, 0):
             self.received[robot] = got
             self.last_progress[robot] = now
             self.passes_since[robot] = 0
+        elif self.passes > seen:
+            self.passes_since[robot] = self.passes_since.get(robot, 0) + 1
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until finished (threaded owners)."""
@@ -647,8 +655,6 @@ class MacServer:
         self.stats.bcast_passes += 1
         if b.h.passes > 1:
             self.stats.bcast_repair_frames += n
-            for r in b.h.open_targets():
-                b.h.passes_since[r] = b.h.passes_since.get(r, 0) + 1
 
     def _tx(self, raw: bytes, control: bool) -> None:
         now = self.clock()
