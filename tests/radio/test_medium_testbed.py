@@ -1,5 +1,6 @@
 """The edge server and 3 robots on the sample-level shared medium (ofdm-shared), in one process:
-a robot that loses every broadcast frame gets the model by unicast (after 4 repair passes), and
+a robot that loses every broadcast frame gets the model by unicast (its reports after 4 repair
+passes showed nothing new), and
 nobody registers again although the round takes longer than ``robot_idle_s`` of wall time.
 
 The medium runs at a fraction of real time here (4 OFDM receivers on a loaded 2-core machine),
