@@ -646,7 +646,64 @@ def sweep_table(data: dict[str, Any]) -> str:
             )
             + f" | {tick} |"
         )
+    lines += noise_floor_table(data)
     return "\n".join(lines) + "\n"
+
+
+def noise_floor_table(data: dict[str, Any]) -> list[str]:
+    """``--noise-floor``: SCALE's and the control's distance to Retrain beside Retrain's own.
+
+    Per (setting, request): |dRA| of an independent Retrain (``retrain-b``) and of each method
+    (min / median / max), the methods' mean dRA (a bias shows as a mean away from 0, the
+    independent Retrain's as noise around it), and how many seeds are within 0.02, within
+    max(0.02, that seed's two-Retrain distance) and no farther than the independent Retrain.
+    """
+    import numpy as np
+
+    per: dict[tuple[str, str], list[dict[str, dict[str, Any]]]] = {}
+    for row in data["rows"]:
+        m = {r["method"]: r for r in row["methods"]}
+        if NOISE_FLOOR_METHOD in m:
+            per.setdefault((row["setting"], row["scenario"]), []).append(m)
+    if not per:
+        return []
+
+    def rng(vals: list[float]) -> str:
+        return f"{min(vals):.3f} / {float(np.median(vals)):.3f} / {max(vals):.3f}"
+
+    out = [
+        "",
+        "## Retrain's own spread (`--noise-floor`)",
+        "",
+        f"`{NOISE_FLOOR_METHOD}`: an independent Retrain (`baselines.retrain.seed` = "
+        f"{NOISE_FLOOR_SEED} + the seed: fresh initial model, selection and batch order) scored "
+        "against the reference Retrain. \\|dRA\\| min / median / max; mean dRA (signed); seeds "
+        "within 0.02 / within max(0.02, that seed's two-Retrain |dRA|) / with |dRA| no larger "
+        "than the independent Retrain's.",
+        "",
+        "| setting | request | seeds | \\|dRA\\| retrain-b | mean dRA retrain-b | method | "
+        "\\|dRA\\| | mean dRA | within 0.02 (retrain-b) | within 0.02 | within the floor "
+        "| <= retrain-b |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (setting, scen), ms in sorted(per.items()):
+        b = [m[NOISE_FLOOR_METHOD]["d_ra"] for m in ms]
+        for method in ("scale-default", "finetune"):
+            pairs = [(m[method]["d_ra"], m[NOISE_FLOOR_METHOD]["d_ra"]) for m in ms if method in m]
+            if not pairs:
+                continue
+            d = [p[0] for p in pairs]
+            n = len(pairs)
+            within = sum(abs(x) <= SWEEP_RA_TOL for x in d)
+            floor = sum(abs(x) <= max(SWEEP_RA_TOL, abs(y)) for x, y in pairs)
+            closer = sum(abs(x) <= abs(y) for x, y in pairs)
+            out.append(
+                f"| {setting} | {scen} | {n} | {rng([abs(x) for x in b])} | "
+                f"{float(np.mean(b)):+.3f} | {method} | {rng([abs(x) for x in d])} | "
+                f"{float(np.mean(d)):+.3f} | {sum(abs(x) <= SWEEP_RA_TOL for x in b)}/{len(b)} | "
+                f"{within}/{n} | {floor}/{n} | {closer}/{n} |"
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
