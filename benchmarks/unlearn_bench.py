@@ -679,12 +679,13 @@ def noise_floor_table(data: dict[str, Any]) -> list[str]:
         f"{NOISE_FLOOR_SEED} + the seed: fresh initial model, selection and batch order) scored "
         "against the reference Retrain. \\|dRA\\| min / median / max; mean dRA (signed); seeds "
         "within 0.02 / within max(0.02, that seed's two-Retrain |dRA|) / with |dRA| no larger "
-        "than the independent Retrain's.",
+        "than the independent Retrain's; SCALE's forgetting below the control's at RA no lower "
+        "than the control's minus max(0.02, the two-Retrain |dRA|).",
         "",
         "| setting | request | seeds | \\|dRA\\| retrain-b | mean dRA retrain-b | method | "
         "\\|dRA\\| | mean dRA | within 0.02 (retrain-b) | within 0.02 | within the floor "
-        "| <= retrain-b |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| <= retrain-b | beats the control within the floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (setting, scen), ms in sorted(per.items()):
         b = [m[NOISE_FLOOR_METHOD]["d_ra"] for m in ms]
@@ -697,11 +698,23 @@ def noise_floor_table(data: dict[str, Any]) -> list[str]:
             within = sum(abs(x) <= SWEEP_RA_TOL for x in d)
             floor = sum(abs(x) <= max(SWEEP_RA_TOL, abs(y)) for x, y in pairs)
             closer = sum(abs(x) <= abs(y) for x, y in pairs)
+            # better forgetting than the control at RA within the floor of the control's
+            ctl = "-"
+            if method == "scale-default":
+                won = [
+                    m[method].get("d_forget_control") is not None
+                    and m[method]["d_forget_control"] < 0
+                    and m[method]["d_ra_control"]
+                    >= -max(SWEEP_RA_TOL, abs(m[NOISE_FLOOR_METHOD]["d_ra"]))
+                    for m in ms
+                    if method in m
+                ]
+                ctl = f"{sum(won)}/{len(won)}"
             out.append(
                 f"| {setting} | {scen} | {n} | {rng([abs(x) for x in b])} | "
                 f"{float(np.mean(b)):+.3f} | {method} | {rng([abs(x) for x in d])} | "
                 f"{float(np.mean(d)):+.3f} | {sum(abs(x) <= SWEEP_RA_TOL for x in b)}/{len(b)} | "
-                f"{within}/{n} | {floor}/{n} | {closer}/{n} |"
+                f"{within}/{n} | {floor}/{n} | {closer}/{n} | {ctl} |"
             )
     return out
 
