@@ -346,3 +346,19 @@ def test_without_hand_over_a_starved_target_keeps_the_broadcast_to_its_deadline(
     sim.run_until(h.done, max_time=20.0)
     assert h.reason == "deadline" and not h.ok and h.confirmed == {1}
     assert h.passes > 3 and h.received.get(2, 0) == 0 and h.received[1] == h.count
+
+
+def test_repair_passes_count_only_against_a_target_heard_from_after_them():
+    """Robot 1 receives the broadcast but none of its REPORTs reach the server (uplink lost);
+    robot 2 reports every gap. Passes count against robot 2 only: robot 1 may hold everything,
+    it was just not heard (only the time bound applies to it)."""
+    sim, srv, got = _bcast_sim_dropping(2)
+    sim._loss[(1, 0)] = 1.0  # robot 1 -> server only
+    payload = random.Random(3).randbytes(20 * 1474)
+    h = sim.call(0, lambda: srv.broadcast(payload, [1, 2], deadline=60.0))
+    sim.run_until(lambda: h.passes_since.get(2, 0) >= 3, max_time=40.0)
+    now = sim.clock()
+    assert got.get(1) == payload and h.confirmed == set()  # it has it; the server cannot know
+    assert h.passes_since.get(1, 0) == 0 and h.stalled(1, now, 3, 1e9) is None
+    assert h.stalled(2, now, 3, 1e9) is not None
+    assert h.stalled(1, now, 3, 0.0) is not None  # the time bound still applies to it
