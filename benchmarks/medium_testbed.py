@@ -47,6 +47,9 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1, help="the medium's seed (channel, noise)")
     ap.add_argument("--drop-broadcast", type=int, default=0, help="this robot loses broadcasts")
     ap.add_argument("--set", action="append", default=[], help="config override key=value")
+    ap.add_argument(
+        "--mac", action="append", default=[], help="MacConfig field=value for every node's MAC"
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     cfg = load_config(
@@ -59,7 +62,10 @@ def main() -> int:
         nodes=(0, 1, 2, 3), seed=args.seed, address="tcp://127.0.0.1:0", default=chan, hub=0
     )
     keys = generate_keys([1, 2, 3])
-    mac = {"contention_slots": 0}
+    mac: dict[str, float] = {"contention_slots": 0}
+    for item in args.mac:
+        k, _, v = item.partition("=")
+        mac[k] = int(v) if v.lstrip("-").isdigit() else float(v)
     dropped = [0]
     w0, c0 = time.monotonic(), time.process_time()
     with MediumBroker(medium).start() as br, tempfile.TemporaryDirectory() as tmp:
