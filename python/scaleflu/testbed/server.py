@@ -36,7 +36,6 @@ from scaleflu.fl.run import build_setup, open_history, write_training_outputs
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
-    LinkDeadline,
     federation_config,
     install_link_keys,
     link_clock,
@@ -294,9 +293,13 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
             t += 1
         fl_s = time.monotonic() - started
         report: dict[str, Any] = {"rounds": self.rounds_log, "fl_s": fl_s}
-        # the request travels over the link: its wait on the link's clock
-        wait_end = LinkDeadline(float(tb.unlearn.wait_s), self.clock)
-        while not self.requests and not wait_end.expired():
+        # on the wall clock, unlike the waits for a transfer: this one waits for a request that
+        # may never come, and on ofdm-shared the MAC's polls and beacons keep the medium at its
+        # busy speed, so 120 s of its clock took more than 7 wall minutes (a one-round run with
+        # --unlearn none hit the launcher's timeout); a request is one frame, sent right after
+        # the robot's last upload
+        wait_end = time.monotonic() + float(tb.unlearn.wait_s)
+        while not self.requests and time.monotonic() < wait_end:
             self.poll(0.2)
         if self.requests:  # a robot that died in the last round and restarts: evaluate it too
             self.wait_for_rejoin(round_start, float(tb.register_timeout_s))

@@ -97,13 +97,15 @@ class SessionsMixin:
     def wait_for_rejoin(self, since: float, timeout: float) -> list[int]:
         """Handle messages until every registered robot has been heard from since ``since``
         (the server's clock; the start of the last round) or is forgotten, or until ``timeout``
-        (on that clock, the link's).
+        wall seconds.
 
         A robot silent since then died in the last round: if it is restarting, waiting lets it
         register again and take part in what follows (the unlearning's "before" and "after"
         evaluations, which would otherwise reach it only half). Returns the robots still silent.
         """
-        end = LinkDeadline(timeout, self.clock)
+        # the timeout on the wall clock: a robot that died may never come back, and the MAC's
+        # polls keep the shared medium at its busy speed (its clock runs at ~0.1 x the wall)
+        end = time.monotonic() + timeout
 
         def silent() -> list[int]:
             return sorted(
@@ -117,7 +119,7 @@ class SessionsMixin:
                 timeout,
                 away,
             )
-        while away and not end.expired():
+        while away and time.monotonic() < end:
             self.poll(0.2)
             away = silent()
         if away:
