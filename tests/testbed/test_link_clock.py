@@ -161,3 +161,19 @@ def test_server_waits_for_robots_on_the_link_clock(cfg, tmp_path):
     assert got == [False]
     link.close()
     ch.close()
+
+
+def test_a_slow_register_ack_is_retried_with_the_same_nonce(cfg, data1):
+    """A REGISTER_ACK slower than the retry interval: the retry repeats the same nonce, which
+    the server acknowledges without registering again (a new nonce per retry registered the
+    robot twice on the medium, and the server then reset what it held and sent the model
+    again)."""
+    ch = MemoryChannel(seed=5)
+    keys = generate_keys([1])
+    link = ClockedLink(ch.attach(1), rate=20.0)  # 4 s of the link's clock in 0.2 s of wall
+    robot = RobotClient(link, 1, keys[1], cfg, data=data1)
+    sent: list[str | None] = []
+    robot._send_register = lambda timeout: sent.append(robot._pending_nonce)  # type: ignore[method-assign]
+    assert robot.register(timeout=20.0) is False  # no server: every attempt times out
+    ch.close()
+    assert len(sent) >= 3 and len(set(sent)) == 1 and sent[0]

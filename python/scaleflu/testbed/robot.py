@@ -266,8 +266,13 @@ class RobotClient:
         clock = self.clock
         end = LinkDeadline(timeout, clock)
         wait = 1.0
+        # one nonce per registration: a retry repeats it, and the server acknowledges a repeated
+        # nonce without registering again (a new nonce per retry registered a robot twice when
+        # its REGISTER_ACK was slow on the medium: the server reset what it held, sent the
+        # model again and the robot trained the round twice)
+        nonce = secrets.token_hex(8)
         while not end.expired() and not self.done:
-            self._pending_nonce = secrets.token_hex(8)
+            self._pending_nonce = nonce
             self._send_register(wait * 4)
             until = LinkDeadline(wait * 4, clock)
             while not until.expired() and self._pending_nonce is not None:
