@@ -30,14 +30,8 @@ def test_runs_saved_before_the_schedule_and_canaries_still_match():
     for k in ("canary_clients", "canaries", "canary_copies"):
         del old["data"]["poison"][k]
     del old["fl"]["bn_recalibration"]
-    del old["fl"]["bn_client_refresh"]
     assert training_view(old) == training_view(cfg)
     # switched on, they shape the run
-    for override in (
-        "fl.lr_schedule=cosine",
-        "data.poison.canaries=5",
-        "fl.bn_recalibration=9",
-        "fl.bn_client_refresh=true",
-    ):
+    for override in ("fl.lr_schedule=cosine", "data.poison.canaries=5", "fl.bn_recalibration=9"):
         on = load_config("table2_cpu", ["data.poison.canaries=0", override])
         assert training_view(on) != training_view(cfg)

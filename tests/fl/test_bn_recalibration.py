@@ -159,31 +159,3 @@ def test_averaged_statistics_collapse_on_the_same_weights(recal_run, tmp_path) -
     acc, acc_off = evaluate(run.model, val)["acc"], evaluate(off.model, val)["acc"]
     assert acc >= acc_off + 0.05, (acc, acc_off)
     assert _top_share(off.model, val) > 0.8  # one class for (nearly) every image
-
-
-def test_client_refresh_reestimates_on_the_clients_own_data(test_set) -> None:
-    """fl.bn_client_refresh: the local model's weights as without it (bit-exact); its running
-    statistics those of its final weights on its own samples."""
-    from scaleflu.fl.fedavg import LocalConfig, train_client
-
-    torch.manual_seed(0)
-    model = build_model("mobilenetv3", 10, 1, 28)
-    state = {k: v.clone() for k, v in model.state_dict().items()}
-    idx = np.arange(10, 58)
-    plain = LocalConfig(1, 0.05, 16, 0.9)
-    fresh = LocalConfig(1, 0.05, 16, 0.9, bn_refresh=True)
-    a = train_client(model, state, idx, test_set, plain, 0, 1, 3)
-    b = train_client(model, state, idx, test_set, fresh, 0, 1, 3)
-    want = recalibrate_bn(model, a, test_set.subset(idx), 16)
-    for k in a:
-        if k.endswith(("running_mean", "running_var")):
-            assert torch.equal(b[k], want[k]), k
-            assert not torch.equal(b[k], a[k]), k
-        else:
-            assert torch.equal(b[k], a[k]), k
-    # LeNet (no BatchNorm): unchanged
-    lenet = build_model("lenet", 10, 1, 28)
-    s = {k: v.clone() for k, v in lenet.state_dict().items()}
-    x = train_client(lenet, s, idx, test_set, plain, 0, 1, 3)
-    y = train_client(lenet, s, idx, test_set, fresh, 0, 1, 3)
-    assert all(torch.equal(x[k], y[k]) for k in x)

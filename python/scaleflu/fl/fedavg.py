@@ -80,7 +80,6 @@ class LocalConfig:
     lr_decay: float = 1.0  # exponential: lr x decay^(t-1)
     lr_min_ratio: float = 0.0  # cosine: floor as a fraction of lr
     lr_rounds: int = 0  # T of the schedule (fl.rounds); rounds t > T keep round T's lr
-    bn_refresh: bool = False  # fl.bn_client_refresh: re-estimate BatchNorm statistics at the end
 
     def lr_at(self, t: int) -> float:
         """Learning rate of round ``t`` (1-based); ``constant``: ``lr`` itself, bit-exact.
@@ -115,7 +114,6 @@ class LocalConfig:
             float(fl.lr_decay),
             float(fl.lr_min_ratio),
             int(fl.rounds),  # T of the schedule
-            bool(fl.bn_client_refresh),
         )
 
 
@@ -185,12 +183,6 @@ def train_client(
         loss = F.cross_entropy(model(data.inputs(idx).to(dev)), data.labels[idx].to(dev))
         loss.backward()
         opt.step()
-    if local.bn_refresh and has_batchnorm(model):
-        # the running statistics of the final local weights on the client's own data (the
-        # exponential average lags weights that moved in a few steps); FedAvg averages them
-        bs = local.batch_size or len(indices)
-        own = data.subset(indices)
-        return recalibrate_bn(model, cpu_state(model.state_dict()), own, int(bs))
     return cpu_state(model.state_dict())
 
 
