@@ -12,11 +12,13 @@ tune on, ``unlearn.base``): never on the test set.
 * ``fl``: the product's FedAvg rounds (``--rounds``); after each round the global model's
   validation accuracy in eval mode, in train mode and after recalibration, and how far the
   averaged running statistics are from the global model's own statistics on validation data.
-* ``local``: one client's local training from the global model of round 0 in train and eval
-  mode accuracy after its few steps (the running statistics' lag: momentum 0.1).
 
-One torch thread; prints one JSON line per measurement and writes them to ``--out``.
-    PYTHONPATH=python .venv/bin/python benchmarks/mnv3_diagnose.py fl --rounds 10
+One torch thread; prints one JSON line per measurement and writes them to ``--out``
+(benchmarks/results/, not committed; the numbers are in docs/reproducing.md):
+    PYTHONPATH=python .venv/bin/python benchmarks/mnv3_diagnose.py split
+    PYTHONPATH=python .venv/bin/python benchmarks/mnv3_diagnose.py central --epochs 3
+    PYTHONPATH=python .venv/bin/python benchmarks/mnv3_diagnose.py fl --rounds 10 \
+        --set data.train_subset=12000
 """
 
 from __future__ import annotations
@@ -148,8 +150,8 @@ def main() -> int:
         "--variant",
         action="append",
         default=[],
-        choices=["linear_default", "no_dropout", "adam"],
-        help="central: torch's default Linear init instead of N(0, 0.01); dropout 0; Adam",
+        choices=["linear_default", "no_dropout"],
+        help="torch's default Linear init instead of N(0, 0.01); dropout 0 (central only)",
     )
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -202,8 +204,6 @@ def main() -> int:
         opt: torch.optim.Optimizer = torch.optim.SGD(
             model.parameters(), lr=lr, momentum=float(fl.momentum)
         )
-        if "adam" in args.variant:
-            opt = torch.optim.Adam(model.parameters(), lr=lr)
         g = torch.Generator().manual_seed(args.seed)
         n = len(setup.train)
         for ep in range(1, args.epochs + 1):
