@@ -132,6 +132,11 @@ def _context(run: Any, request: str, mode: str, overrides: list[str]) -> Unlearn
 # within 0.02, forgetting better than the fine-tune control at equal or better RA) and item 3
 # (wall and CPU time <= 5 % of Retrain's)
 SWEEP_METHODS = ("retrain", "scale-default", "finetune")
+# --noise-floor: an independent Retrain (fresh init, selection, batch order from this seed offset
+# + the federation's seed) scored against the reference Retrain like any method: how far two
+# equally valid Retrains lie apart is the floor under the "within x of Retrain" targets
+NOISE_FLOOR_METHOD = "retrain-b"
+NOISE_FLOOR_SEED = 1000
 SWEEP_FORGET_TOL = 0.05
 SWEEP_RA_TOL = 0.02
 SWEEP_TIME = 0.05
@@ -239,7 +244,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _demo_config(seed: int) -> tuple[dict[str, Any], list[tuple[str, str]], dict[str, Any]]:
     """``make demo``'s federation (launcher.DEMO_SETTINGS, 3 robots, 3 rounds) for a seed."""
-    from scaleflu.config import merge
+    from scaleflu.config import as_config, merge
     from scaleflu.testbed.launcher import DEMO_SETTINGS, largest_robot
 
     demo = json.loads(json.dumps(DEMO_SETTINGS))
@@ -248,7 +253,7 @@ def _demo_config(seed: int) -> tuple[dict[str, Any], list[tuple[str, str]], dict
     demo["fl"]["clients_per_round"] = 3
     demo["fl"]["rounds"] = 3
     demo["fl"]["trainer"] = "sequential"
-    cfg = merge(default_config(), demo)
+    cfg = as_config(merge(default_config(), demo))  # checked, with attribute access
     robot = largest_robot(cfg)
     cfg["data"]["poison"]["backdoor_clients"] = [robot - 1]
     return cfg, [("client", f"client:{robot - 1}")], {"backdoor_client": robot - 1}
@@ -390,6 +395,8 @@ def run_federation(args: argparse.Namespace, st: dict[str, Any]) -> dict[str, An
         names = list(SWEEP_METHODS)
         if (st["seed"] + i) % 2:  # interleaved: Retrain and SCALE alternate which goes first
             names[0], names[1] = names[1], names[0]
+        if args.noise_floor:
+            names.append(NOISE_FLOOR_METHOD)
         fresh = copy.deepcopy(dict(run.cfg))
         fresh["scale"] = copy.deepcopy(cfg["scale"])  # today's scale settings of the base
         fresh["baselines"] = copy.deepcopy(cfg.get("baselines") or {})
@@ -400,28 +407,39 @@ def run_federation(args: argparse.Namespace, st: dict[str, Any]) -> dict[str, An
         for name in names:
             # Retrain does not depend on scale.*: kept with the federation, so a sweep re-run
             # with other --scale-set values (another --out) reuses it
-            cached = run_dir / "cache" / f"{scen}-retrain.json"
-            if name == "retrain" and cached.is_file():
+            cached = run_dir / "cache" / f"{scen}-{name}.json"
+            is_retrain = name in ("retrain", NOISE_FLOOR_METHOD)
+            if is_retrain and cached.is_file():
                 results[name] = json.loads(cached.read_text())
                 continue
             try:
-                method = _method(name, "default", ctx.cfg)
+                if name == NOISE_FLOOR_METHOD:
+                    method = make_method("retrain", ctx.cfg, seed=NOISE_FLOOR_SEED + st["seed"])
+                else:
+                    method = _method(name, "default", ctx.cfg)
             except ValueError as exc:  # the control is not in this build
                 log.warning("%s not run: %s", name, exc)
                 continue
             res = method.run(ctx).to_dict()
             res["variant"] = name
             results[name] = res
-            if name == "retrain":
+            if is_retrain:
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 cached.write_text(json.dumps(res))
         ref = results["retrain"]
         control = results.get("finetune")
         rows = [
             _sweep_row(results[n], ref, control if n == "scale-default" else None)
-            for n in SWEEP_METHODS
+            for n in (*SWEEP_METHODS, NOISE_FLOOR_METHOD)
             if n in results
         ]
+        floor = next((r for r in rows if r["method"] == NOISE_FLOOR_METHOD), None)
+        if floor is not None:  # beside the target: within the two Retrains' own distance
+            floor["ok"] = {k: floor["ok"][k] for k in ("ra", "forget", "ra_clean")}
+            for r in rows:
+                if r["method"] not in ("retrain", NOISE_FLOOR_METHOD) and r["d_ra"] is not None:
+                    tol = max(SWEEP_RA_TOL, abs(floor["d_ra"]))
+                    r["ok"]["ra_floor"] = abs(r["d_ra"]) <= tol
         original = ref["original"]
         data["drawn"] = drawn
         data["rows"].append(
@@ -484,6 +502,7 @@ def _child_argv(args: argparse.Namespace, st: dict[str, Any]) -> list[str]:
         str(args.work),
         "--threads",
         str(args.threads),
+        *(["--noise-floor"] if args.noise_floor else []),
     ]
     for item in args.scale_set:
         argv += ["--scale-set", item]
@@ -627,7 +646,77 @@ def sweep_table(data: dict[str, Any]) -> str:
             )
             + f" | {tick} |"
         )
+    lines += noise_floor_table(data)
     return "\n".join(lines) + "\n"
+
+
+def noise_floor_table(data: dict[str, Any]) -> list[str]:
+    """``--noise-floor``: SCALE's and the control's distance to Retrain beside Retrain's own.
+
+    Per (setting, request): |dRA| of an independent Retrain (``retrain-b``) and of each method
+    (min / median / max), the methods' mean dRA (a bias shows as a mean away from 0, the
+    independent Retrain's as noise around it), and how many seeds are within 0.02, within
+    max(0.02, that seed's two-Retrain distance) and no farther than the independent Retrain.
+    """
+    import numpy as np
+
+    per: dict[tuple[str, str], list[dict[str, dict[str, Any]]]] = {}
+    for row in data["rows"]:
+        m = {r["method"]: r for r in row["methods"]}
+        if NOISE_FLOOR_METHOD in m:
+            per.setdefault((row["setting"], row["scenario"]), []).append(m)
+    if not per:
+        return []
+
+    def rng(vals: list[float]) -> str:
+        return f"{min(vals):.3f} / {float(np.median(vals)):.3f} / {max(vals):.3f}"
+
+    out = [
+        "",
+        "## Retrain's own spread (`--noise-floor`)",
+        "",
+        f"`{NOISE_FLOOR_METHOD}`: an independent Retrain (`baselines.retrain.seed` = "
+        f"{NOISE_FLOOR_SEED} + the seed: fresh initial model, selection and batch order) scored "
+        "against the reference Retrain. \\|dRA\\| min / median / max; mean dRA (signed); seeds "
+        "within 0.02 / within max(0.02, that seed's two-Retrain |dRA|) / with |dRA| no larger "
+        "than the independent Retrain's; SCALE's forgetting below the control's at RA no lower "
+        "than the control's minus max(0.02, the two-Retrain |dRA|).",
+        "",
+        "| setting | request | seeds | \\|dRA\\| retrain-b | mean dRA retrain-b | method | "
+        "\\|dRA\\| | mean dRA | within 0.02 (retrain-b) | within 0.02 | within the floor "
+        "| <= retrain-b | beats the control within the floor |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (setting, scen), ms in sorted(per.items()):
+        b = [m[NOISE_FLOOR_METHOD]["d_ra"] for m in ms]
+        for method in ("scale-default", "finetune"):
+            pairs = [(m[method]["d_ra"], m[NOISE_FLOOR_METHOD]["d_ra"]) for m in ms if method in m]
+            if not pairs:
+                continue
+            d = [p[0] for p in pairs]
+            n = len(pairs)
+            within = sum(abs(x) <= SWEEP_RA_TOL for x in d)
+            floor = sum(abs(x) <= max(SWEEP_RA_TOL, abs(y)) for x, y in pairs)
+            closer = sum(abs(x) <= abs(y) for x, y in pairs)
+            # better forgetting than the control at RA within the floor of the control's
+            ctl = "-"
+            if method == "scale-default":
+                won = [
+                    m[method].get("d_forget_control") is not None
+                    and m[method]["d_forget_control"] < 0
+                    and m[method]["d_ra_control"]
+                    >= -max(SWEEP_RA_TOL, abs(m[NOISE_FLOOR_METHOD]["d_ra"]))
+                    for m in ms
+                    if method in m
+                ]
+                ctl = f"{sum(won)}/{len(won)}"
+            out.append(
+                f"| {setting} | {scen} | {n} | {rng([abs(x) for x in b])} | "
+                f"{float(np.mean(b)):+.3f} | {method} | {rng([abs(x) for x in d])} | "
+                f"{float(np.mean(d)):+.3f} | {sum(abs(x) <= SWEEP_RA_TOL for x in b)}/{len(b)} | "
+                f"{within}/{n} | {floor}/{n} | {closer}/{n} | {ctl} |"
+            )
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -660,6 +749,13 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         help="--sweep: a scale.* override for SCALE and the control (repeatable)",
+    )
+    ap.add_argument(
+        "--noise-floor",
+        action="store_true",
+        help="--sweep: also an independent Retrain (another seed) per request, scored against "
+        "the reference Retrain: the spread of Retrain itself (row retrain-b; ra_floor: within "
+        "max(0.02, that spread))",
     )
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")

@@ -284,6 +284,7 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "testbed.mac.turnaround_s": (int, float),
     "testbed.mac.guard_s": (int, float),
     "baselines.retrain.rounds": int,
+    "baselines.retrain.seed": int,
     "baselines.scale.mode": str,
     "baselines.pga.batch_size": int,
     "baselines.pga.radius": (int, float),
@@ -296,6 +297,8 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
 # key: (low, high); None is unbounded; "low<" / "<high" in RANGE_OPEN make that end strict.
 RANGES: dict[str, tuple[float | None, float | None]] = {
     "seed": (0, None),
+    "baselines.retrain.rounds": (1, None),
+    "baselines.retrain.seed": (0, None),
     "data.num_clients": (1, None),
     "data.alpha": (0, None),
     "data.train_subset": (1, None),

@@ -355,12 +355,15 @@ class UnlearnContext:
         local: LocalConfig | None = None,
         aoi: AoITracker | None = None,
         desc: str = "FedAvg",
+        seed: int | None = None,
     ) -> tuple[State, RoundsCost]:
         """Run FedAvg rounds ``first_round..`` on D_r (the run's selection, minus removed clients).
 
         Uses the FL runtime's trainer and aggregation; clients keep their round-t selection
         seeds, so Retrain selects exactly as the original run did. Updates ``aoi`` if given.
+        ``seed`` (default: the run's) seeds the selection and the clients' batch order.
         """
+        seed = self.seed if seed is None else int(seed)
         from tqdm import tqdm
 
         fl = self.cfg.fl
@@ -375,7 +378,7 @@ class UnlearnContext:
             self.run.setup.train,
             parts,
             local,
-            self.seed,
+            seed,
             int(fl.get("workers", 1)),  # a run saved before fl.workers existed: 1
             self.device,
         )
@@ -390,7 +393,7 @@ class UnlearnContext:
             disable=not self.progress,
             leave=False,
         ):
-            chosen = select_clients(self.seed, t, len(parts), int(fl.clients_per_round))
+            chosen = select_clients(seed, t, len(parts), int(fl.clients_per_round))
             clients = [n for n in chosen if sizes[n] > 0]
             if not clients:
                 continue

@@ -55,6 +55,10 @@ class RetrainParams:
     """``baselines.retrain``."""
 
     rounds: int | None  # FedAvg rounds (None: the run's fl.rounds)
+    # None: the run's seed, initial model and client selection (the reference); an integer: an
+    # independent Retrain (fresh initial model, selection and batch order from this seed), to
+    # measure how far two equally valid Retrains lie apart (benchmarks/unlearn_bench.py)
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -317,7 +321,7 @@ def make_method(name: str, cfg: Mapping[str, Any] | None = None, **overrides: An
     """The Unlearner for ``name`` with its hyper-parameters (see :func:`hyper_parameters`).
 
     ``cfg`` (a resolved config) supplies ``baselines.<name>``; keyword ``overrides`` win (for
-    ``scale``: ``mode``; for ``retrain``: ``rounds``).
+    ``scale``: ``mode``; for ``retrain``: ``rounds``, ``seed``).
     """
     spec = method_spec(name)
     return spec.load()(**hyper_parameters(spec.name, cfg, overrides))
