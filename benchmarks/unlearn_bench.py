@@ -244,7 +244,7 @@ def _flat(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def _demo_config(seed: int) -> tuple[dict[str, Any], list[tuple[str, str]], dict[str, Any]]:
     """``make demo``'s federation (launcher.DEMO_SETTINGS, 3 robots, 3 rounds) for a seed."""
-    from scaleflu.config import merge
+    from scaleflu.config import as_config, merge
     from scaleflu.testbed.launcher import DEMO_SETTINGS, largest_robot
 
     demo = json.loads(json.dumps(DEMO_SETTINGS))
@@ -253,7 +253,7 @@ def _demo_config(seed: int) -> tuple[dict[str, Any], list[tuple[str, str]], dict
     demo["fl"]["clients_per_round"] = 3
     demo["fl"]["rounds"] = 3
     demo["fl"]["trainer"] = "sequential"
-    cfg = merge(default_config(), demo)
+    cfg = as_config(merge(default_config(), demo))  # checked, with attribute access
     robot = largest_robot(cfg)
     cfg["data"]["poison"]["backdoor_clients"] = [robot - 1]
     return cfg, [("client", f"client:{robot - 1}")], {"backdoor_client": robot - 1}

@@ -321,6 +321,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "fl.eval_batch_size": (1, None),
     "fl.threads": (0, None),
     "fl.workers": (1, None),
+    "fl.bn_recalibration": (0, None),
     "fl.ray_num_cpus": (1, None),
     "fl.ray_cpus_per_client": (1, None),
     "history.keep_rounds": (1, None),
@@ -492,6 +493,14 @@ def _check_relations(cfg: Mapping[str, Any]) -> None:
     per_round = fl.get("clients_per_round") if isinstance(fl, Mapping) else None
     if isinstance(per_round, int) and per_round > n:
         raise ConfigError(f"fl.clients_per_round ({per_round}) exceeds data.num_clients ({n})")
+    recal = fl.get("bn_recalibration") if isinstance(fl, Mapping) else None
+    scale = cfg.get("scale")
+    val_size = scale.get("val_size") if isinstance(scale, Mapping) else None
+    if isinstance(recal, int) and isinstance(val_size, int) and recal > val_size:
+        raise ConfigError(
+            f"fl.bn_recalibration ({recal}) exceeds scale.val_size ({val_size}): the server "
+            "re-estimates BatchNorm statistics only from its own validation images"
+        )
     poison = data.get("poison")
     for key in ("backdoor_clients", "label_flip_clients"):
         clients = (poison.get(key) if isinstance(poison, Mapping) else None) or []

@@ -57,17 +57,18 @@ TOY = [
 _RUNS: dict[str, Any] = {}
 
 
-def _ctx(model: str, tmp_path_factory: pytest.TempPathFactory) -> Any:
+def _ctx(model: str, tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Any:
     from scaleflu.experiments.table2 import RunKey, ensure_run, make_context
     from scaleflu.fl.run import load_run
 
-    if model not in _RUNS:
-        cfg = load_config(None, [*TOY, f"model.name={model}"])
+    name = "-".join([model, *extra])
+    if name not in _RUNS:
+        cfg = load_config(None, [*TOY, f"model.name={model}", *extra])
         torch.set_num_threads(1)
         key = RunKey("fashion_mnist", model, float(cfg["data"]["alpha"]), 0)
         run = load_run(ensure_run(cfg, key, Path(tmp_path_factory.mktemp(model)), False))
-        _RUNS[model] = (cfg, make_context(run, "client:0", cfg, progress=False))
-    return _RUNS[model]
+        _RUNS[name] = (cfg, make_context(run, "client:0", cfg, progress=False))
+    return _RUNS[name]
 
 
 def _bn_buffers(state: dict[str, torch.Tensor]) -> list[str]:
@@ -108,3 +109,40 @@ def test_every_method_on_batchnorm_models(
         assert changed_bn  # the clients' aggregated statistics
     else:  # scale: sparsified conv/linear weights (+ a recovery round)
         assert any(not torch.equal(state[k], theta[k]) for k in res.details["sensitivity"]["top"])
+
+
+RECAL = "fl.bn_recalibration=20"  # of the 30 validation images (scale.val_size)
+
+
+def _recalibrated(ctx: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    from scaleflu.fl.fedavg import recalibrate_bn, server_images
+
+    images = server_images(ctx.run.setup.test, 0, 20)
+    return recalibrate_bn(ctx.new_model(), state, images)
+
+
+@pytest.mark.parametrize("method", ["retrain", "fedraser", "pga", "finetune", "fused", "scale"])
+def test_every_method_with_server_bn_recalibration(
+    method: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """fl.bn_recalibration: the trained model and every FedAvg-based method's result carry the
+    server's re-estimated statistics of their own weights; FUSED keeps Theta's (frozen base)."""
+    cfg, ctx = _ctx("mobilenetv3", tmp_path_factory, RECAL)
+    theta = ctx.original_state()
+    bn = _bn_buffers(theta)
+    recal_theta = _recalibrated(ctx, theta)
+    assert all(torch.equal(theta[k], recal_theta[k]) for k in bn)  # training re-estimated them
+    extra: dict[str, Any] = {"mode": "default"} if method == "scale" else {}
+    res = make_method(method, cfg, **extra).run(ctx)
+    state = ctx.last_state
+    assert set(state) == set(theta) and res.metrics["test_acc"] is not None
+    if method == "fused":
+        assert all(torch.equal(state[k], theta[k]) for k in bn)
+    elif method == "scale":  # sparsified weights; its recovery round re-estimates the statistics
+        assert any(not torch.equal(state[k], theta[k]) for k in res.details["sensitivity"]["top"])
+    recovered = method != "scale" or (
+        res.details["recovery"]["rounds"] > 0 and res.details.get("healing") is None
+    )
+    if method != "fused" and recovered:  # SCALE: when its last step is a FedAvg round
+        want = _recalibrated(ctx, state)
+        assert all(torch.equal(state[k], want[k]) for k in bn), method

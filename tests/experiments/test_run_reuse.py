@@ -19,7 +19,8 @@ def test_training_view_sees_what_shapes_the_run():
 
 
 def test_runs_saved_before_the_schedule_and_canaries_still_match():
-    """A run config without fl.lr_* / data.poison.canar* keys (saved before they existed)."""
+    """A run config without fl.lr_*, fl.bn_recalibration / data.poison.canar* keys (saved before
+    they existed)."""
     import copy
 
     cfg = load_config("table2_cpu", ["data.poison.canaries=0"])
@@ -28,8 +29,9 @@ def test_runs_saved_before_the_schedule_and_canaries_still_match():
         del old["fl"][k]
     for k in ("canary_clients", "canaries", "canary_copies"):
         del old["data"]["poison"][k]
+    del old["fl"]["bn_recalibration"]
     assert training_view(old) == training_view(cfg)
     # switched on, they shape the run
-    for override in ("fl.lr_schedule=cosine", "data.poison.canaries=5"):
+    for override in ("fl.lr_schedule=cosine", "data.poison.canaries=5", "fl.bn_recalibration=9"):
         on = load_config("table2_cpu", ["data.poison.canaries=0", override])
         assert training_view(on) != training_view(cfg)

@@ -43,8 +43,10 @@ def test_cpu_config_adds_a_reduced_mobilenetv3() -> None:
     lenet = run_config(cfg, RunKey("fashion_mnist", "lenet", 0.3, 0))
     mnv3 = run_config(cfg, RunKey("fashion_mnist", "mobilenetv3", 0.3, 0))
     assert lenet["fl"] == {**lenet["fl"], "rounds": 20, "local_epochs": 2}
-    assert mnv3["data"]["train_subset"] < lenet["data"]["train_subset"]
-    assert mnv3["fl"]["rounds"] * mnv3["fl"]["local_epochs"] < 40
+    # LeNet's data (3000 images did not train: 4 SGD steps per client and round), a quarter of
+    # its SGD steps, FedAvg's averaged BatchNorm statistics (chosen on validation)
+    assert mnv3["data"] == lenet["data"]
+    assert mnv3["fl"] == {**lenet["fl"], "rounds": 10, "local_epochs": 1}
     _, sweep = plan_cells(cfg)
     assert {c.run.model for c in sweep} == {"lenet"}
 

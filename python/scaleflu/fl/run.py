@@ -41,6 +41,7 @@ from scaleflu.fl.data import (
 )
 from scaleflu.fl.device import config_device
 from scaleflu.fl.fedavg import (
+    BNRecalibrator,
     LocalConfig,
     aggregate,
     attack_success_rate,
@@ -331,6 +332,7 @@ def train(
     local = LocalConfig.from_config(fl)
     trainer = _make_trainer(setup, setup.new_model(), local)
     eval_model = setup.new_model().to(config_device(cfg))  # fl.device; the states stay on CPU
+    bn_recal = BNRecalibrator.from_config(cfg, setup.new_model().to(config_device(cfg)), setup.test)
     sizes = setup.data_sizes
     T = int(fl.rounds)
     bar = tqdm(
@@ -350,7 +352,7 @@ def train(
             clients = select_clients(seed, t, len(setup.parts), int(fl.clients_per_round))
             states = trainer.train(global_state, clients, t)
             clients = [n for n in clients if n in states]  # a backend may drop failed clients
-            global_state = aggregate(states, {n: sizes[n] for n in clients})
+            global_state = bn_recal(aggregate(states, {n: sizes[n] for n in clients}))
             model.load_state_dict(global_state)
             metrics_t, wall, link = close_round(
                 history,

@@ -22,6 +22,7 @@ config{...}, model_path, created``.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import logging
 import time
@@ -36,7 +37,14 @@ from torch import nn
 
 from scaleflu.config import Config, ConfigError, Section, as_config, default_config, merge
 from scaleflu.fl.data import ImageData, triggered_test_set
-from scaleflu.fl.fedavg import LocalConfig, aggregate, make_trainer, select_clients
+from scaleflu.fl.fedavg import (
+    BNRecalibrator,
+    LocalConfig,
+    aggregate,
+    make_trainer,
+    select_clients,
+    server_val_permutation,
+)
 from scaleflu.fl.history import state_bytes
 from scaleflu.fl.run import LoadedRun, load_run
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
@@ -206,8 +214,8 @@ class UnlearnContext:
         # Server-side validation set (MEC assumption: the edge server holds a small public
         # set from the task's distribution): a seeded slice of the test set, left out of the
         # test metrics so no method is scored on what it tuned on.
-        rng = np.random.default_rng(np.random.SeedSequence([self.seed, 41]))
-        perm = rng.permutation(len(setup.test))
+        # (fl.bn_recalibration takes the head of the same permutation: fl.fedavg.server_images)
+        perm = server_val_permutation(len(setup.test), self.seed)
         n_val = min(int(sc.val_size), len(setup.test) // 2)
         self.val: ImageData = setup.test.subset(np.sort(perm[:n_val]))
         self.test: ImageData = setup.test.subset(np.sort(perm[n_val:]))
@@ -390,7 +398,7 @@ class UnlearnContext:
             if not clients:
                 continue
             states = trainer.train(cur, clients, t)
-            new = aggregate(states, {n: sizes[n] for n in clients})
+            new = self.bn_recal(aggregate(states, {n: sizes[n] for n in clients}))
             link_s = self.link.seconds(model_bytes)
             nbytes = model_bytes
             if self.link.count_uplink:
@@ -406,6 +414,13 @@ class UnlearnContext:
         if hasattr(trainer, "shutdown"):
             trainer.shutdown()  # the worker threads of fl.workers > 1
         return cur, cost
+
+    @functools.cached_property
+    def bn_recal(self) -> BNRecalibrator:
+        """The server's BatchNorm re-estimation after each aggregation, as in the run's training
+        (``fl.bn_recalibration``; a no-op when 0 or the model has no BatchNorm)."""
+        model = self.new_model().to(self.device)
+        return BNRecalibrator.from_config(self.cfg, model, self.run.setup.test)
 
     @property
     def device(self) -> torch.device:

@@ -123,6 +123,7 @@ class FedEraserUnlearner:
                 for key, v in new_global.items():
                     if key not in params:
                         nxt[key] = v  # buffers: the calibrated clients' aggregate
+            nxt = ctx.bn_recal(nxt)  # fl.bn_recalibration: as the run's training did
             # Round t_1 is computed at the server from the history (no link, no FL round).
             b, s = round_link(ctx, model_bytes, model_bytes, len(clients)) if k else (0, 0.0)
             nbytes += b
