@@ -175,7 +175,8 @@ def test_broadcast_repair_delivers_to_a_robot_that_missed_frames():
     assert clean["mac"]["bcast_repair_frames"] == 0
 
 
-def test_broadcast_repair_targets_exactly_the_union_of_missing_fragments():
+def _bcast_sim() -> tuple[MacSim, MacServer, dict[int, bytes]]:
+    """A server and joined robots 1, 2 in MacSim; ``got`` collects each robot's first message."""
     cfg = MacConfig(contention_slots=0)
     sim = MacSim(cfg)
     arq = ArqConfig(window=64)
@@ -196,6 +197,11 @@ def test_broadcast_repair_targets_exactly_the_union_of_missing_fragments():
             on_message=lambda s, p, r=r: got.setdefault(r, p),
         )
         sim.add(r, MacStation(ep, sim.transmitter(r), cfg, joined=True))
+    return sim, srv, got
+
+
+def test_broadcast_repair_targets_exactly_the_union_of_missing_fragments():
+    sim, srv, got = _bcast_sim()
     drop = {(1, 3), (1, 7), (2, 7), (2, 20)}  # (robot, fragment) lost on the first pass
     orig = sim._deliver
 
@@ -282,27 +288,8 @@ def test_the_mac_turns_off_time_based_loss_detection_of_its_endpoint() -> None:
 
 
 def _bcast_sim_dropping(robot: int):
-    """A server and robots 1, 2 in MacSim; every broadcast DATA frame to ``robot`` is lost."""
-    cfg = MacConfig(contention_slots=0)
-    sim = MacSim(cfg)
-    arq = ArqConfig(window=64)
-    srv = MacServer(
-        ArqEndpoint(0, lambda raw: None, clock=sim.clock, config=arq),
-        sim.transmitter(0),
-        cfg,
-        members=[1, 2],
-    )
-    sim.add(0, srv)
-    got: dict[int, bytes] = {}
-    for r in (1, 2):
-        ep = ArqEndpoint(
-            r,
-            lambda raw: None,
-            clock=sim.clock,
-            config=arq,
-            on_message=lambda s, p, r=r: got.setdefault(r, p),
-        )
-        sim.add(r, MacStation(ep, sim.transmitter(r), cfg, joined=True))
+    """:func:`_bcast_sim`, with every broadcast DATA frame to ``robot`` lost."""
+    sim, srv, got = _bcast_sim()
     orig = sim._deliver
 
     def deliver(tx):

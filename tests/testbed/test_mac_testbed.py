@@ -6,14 +6,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, run_federation
+from testbed_helpers import (
+    TESTBED_OVERRIDES,
+    closer,
+    drop_broadcast_bodies,
+    run_federation,
+    three_robots,
+)
 
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
 from scaleflu.link.hub import FrameHub
 from scaleflu.testbed.protocol import SERVER_ID, generate_keys, state_sha256
-from scaleflu.testbed.robot import RobotClient, RobotData
-from scaleflu.testbed.server import EdgeServer
 from scaleflu.testbed.transport import (
     make_testbed_link,
     pack_broadcast_body,
@@ -39,6 +43,19 @@ def test_broadcast_body_is_checked_by_hash():
     assert unpack_broadcast_body(b"an envelope") is None
 
 
+def _shared_link(hub: FrameHub, mac: dict[str, Any], node: int) -> Any:
+    """Node ``node``'s frames-shared link on ``hub`` (the server lists robots 1-3)."""
+    return make_testbed_link(
+        "frames-shared",
+        node,
+        hub=hub.address,
+        mac=mac,
+        members=(1, 2, 3) if node == SERVER_ID else (),
+        rate_bytes_per_s=RATE,
+        seed=node,
+    )
+
+
 def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
     cfg: dict[str, Any] = load_config(None, OVERRIDES)
     hub = FrameHub(
@@ -48,29 +65,9 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
     mac = dict(cfg["testbed"]["mac"])
 
     def link(node: int):
-        return make_testbed_link(
-            "frames-shared",
-            node,
-            hub=hub.address,
-            mac=mac,
-            members=(1, 2, 3) if node == SERVER_ID else (),
-            rate_bytes_per_s=RATE,
-            seed=node,
-        )
+        return _shared_link(hub, mac, node)
 
-    server_link = link(SERVER_ID)
-    server = EdgeServer(server_link, keys, cfg, tmp_path, False, halve_unlearn)
-    robots = [
-        RobotClient(
-            link(r),
-            r,
-            keys[r],
-            cfg,
-            data=RobotData(cfg, r),
-            **({"unlearn": {"kind": "client"}, "unlearn_after_round": 2} if r == 1 else {}),
-        )
-        for r in (1, 2, 3)
-    ]
+    server, robots = three_robots(link, keys, cfg, tmp_path)
     # collisions once every robot is registered (scheduled traffic only; joining contends)
     at_first_round: list[int] = []
     run_round = server.run_round
@@ -82,13 +79,7 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
 
     server.run_round = counting_round
 
-    def close() -> None:
-        for rb in robots:
-            rb.link.close()
-        server_link.close()
-        hub.close()
-
-    report, outs = run_federation(server, robots, 150, close)
+    report, outs = run_federation(server, robots, 150, closer(server, robots, hub))
     assert [row["participants"] for row in report["rounds"]] == [[1, 2, 3], [1, 2, 3]]
     un = report["unlearning"]
     assert all(un["bit_exact"].values()) and set(un["bit_exact"]) == {1, 2, 3}
@@ -136,8 +127,6 @@ def test_a_robot_the_broadcast_never_reaches_gets_the_model_by_unicast(tmp_path:
     """Robot 2 loses every broadcast frame (its link drops them): its repair stalls, the server
     sends it the model by unicast, and every round closes with it, bit-exact, without a robot
     registering again (the rescue the idle timer used to provide)."""
-    from scaleflu.link.frame import BROADCAST, FrameType
-    from scaleflu.link.mac import MAC_MSG_ID, _frame_key
 
     cfg: dict[str, Any] = load_config(
         None,
@@ -154,49 +143,14 @@ def test_a_robot_the_broadcast_never_reaches_gets_the_model_by_unicast(tmp_path:
     dropped: list[int] = []
 
     def link(node: int):
-        lk = make_testbed_link(
-            "frames-shared",
-            node,
-            hub=hub.address,
-            mac=mac,
-            members=(1, 2, 3) if node == SERVER_ID else (),
-            rate_bytes_per_s=RATE,
-            seed=node,
-        )
+        lk = _shared_link(hub, mac, node)
         if node == 2:  # robot 2 hears every frame but the broadcast DATA (model bodies)
-            feed = lk.feed
-
-            def lossy_feed(raw: bytes) -> None:
-                k = _frame_key(raw)
-                if k and k[0] == FrameType.DATA and k[2] == BROADCAST and k[3] != MAC_MSG_ID:
-                    dropped.append(k[4])
-                    return
-                feed(raw)
-
-            lk.feed = lossy_feed
+            drop_broadcast_bodies(lk, dropped)
         return lk
 
-    server_link = link(SERVER_ID)
-    server = EdgeServer(server_link, keys, cfg, tmp_path, False, halve_unlearn)
-    robots = [
-        RobotClient(
-            link(r),
-            r,
-            keys[r],
-            cfg,
-            data=RobotData(cfg, r),
-            **({"unlearn": {"kind": "client"}, "unlearn_after_round": 2} if r == 1 else {}),
-        )
-        for r in (1, 2, 3)
-    ]
+    server, robots = three_robots(link, keys, cfg, tmp_path)
 
-    def close() -> None:
-        for rb in robots:
-            rb.link.close()
-        server_link.close()
-        hub.close()
-
-    report, outs = run_federation(server, robots, 150, close)
+    report, outs = run_federation(server, robots, 150, closer(server, robots, hub))
     assert dropped  # the broadcasts were on air and robot 2 lost them
     rounds = report["rounds"]
     assert [row["participants"] for row in rounds] == [[1, 2, 3], [1, 2, 3]]

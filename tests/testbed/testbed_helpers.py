@@ -73,3 +73,58 @@ def run_federation(
             t.join(60)
         close()
     return report, outs
+
+
+def drop_broadcast_bodies(link: Any, dropped: list[int]) -> None:
+    """Make ``link`` (an object with a ``feed(raw)`` frame input) lose every broadcast DATA frame
+    that carries a model body (not the MAC's own messages); the lost sequence numbers go to
+    ``dropped``."""
+    from scaleflu.link.frame import BROADCAST, FrameType
+    from scaleflu.link.mac import MAC_MSG_ID, _frame_key
+
+    feed = link.feed
+
+    def lossy_feed(raw: bytes) -> None:
+        k = _frame_key(raw)
+        if k and k[0] == FrameType.DATA and k[2] == BROADCAST and k[3] != MAC_MSG_ID:
+            dropped.append(k[4])
+            return
+        feed(raw)
+
+    link.feed = lossy_feed
+
+
+def three_robots(link: Any, keys: Any, cfg: Any, tmp_path: Any) -> tuple[Any, list[Any]]:
+    """The edge server (``halve_unlearn`` standing in for SCALE) on ``link(SERVER_ID)`` and
+    robots 1-3 on ``link(r)``; robot 1 asks to be forgotten after round 2."""
+    from scaleflu.testbed.protocol import SERVER_ID
+    from scaleflu.testbed.robot import RobotClient, RobotData
+    from scaleflu.testbed.server import EdgeServer
+
+    server = EdgeServer(link(SERVER_ID), keys, cfg, tmp_path, False, halve_unlearn)
+    robots = [
+        RobotClient(
+            link(r),
+            r,
+            keys[r],
+            cfg,
+            data=RobotData(cfg, r),
+            **({"unlearn": {"kind": "client"}, "unlearn_after_round": 2} if r == 1 else {}),
+        )
+        for r in (1, 2, 3)
+    ]
+    return server, robots
+
+
+def closer(server: Any, robots: list[Any], *others: Any) -> Any:
+    """A ``close()`` for :func:`run_federation`: the robots' links, the server's, then ``others``
+    (a hub, a channel)."""
+
+    def close() -> None:
+        for rb in robots:
+            rb.link.close()
+        server.link.close()
+        for o in others:
+            o.close()
+
+    return close
