@@ -99,8 +99,7 @@ class DownlinkMixin:
         changed = {
             g for g in self._all_groups() if self._group_changed(g, state, self._prev_broadcast)
         }
-        out = Outgoing(robot.robot_id, h, held, sha, src_sha, purpose, t, changed)
-        out.send_id = send_id
+        out = Outgoing(robot.robot_id, h, held, sha, src_sha, purpose, t, changed, send_id=send_id)
         self.outgoing.append(out)
         log.info(
             "%s model r%d -> robot %d: %d B (%s)",
@@ -180,9 +179,19 @@ class DownlinkMixin:
                     timeout=timeout,
                 )
                 joint = JointHandle(h, bh, rb.robot_id)
-                out = Outgoing(rb.robot_id, joint, held, sha, src_sha, purpose, t, changed)  # type: ignore[arg-type]
-                out.source, out.extra = state, extra  # for a unicast in its place (stall)
-                out.send_id = send_id
+                out = Outgoing(
+                    rb.robot_id,
+                    joint,  # type: ignore[arg-type]
+                    held,
+                    sha,
+                    src_sha,
+                    purpose,
+                    t,
+                    changed,
+                    source=state,
+                    extra=extra,
+                    send_id=send_id,  # for a unicast in its place
+                )
                 self.outgoing.append(out)
                 outs.append(out)
         return outs
