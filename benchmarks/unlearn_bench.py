@@ -657,13 +657,23 @@ def noise_floor_table(data: dict[str, Any]) -> list[str]:
     (min / median / max), the methods' mean dRA (a bias shows as a mean away from 0, the
     independent Retrain's as noise around it), and how many seeds are within 0.02, within
     max(0.02, that seed's two-Retrain distance) and no farther than the independent Retrain.
+    Two tables: RA on the protocol's labels (``d_ra``: the remaining clients' flips and
+    canaries count as correct when predicted with their poisoned label) and on clean images
+    with true labels (``d_ra_clean``).
     """
+    out = _noise_floor_section(data, "d_ra", "on the protocol's labels")
+    if out:
+        out += _noise_floor_section(data, "d_ra_clean", "on clean images, true labels")
+    return out
+
+
+def _noise_floor_section(data: dict[str, Any], key: str, title: str) -> list[str]:
     import numpy as np
 
     per: dict[tuple[str, str], list[dict[str, dict[str, Any]]]] = {}
     for row in data["rows"]:
         m = {r["method"]: r for r in row["methods"]}
-        if NOISE_FLOOR_METHOD in m:
+        if NOISE_FLOOR_METHOD in m and m[NOISE_FLOOR_METHOD].get(key) is not None:
             per.setdefault((row["setting"], row["scenario"]), []).append(m)
     if not per:
         return []
@@ -671,9 +681,16 @@ def noise_floor_table(data: dict[str, Any]) -> list[str]:
     def rng(vals: list[float]) -> str:
         return f"{min(vals):.3f} / {float(np.median(vals)):.3f} / {max(vals):.3f}"
 
+    def ra_vs_control(m: dict[str, dict[str, Any]]) -> float | None:
+        if key == "d_ra":
+            return m["scale-default"].get("d_ra_control")
+        if "finetune" not in m or m["finetune"].get(key) is None:
+            return None
+        return m["scale-default"][key] - m["finetune"][key]
+
     out = [
         "",
-        "## Retrain's own spread (`--noise-floor`)",
+        f"## Retrain's own spread (`--noise-floor`): RA {title} (`{key}`)",
         "",
         f"`{NOISE_FLOOR_METHOD}`: an independent Retrain (`baselines.retrain.seed` = "
         f"{NOISE_FLOOR_SEED} + the seed: fresh initial model, selection and batch order) scored "
@@ -688,9 +705,13 @@ def noise_floor_table(data: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (setting, scen), ms in sorted(per.items()):
-        b = [m[NOISE_FLOOR_METHOD]["d_ra"] for m in ms]
+        b = [m[NOISE_FLOOR_METHOD][key] for m in ms]
         for method in ("scale-default", "finetune"):
-            pairs = [(m[method]["d_ra"], m[NOISE_FLOOR_METHOD]["d_ra"]) for m in ms if method in m]
+            pairs = [
+                (m[method][key], m[NOISE_FLOOR_METHOD][key])
+                for m in ms
+                if method in m and m[method].get(key) is not None
+            ]
             if not pairs:
                 continue
             d = [p[0] for p in pairs]
@@ -701,14 +722,17 @@ def noise_floor_table(data: dict[str, Any]) -> list[str]:
             # better forgetting than the control at RA within the floor of the control's
             ctl = "-"
             if method == "scale-default":
-                won = [
-                    m[method].get("d_forget_control") is not None
-                    and m[method]["d_forget_control"] < 0
-                    and m[method]["d_ra_control"]
-                    >= -max(SWEEP_RA_TOL, abs(m[NOISE_FLOOR_METHOD]["d_ra"]))
-                    for m in ms
-                    if method in m
-                ]
+                won = []
+                for m in ms:
+                    if method not in m:
+                        continue
+                    dra = ra_vs_control(m)
+                    won.append(
+                        m[method].get("d_forget_control") is not None
+                        and dra is not None
+                        and m[method]["d_forget_control"] < 0
+                        and dra >= -max(SWEEP_RA_TOL, abs(m[NOISE_FLOOR_METHOD][key]))
+                    )
                 ctl = f"{sum(won)}/{len(won)}"
             out.append(
                 f"| {setting} | {scen} | {n} | {rng([abs(x) for x in b])} | "

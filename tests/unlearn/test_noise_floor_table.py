@@ -48,3 +48,29 @@ def test_noise_floor_counts() -> None:
     # no independent Retrain in the rows: no table
     plain = [{**r, "methods": r["methods"][:3]} for r in rows]
     assert ub.noise_floor_table({"rows": plain}) == []
+
+
+def test_noise_floor_on_clean_labels() -> None:
+    """The second table scores RA on clean images (``d_ra_clean``): its own counts, and the
+    control comparison uses the clean RA of SCALE and the control, not the protocol's."""
+    rows = [
+        _row(0, -0.06, 0.00, 0.0, -0.9),  # protocol: far; clean: within, beats the control
+        _row(1, -0.06, 0.00, 0.0, -0.9),  # protocol: far; clean: 0.03 below the control
+    ]
+    clean = [(-0.01, 0.005, 0.0), (-0.03, 0.01, 0.0)]  # scale, retrain-b, finetune
+    for r, (cs, cb, cc) in zip(rows, clean, strict=True):
+        for m in r["methods"]:
+            m["d_ra_clean"] = {
+                "scale-default": cs,
+                ub.NOISE_FLOOR_METHOD: cb,
+                "finetune": cc,
+                "retrain": 0.0,
+            }[m["method"]]
+    lines = ub.noise_floor_table({"rows": rows})
+    heads = [i for i, x in enumerate(lines) if x.startswith("## Retrain's own spread")]
+    assert len(heads) == 2 and "`d_ra_clean`" in lines[heads[1]]
+    prot = next(x for x in lines[: heads[1]] if "| scale-default |" in x).split(" | ")
+    cl = next(x for x in lines[heads[1] :] if "| scale-default |" in x).split(" | ")
+    assert prot[8:] == ["2/2", "0/2", "0/2", "0/2", "0/2 |"]
+    assert cl[7] == "-0.020"
+    assert cl[8:] == ["2/2", "1/2", "1/2", "0/2", "1/2 |"]
