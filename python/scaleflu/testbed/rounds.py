@@ -197,7 +197,7 @@ class RoundsMixin:
         clients = [client_of(r) for r in accepted]
         sizes = {client_of(r): sizes_all[r] for r in accepted}
         states = {client_of(r): to_torch(rs.updates[r]) for r in accepted}
-        new_global = to_torch(res.state)
+        new_global = self.bn_recal(to_torch(res.state))  # fl.bn_recalibration (0: as is)
         metrics, wall, _ = close_round(
             self.history,
             self.setup,

@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from scaleflu.config import Config, ConfigError, save_config
 from scaleflu.fl.aggregation import AggregationConfig
+from scaleflu.fl.fedavg import BNRecalibrator
 from scaleflu.fl.integrity import trust
 from scaleflu.fl.run import build_setup, open_history, write_training_outputs
 from scaleflu.link import Link
@@ -159,6 +160,11 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         torch.set_num_threads(max(1, int(self.cfg.fl.threads) or 1))
         self.setup = build_setup(self.cfg)
         self.model = self.setup.new_model()
+        # fl.bn_recalibration: BatchNorm statistics re-estimated on the server's validation
+        # images after every aggregation, as `scaleflu train` does (a no-op when 0 or no BN)
+        self.bn_recal = BNRecalibrator.from_config(
+            self.cfg, self.setup.new_model(), self.setup.test
+        )
         # the history (SQLite metadata, tensor files) and the saved models carry an
         # authenticated digest under a key only this server holds, checked on load
         self.integrity_key = history_key(self.signing_key)
