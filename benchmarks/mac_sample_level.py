@@ -86,19 +86,28 @@ def frame_level(
     deadline: float,
     fitted: bool = True,
     loss_fn=None,
+    *,
+    robots: int = 3,
+    train_s: float = 0.0,
+    train_jitter_s: float = 0.0,
+    arq: dict | None = None,
 ) -> dict:
-    """The same round at frame level: ideal, or with the sample level's timing fitted in."""
-    arq = ArqConfig(**MAC_ARQ_DEFAULTS, deadline=deadline)
+    """The same round at frame level: ideal, or with the sample level's timing fitted in.
+
+    ``robots``, ``train_s``/``train_jitter_s`` (training time between model and upload) and
+    ``arq`` (ArqConfig overrides) default to this benchmark's round; mac_fading_tail.py sets them.
+    """
+    arq_cfg = ArqConfig(**{**MAC_ARQ_DEFAULTS, **(arq or {})}, deadline=deadline)
     r = simulate_round(
         "scheduled",
-        3,
+        robots,
         size,
-        train_s=0.0,
-        train_jitter_s=0.0,
+        train_s=train_s,
+        train_jitter_s=train_jitter_s,
         deadline_s=deadline,
         seed=seed,
         mac=mac,
-        arq=arq,
+        arq=arq_cfg,
         loss_fn=loss_fn,
         rx_latency_s=RX_LATENCY_S if fitted else 0.0,
         start_quantum_s=START_QUANTUM_S if fitted else 0.0,
@@ -121,7 +130,7 @@ def frame_level(
         "grants": r["mac"]["grants_tx"],
         "grant_timeouts": r["mac"]["grant_timeouts"],
         "lost_link": r["lost_link"],
-        "bit_exact": r["models_bit_exact"] == 3 and r["updates_bit_exact"] == 3,
+        "bit_exact": r["models_bit_exact"] == robots and r["updates_bit_exact"] == robots,
     }
 
 
