@@ -682,8 +682,7 @@ def _noise_floor_section(data: dict[str, Any], key: str, title: str) -> list[str
         return f"{min(vals):.3f} / {float(np.median(vals)):.3f} / {max(vals):.3f}"
 
     def ra_vs_control(m: dict[str, dict[str, Any]]) -> float | None:
-        if key == "d_ra":
-            return m["scale-default"].get("d_ra_control")
+        # SCALE's RA minus the fine-tune control's (both distances to the same Retrain)
         if "finetune" not in m or m["finetune"].get(key) is None:
             return None
         return m["scale-default"][key] - m["finetune"][key]
