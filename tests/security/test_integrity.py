@@ -189,7 +189,7 @@ def test_integrity_key_files_must_be_private(tmp_path):
 
 
 def test_server_app_refuses_a_tampered_run_folder_in_one_line(tmp_path, capfd, monkeypatch):
-    from scaleflu.testbed import cli
+    from scaleflu.cli import testbed as cli
 
     cfg = load_config(None, OVERRIDES)
     store = KeyStore.create([1, 2, 3])

@@ -182,8 +182,8 @@ def test_cli_erase_deletes_targets_updates_and_later_requests_work(
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    from scaleflu.cli.unlearn import run_unlearn
     from scaleflu.fl.history import HistoryStore
-    from scaleflu.unlearn.cli import run_unlearn
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)  # the shared run stays as it is

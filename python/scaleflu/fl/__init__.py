@@ -3,5 +3,5 @@
 Modules: ``models`` (LeNet-5, MobileNetV3-Small, ResNet18, sensitivity layers, parameter
 groups), ``data`` (FashionMNIST, CIFAR-100, partitions, poisoning), ``fedavg`` (local training
 and aggregation), ``history`` (SQLite + safetensors record of a run), ``run`` (``train`` and
-``load_run``), ``cli`` (the ``train`` sub-command).
+``load_run``). The ``train`` sub-command is :mod:`scaleflu.cli.train`.
 """

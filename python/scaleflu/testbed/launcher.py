@@ -66,7 +66,7 @@ def app_command(name: str) -> list[str]:
     script = APPS / f"{name}.py"
     if script.is_file():
         return [sys.executable, str(script)]
-    return [sys.executable, "-m", "scaleflu.testbed.cli", name]  # an installed package
+    return [sys.executable, "-m", "scaleflu.cli.testbed", name]  # an installed package
 
 
 # Small enough for a few minutes on 2 cores, large enough to learn and to show the backdoor.
@@ -361,7 +361,7 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
         help="kill -9 the server once this round is recorded, then restart it",
     )
     p.add_argument("--out", default=None, help="run folder (default runs/testbed-<time>)")
-    from scaleflu.cliargs import add_config_args
+    from scaleflu.cli.args import add_config_args
 
     add_config_args(p, example="testbed.rounds=2")
     p.add_argument("--timeout", type=float, default=1800.0, help="give up after this long, s")
@@ -370,7 +370,7 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None, prog: str = "testbed.py") -> int:
     """``apps/testbed.py`` and ``scaleflu testbed``: run the local testbed end to end."""
-    from scaleflu.cliargs import LOG_LEVELS, DefaultsHelpFormatter, run_one_line
+    from scaleflu.cli.args import LOG_LEVELS, DefaultsHelpFormatter, run_one_line
 
     p = argparse.ArgumentParser(
         prog=prog,

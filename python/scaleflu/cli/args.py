@@ -1,6 +1,6 @@
 """Argument-parsing pieces shared by ``scaleflu`` and the apps (a leaf: argparse only).
 
-Sub-command modules import from here, never from :mod:`scaleflu.cli` (which imports them).
+Sub-command modules import from here, never from :mod:`scaleflu.cli.main` (which imports them).
 """
 
 from __future__ import annotations

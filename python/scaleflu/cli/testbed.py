@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scaleflu.cliargs import LOG_LEVELS, DefaultsHelpFormatter, add_config_args, run_one_line
+from scaleflu.cli.args import LOG_LEVELS, DefaultsHelpFormatter, add_config_args, run_one_line
 from scaleflu.log import setup_logging
 
 if TYPE_CHECKING:
@@ -516,9 +516,9 @@ def _cmd_testbed(args: argparse.Namespace) -> int:
     return launcher_main(argv, prog="scaleflu testbed")
 
 
-if __name__ == "__main__":  # python -m scaleflu.testbed.cli edge_server|robot_client ...
+if __name__ == "__main__":  # python -m scaleflu.cli.testbed edge_server|robot_client ...
     _apps = {"edge_server": server_main, "robot_client": robot_main}
     if len(sys.argv) < 2 or sys.argv[1] not in _apps:
-        sys.stderr.write("usage: python -m scaleflu.testbed.cli edge_server|robot_client ...\n")
+        sys.stderr.write("usage: python -m scaleflu.cli.testbed edge_server|robot_client ...\n")
         sys.exit(2)
     sys.exit(_apps[sys.argv[1]](sys.argv[2:]))

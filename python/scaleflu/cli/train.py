@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from scaleflu.cliargs import add_config_args
+from scaleflu.cli.args import add_config_args
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         cfg = load_config(args.config, overrides)
         if args.keys is not None:
-            from scaleflu.unlearn.cli import trust_keys
+            from scaleflu.cli.unlearn import trust_keys
 
             trust_keys(out, args.keys)
         result = train(cfg, out, resume=args.resume, progress=not args.no_progress)

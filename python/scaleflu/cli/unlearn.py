@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from scaleflu.cliargs import add_config_args
+from scaleflu.cli.args import add_config_args
 from scaleflu.unlearn.outputs import erase_history, write_unlearning
 from scaleflu.unlearn.registry import canonical_name, method_names, run_unlearning
 
