@@ -14,8 +14,9 @@ import torch
 from scaleflu.config import load_config
 from scaleflu.fl.history import HistoryIntegrityError, HistoryStore
 from scaleflu.fl.integrity import IntegrityError, load_model, mac_path, save_model, trust, untrust
+from scaleflu.keys import history_key, load_integrity_key, write_integrity_key
 from scaleflu.link import MemoryChannel
-from scaleflu.testbed.keys import KeyStore, history_key, load_integrity_key, write_integrity_key
+from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID
 from scaleflu.testbed.server import EdgeServer
 

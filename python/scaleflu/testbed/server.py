@@ -34,6 +34,7 @@ from scaleflu.fl.aggregation import AggregationConfig
 from scaleflu.fl.fedavg import BNRecalibrator
 from scaleflu.fl.integrity import trust
 from scaleflu.fl.run import build_setup, open_history, write_training_outputs
+from scaleflu.keys import history_key, public_bytes
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
@@ -43,7 +44,6 @@ from scaleflu.testbed.common import (
     to_numpy,
 )
 from scaleflu.testbed.downlink import DownlinkMixin, Outgoing
-from scaleflu.testbed.keys import history_key, public_bytes
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
