@@ -384,7 +384,7 @@ def run_federation(args: argparse.Namespace, st: dict[str, Any]) -> dict[str, An
         data["train_cpu_s"] = time.process_time() - c0
         log.info("%s seed %d trained in %.1fs", st["setting"], st["seed"], data["train_wall_s"])
     run = load_run(run_dir)
-    from scaleflu.unlearn.scale import sb3_startup
+    from scaleflu.unlearn.search import sb3_startup
 
     # the process's one-time imports (stable-baselines3, torch.optim's torch._dynamo) before any
     # method, so neither Retrain nor SCALE is charged for them (SCALE reports them as startup_s)

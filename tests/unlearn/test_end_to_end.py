@@ -224,7 +224,7 @@ def test_cli_erase_deletes_targets_updates_and_later_requests_work(
 
 def test_sample_attribution_option(loaded_run: LoadedRun) -> None:
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import phase_one
+    from scaleflu.unlearn.sensitivity import phase_one
 
     def ctx(value: str) -> UnlearnContext:
         over = [*FAST_SCALE, f"scale.sample_attribution={value}"]
@@ -245,7 +245,8 @@ def test_sample_attribution_option(loaded_run: LoadedRun) -> None:
 def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
     """The sample request ranks by the forget set's saliency and heals on a disjoint val part."""
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import _selection_and_heal, phase_one
+    from scaleflu.unlearn.heal import _selection_and_heal
+    from scaleflu.unlearn.sensitivity import phase_one
 
     def ctx(*extra: str) -> UnlearnContext:
         over = [*FAST_SCALE, "scale.ppo.episodes=10", *extra]
@@ -285,7 +286,7 @@ def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
 def test_distillation_healing(loaded_run: LoadedRun) -> None:
     """Healing by distillation from the model before unlearning on the server's samples."""
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import distill_targets, heal
+    from scaleflu.unlearn.heal import distill_targets, heal
 
     def ctx(request: str, *extra: str) -> UnlearnContext:
         over = [*FAST_SCALE, "scale.heal_loss=distill", *extra]

@@ -210,7 +210,7 @@ def test_measure_every_episode_same_return_fewer_passes() -> None:
 
 def test_greedy_search_zeroes_the_top_attribution_entries() -> None:
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import _greedy
+    from scaleflu.unlearn.search import _greedy
 
     spec = _spec("default", budget=0.1)  # 24 parameters: 2 entries
     layers, aoi, steps, zeroed = _greedy(spec)
