@@ -10,6 +10,7 @@ import torch
 
 from scaleflu.fl.history import HistoryStore
 from scaleflu.fl.models import parameter_groups
+from scaleflu.plots import plot_sensitivity
 from scaleflu.unlearn.sensitivity import (
     alignment_score,
     class_saliency,
@@ -21,7 +22,6 @@ from scaleflu.unlearn.sensitivity import (
     kl_divergence,
     paper_sensitivity,
     pearson,
-    plot_sensitivity,
     top_layers,
     weight_distribution,
 )

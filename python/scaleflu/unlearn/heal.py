@@ -1,9 +1,11 @@
 """SCALE's healing: fine-pruning's fine-tune of Theta' on the server's own clean samples.
 
-:func:`_selection_and_heal` splits the retained validation set into a selection part (PPO's
-utility, the re-check, the choice of the healing epoch) and a disjoint healing part;
+:func:`split_selection_and_heal` splits the retained validation set into a selection part
+(PPO's utility, the re-check, the choice of the healing epoch) and a disjoint healing part;
 :func:`heal` fine-tunes on the healing part (cross-entropy, or distillation from the model
 before unlearning with :func:`distill_targets`); no client and no link time is spent.
+:func:`heal_and_measure` is SCALE's healing step: :func:`heal` with the selection accuracy
+before and after.
 """
 
 from __future__ import annotations
@@ -17,9 +19,10 @@ import torch
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
 from scaleflu.unlearn.base import UnlearnContext
+from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 
 
-def _selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
+def split_selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
     """The retained validation set split into a selection part and a disjoint healing part.
 
     With ``scale.heal_epochs`` > 0 a seeded ``scale.heal_share`` of the retained validation
@@ -193,4 +196,25 @@ def heal(
         "epochs_run": len(trace) - 1 if trace else epochs,
         "best_epoch": best_epoch,
         "select_acc_trace": trace,
+    }
+
+
+def heal_and_measure(
+    ctx: UnlearnContext,
+    state: Mapping[str, torch.Tensor],
+    data: ImageData,
+    select: ImageData,
+    cut: Mapping[str, torch.Tensor],
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """:func:`heal` ``state`` on ``data``; the summary adds the selection accuracy before/after."""
+    # validation accuracy before and after, measured on the selection part
+    val_sel = accuracy_from_probs(predict(ctx.new_model(state), select), select.labels)
+    healed, info = heal(ctx, state, data, select, cut)
+    return healed, {
+        **info,
+        "epochs": int(ctx.scale_cfg.heal_epochs),
+        "samples": len(data),
+        "selection_samples": len(select),
+        "val_acc_before": val_sel,
+        "val_acc_after": accuracy_from_probs(predict(ctx.new_model(healed), select), select.labels),
     }

@@ -333,10 +333,6 @@ def class_saliency(
     return out, info
 
 
-# The figure lives in scaleflu.plots; the name is kept for old importers.
-from scaleflu.plots import plot_sensitivity  # noqa: E402, F401
-
-
 def contrastive_contribution(
     history: HistoryStore,
     shares: Mapping[int, float],
