@@ -24,7 +24,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture(scope="session")
 def make_ctx(tiny_run: Any) -> Callable[..., Any]:
     """Context factory: ``make_ctx("client:0")`` (cached per request)."""
-    from scaleflu.experiments.table2 import make_context
+    from scaleflu.experiments.harness import make_context
 
     cache: dict[str, Any] = {}
     cfg = tiny_config()

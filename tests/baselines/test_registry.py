@@ -35,7 +35,7 @@ def test_names_aliases_and_unknown_method() -> None:
 def test_every_caller_uses_the_registry() -> None:
     """The CLI's choices, table2's factory and baselines.get_method are the registry's."""
     from scaleflu.cli.unlearn import METHODS
-    from scaleflu.experiments.table2 import default_factory
+    from scaleflu.experiments.harness import default_factory
     from scaleflu.unlearn.baselines import get_method
     from scaleflu.unlearn.retrain import RetrainUnlearner
 
@@ -93,7 +93,7 @@ def test_registering_a_method_is_one_line() -> None:
 def test_retrain_is_one_class_in_cli_table2_and_testbed(tiny_run: Any, tmp_path: Path) -> None:
     """`unlearn --method retrain`, table2 and the testbed run one Retrain (bit-exact)."""
     from scaleflu.cli.unlearn import run_unlearn
-    from scaleflu.experiments.table2 import default_factory, make_context
+    from scaleflu.experiments.harness import default_factory, make_context
     from scaleflu.testbed.server import default_unlearn
 
     run_dir = Path(tiny_run.run_dir)

@@ -58,7 +58,8 @@ def tiny_config(*extra: str) -> dict[str, Any]:
 
 def tiny_run_dir(base: Path) -> Path:
     """Train the tiny run once under ``base`` (the session's pytest base temp) and return it."""
-    from scaleflu.experiments.table2 import RunKey, ensure_run
+    from scaleflu.experiments.cells import RunKey
+    from scaleflu.experiments.harness import ensure_run
 
     cfg = tiny_config()
     key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
