@@ -9,7 +9,11 @@ cell's ``result.json`` (the :class:`UnlearnResult` schema). Finished cells (vali
 ``result.json``) are never recomputed; a failing cell is recorded with its error
 (``error.json``, ``traceback.txt``) and the others go on, retried on the next call.
 
-Used by Table II (:mod:`scaleflu.experiments.table2`).
+A cell's method is a registered method or a :class:`Variant` (a method under a name of its own,
+with its own settings: an ablation, an independent Retrain); where runs and cells live is the
+caller's choice. Used by Table II (:mod:`scaleflu.experiments.table2`), the seeded sweep
+(:mod:`scaleflu.experiments.sweep`) and the unlearning benchmark
+(``benchmarks/unlearn_bench.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +37,8 @@ from scaleflu.unlearn.base import UnlearnContext, Unlearner, resolve_unlearn_con
 
 log = logging.getLogger(__name__)
 
-MethodFactory = Callable[[str, Config], Unlearner]
+MethodFactory = Callable[..., Unlearner]  # (name, config, **hyper-parameters)
+CellDir = Callable[[Cell], Path]  # where a cell's folder is
 RUN_SECTIONS_DROPPED = ("experiment", "baselines", "testbed")
 
 
@@ -125,23 +131,51 @@ def make_context(run: Any, request: str, cfg: Mapping[str, Any], progress: bool)
     return UnlearnContext.for_request(run, request, ucfg, mode, progress)
 
 
-def default_factory(name: str, cfg: Config) -> Unlearner:
+def default_factory(name: str, cfg: Config, **params: Any) -> Unlearner:
     """The registry's Unlearner for ``name`` (:func:`scaleflu.unlearn.registry.make_method`).
 
-    Hyper-parameters come from the experiment's ``baselines.<name>``; SCALE runs in
-    ``experiment.scale_mode``.
+    Hyper-parameters come from the experiment's ``baselines.<name>``, then ``params``; SCALE
+    runs in ``experiment.scale_mode`` unless ``params`` names its ``mode``.
     """
     from scaleflu.unlearn.registry import canonical_name, make_method
 
     if canonical_name(name) == "scale":
-        return make_method("scale", cfg, mode=str(cfg.experiment.scale_mode or "default"))
-    return make_method(name, cfg)
+        params.setdefault("mode", str(cfg.experiment.scale_mode or "default"))
+    return make_method(name, cfg, **params)
 
 
-def matched_budget(out: Path, cell: Cell, unlearner: Any) -> float:
-    """CPU seconds of the result that ``unlearner.match_cost_of`` produced on ``cell``'s request."""
+@dataclass(frozen=True)
+class Variant:
+    """A method under a name of its own (a cell's ``method``): a registered method, other settings.
+
+    ``overrides`` (``KEY=VALUE`` over the experiment config: ``scale.*``, ``baselines.*``,
+    ``experiment.scale_mode``) give the variant a context of its own; ``params`` are keyword
+    hyper-parameters of the method (:func:`scaleflu.unlearn.registry.make_method`: SCALE's
+    ``mode``, Retrain's ``seed``) and share the scenario's context.
+    """
+
+    method: str
+    overrides: tuple[str, ...] = ()
+    params: tuple[tuple[str, Any], ...] = ()
+
+    def config(self, cfg: Config) -> Config:
+        """The experiment config this variant runs under."""
+        from scaleflu.config import merge, parse_override
+
+        out: Mapping[str, Any] = cfg
+        for item in self.overrides:
+            out = merge(out, parse_override(item))
+        return as_config(out)
+
+
+def matched_budget(out: Path | CellDir, cell: Cell, unlearner: Any) -> float:
+    """CPU seconds of the result that ``unlearner.match_cost_of`` produced on ``cell``'s request.
+
+    ``out``: the experiment folder, or where cells' folders are (as :func:`run_cells` takes it).
+    """
     ref = Cell(cell.run, cell.scenario, str(unlearner.match_cost_of))
-    data = read_result(ref.dir(out) / "result.json")
+    ref_dir = out(ref) if callable(out) else ref.dir(Path(out))
+    data = read_result(ref_dir / "result.json")
     cpu = None if data is None else data["cost"].get("cpu_s")
     if cpu is None:
         raise RuntimeError(
@@ -171,17 +205,28 @@ def run_cells(
     cells: Iterable[Cell],
     factory: MethodFactory = default_factory,
     progress: bool = True,
+    *,
+    variants: Mapping[str, Variant] | None = None,
+    cell_dir: CellDir | None = None,
+    desc: str = "table2",
 ) -> dict[str, dict[str, Any]]:
-    """Run every unfinished cell (grouped by run); returns a status per cell folder."""
+    """Run every unfinished cell (grouped by run); returns a status per cell folder.
+
+    Runs live in ``out/runs``; a cell's folder is :meth:`Cell.dir` under ``out`` unless
+    ``cell_dir`` places it. A cell's ``method`` names a registered method or one of
+    ``variants``. ``desc`` labels the progress bar.
+    """
     cfg = as_config(cfg)
     out = Path(out)
+    where = cell_dir if cell_dir is not None else (lambda c: c.dir(out))
+    variants = dict(variants or {})
     cells = list(dict.fromkeys(cells))  # main table first, then the sweep
     status: dict[str, dict[str, Any]] = {}
     todo: dict[RunKey, list[Cell]] = {}
     for c in cells:
-        cdir = c.dir(out)
+        cdir = where(c)
         if read_result(cdir / "result.json") is not None:
-            status[str(cdir.relative_to(out))] = {"status": "done", "reused": True}
+            status[_rel(cdir, out)] = {"status": "done", "reused": True}
         else:
             todo.setdefault(c.run, []).append(c)
     n_todo = sum(len(v) for v in todo.values())
@@ -189,9 +234,8 @@ def run_cells(
     threads = int(cfg.fl.threads or 0)
     if threads > 0:
         torch.set_num_threads(threads)
-    bar = tqdm(total=n_todo, desc="table2", unit="cell", disable=not progress)
+    bar = tqdm(total=n_todo, desc=desc, unit="cell", disable=not progress)
     scenarios = dict(cfg.experiment.scenarios)
-    save_models = bool(cfg.experiment.save_models)
     try:
         for key, group in todo.items():
             try:
@@ -201,76 +245,100 @@ def run_cells(
             except Exception as exc:  # noqa: BLE001 - recorded per cell, the others go on
                 log.error("run %s failed: %s", key.slug, exc)
                 for c in group:
-                    st = _record_error(c.dir(out), exc, "train")
-                    status[str(c.dir(out).relative_to(out))] = {"status": "failed", **st}
+                    st = _record_error(where(c), exc, "train")
+                    status[_rel(where(c), out)] = {"status": "failed", **st}
                     bar.update(1)
                 continue
             by_scenario: dict[str, list[Cell]] = {}
             for c in group:
                 by_scenario.setdefault(c.scenario, []).append(c)
             for sc, sc_cells in by_scenario.items():
-                ctx_err: BaseException | None = None
-                ctx = None
-                try:
-                    ctx = make_context(run, scenarios[sc], cfg, progress)
-                except Exception as exc:  # noqa: BLE001
-                    ctx_err = exc
+                contexts: dict[tuple[str, ...], Any] = {}  # one per variant config
                 # cost-matched controls after the method whose time they match
                 sc_cells.sort(key=lambda c: c.method.endswith("_matched"))
                 for c in sc_cells:
-                    cdir = c.dir(out)
-                    rel = str(cdir.relative_to(out))
                     bar.set_postfix_str(f"{key.model} s{key.seed} {sc} {c.method}", refresh=True)
-                    if ctx_err is not None or ctx is None:
-                        st = _record_error(cdir, ctx_err or RuntimeError("no context"), "context")
-                        status[rel] = {"status": "failed", **st}
-                        bar.update(1)
-                        continue
-                    t0 = time.perf_counter()
-                    try:
-                        unlearner = factory(c.method, cfg)
-                        if getattr(unlearner, "match_cost_of", None):  # cost-matched control
-                            unlearner.overrides["budget_cpu_s"] = matched_budget(out, c, unlearner)
-                        result = unlearner.run(ctx)
-                        if result.details.get("aoi_time_avg_s") is None:
-                            from scaleflu.unlearn.baselines.aoi_trace import (
-                                annotate,
-                                replay_scale_trace,
-                            )
-
-                            if "rollout" in result.details:
-                                annotate(result, replay_scale_trace(ctx, result.details))
-                        cdir.mkdir(parents=True, exist_ok=True)
-                        if save_models and getattr(unlearner, "state", None) is not None:
-                            from safetensors.torch import save_file
-
-                            mp = cdir / "model.safetensors"
-                            save_file({k: v.contiguous() for k, v in unlearner.state.items()}, mp)
-                            result.model_path = str(mp)
-                        result.details.setdefault("cell", rel)
-                        tmp = cdir / "result.json.tmp"
-                        result.save(tmp)
-                        tmp.replace(cdir / "result.json")
-                        for stale in ("error.json", "traceback.txt"):
-                            (cdir / stale).unlink(missing_ok=True)
-                        status[rel] = {"status": "done", "wall_s": time.perf_counter() - t0}
-                        log.info(
-                            "%s: RA %.3f FA %s in %.1fs",
-                            rel,
-                            result.metrics["ra"],
-                            result.metrics.get("fa_protocol"),
-                            time.perf_counter() - t0,
-                        )
-                    except Exception as exc:  # noqa: BLE001
-                        log.error("cell %s failed: %s", rel, exc)
-                        st = _record_error(cdir, exc, "unlearn")
-                        status[rel] = {
-                            "status": "failed",
-                            "wall_s": time.perf_counter() - t0,
-                            **st,
-                        }
+                    variant = variants.get(c.method, Variant(c.method))
+                    status[_rel(where(c), out)] = _run_cell(
+                        c, variant, run, scenarios[sc], cfg, contexts, factory, where, progress
+                    )
                     bar.update(1)
             run.history.close()
     finally:
         bar.close()
     return status
+
+
+def _rel(path: Path, out: Path) -> str:
+    """A cell folder's name in the status: relative to ``out`` where it lies below it."""
+    try:
+        return str(path.relative_to(out))
+    except ValueError:
+        return str(path)
+
+
+def _run_cell(
+    c: Cell,
+    variant: Variant,
+    run: Any,
+    request: str,
+    cfg: Config,
+    contexts: dict[tuple[str, ...], Any],
+    factory: MethodFactory,
+    where: CellDir,
+    progress: bool,
+) -> dict[str, Any]:
+    """Unlearn one cell and write its ``result.json`` (or its error); returns its status."""
+    cdir = where(c)
+    rel = c.dir(Path()).as_posix()
+    vcfg = variant.config(cfg) if variant.overrides else cfg
+    if variant.overrides not in contexts:
+        try:
+            contexts[variant.overrides] = make_context(run, request, vcfg, progress)
+        except Exception as exc:  # noqa: BLE001 - recorded for each of its cells
+            contexts[variant.overrides] = exc
+    ctx = contexts[variant.overrides]
+    if isinstance(ctx, BaseException):
+        return {"status": "failed", **_record_error(cdir, ctx, "context")}
+    t0 = time.perf_counter()
+    try:
+        params = dict(variant.params)
+        unlearner = (
+            factory(variant.method, vcfg, **params) if params else factory(variant.method, vcfg)
+        )
+        if getattr(unlearner, "match_cost_of", None):  # cost-matched control
+            unlearner.overrides["budget_cpu_s"] = matched_budget(where, c, unlearner)
+        result = unlearner.run(ctx)
+        if result.details.get("aoi_time_avg_s") is None:
+            from scaleflu.unlearn.baselines.aoi_trace import annotate, replay_scale_trace
+
+            if "rollout" in result.details:
+                annotate(result, replay_scale_trace(ctx, result.details))
+        cdir.mkdir(parents=True, exist_ok=True)
+        if bool(cfg.experiment.save_models) and getattr(unlearner, "state", None) is not None:
+            from safetensors.torch import save_file
+
+            mp = cdir / "model.safetensors"
+            save_file({k: v.contiguous() for k, v in unlearner.state.items()}, mp)
+            result.model_path = str(mp)
+        result.details.setdefault("cell", rel)
+        tmp = cdir / "result.json.tmp"
+        result.save(tmp)
+        tmp.replace(cdir / "result.json")
+        for stale in ("error.json", "traceback.txt"):
+            (cdir / stale).unlink(missing_ok=True)
+        log.info(
+            "%s: RA %.3f FA %s in %.1fs",
+            rel,
+            result.metrics["ra"],
+            result.metrics.get("fa_protocol"),
+            time.perf_counter() - t0,
+        )
+        return {"status": "done", "wall_s": time.perf_counter() - t0}
+    except Exception as exc:  # noqa: BLE001
+        log.error("cell %s failed: %s", rel, exc)
+        return {
+            "status": "failed",
+            "wall_s": time.perf_counter() - t0,
+            **_record_error(cdir, exc, "unlearn"),
+        }
