@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "baselines"))
-
-from tiny_run_helpers import HAVE_FMNIST, tiny_run_dir  # noqa: E402
+from tiny_run_helpers import HAVE_FMNIST, tiny_run_dir
 
 
 @pytest.fixture(scope="session")
