@@ -42,7 +42,7 @@ def test_no_command_prints_help():
     assert "usage: scaleflu" in out.stdout
 
 
-# --- issue 14: lazy imports, packaged configs, global options, one-line errors ----------------
+# --- lazy imports, packaged configs, global options, one-line errors -------------------------
 
 
 def test_help_imports_neither_torch_nor_numpy():

@@ -58,8 +58,8 @@ def sb3_startup() -> float:
     import stable_baselines3  # noqa: F401
     from stable_baselines3.common.callbacks import BaseCallback  # noqa: F401
 
-    # torch.optim's first optimizer imports torch._dynamo (about 0.9 s of CPU, measured on the
-    # 2-core machine) and torch.func's first vmap(grad) about 1 s: process start-up costs too,
+    # torch.optim's first optimizer imports torch._dynamo and torch.func's first vmap(grad) sets
+    # itself up (about a second of CPU each): process start-up costs too,
     # paid here once (healing uses an optimizer, the saliencies torch.func)
     lin = torch.nn.Linear(2, 2)
     torch.optim.SGD(lin.parameters(), lr=0.1)

@@ -9,7 +9,7 @@ For every sensitivity layer l (Conv/Linear weights, :func:`scaleflu.fl.models.se
   the global layer without the target, W_{l,-n};
 * combined ``S = lambda S^a + (1 - lambda) S^d`` and the top-M layers.
 
-Two input semantics (GUIDE 3.1, 3.2, 6):
+Two input semantics (docs/scale.md, "Phase I: sensitive layers"):
 
 * ``paper``: raw weights. W_{l,n} is the target's last local model Theta_{n,E}[t_n] (t_n its last
   round), W_l the aggregate of that round Theta[t_n + 1], and W_{l,-n} the weighted mean of the
@@ -22,7 +22,7 @@ Two input semantics (GUIDE 3.1, 3.2, 6):
   ``C_l = sum_t M_n / sum_{C[t]} M_j * share_n * update_{n,t}``; W_l is the final model and
   W_{l,-n} = W_l - C_l. Each score is divided by its maximum over layers before mixing.
 
-``C_l`` is also the attribution map the default Sparsify uses (GUIDE 3.4), except for a class
+``C_l`` is also the attribution map the default Sparsify uses, except for a class
 removed from the whole federation, where :func:`class_saliency` on the server's validation set
 replaces it (every client holds the class, so C_l is not class-specific).
 """
@@ -317,9 +317,9 @@ def class_saliency(
     ``s_c = mean_i |w * dL_i/dw|`` over the samples of the forgotten ``classes`` (per-sample
     gradients of the cross-entropy, so opposite gradients of different samples do not cancel)
     and ``s_r`` the same over the other samples; each sum runs over all ``layers``. The result
-    is large where a weight matters for the forgotten classes and little for the rest (GUIDE
-    3.4 for class requests, computed on the server's validation set). Returns the map and
-    counts for the report.
+    is large where a weight matters for the forgotten classes and little for the rest (the
+    attribution of a class request, computed on the server's validation set). Returns the map
+    and counts for the report.
     """
     mask = torch.zeros(len(labels), dtype=torch.bool, device=labels.device)
     for c in classes:
@@ -479,7 +479,7 @@ def phase_one(
     if req.kind == "class" and not req.clients and attribution == "saliency":
         # a class removed from the whole federation: every client holds it, so the clients'
         # contribution C_l is nearly the whole model and not class-specific. Sparsify by a
-        # class-specific saliency on the server's validation set instead (GUIDE 3.4, 3.5).
+        # class-specific saliency on the server's validation set instead.
         ts = time.perf_counter()
         model = ctx.new_model(ctx.original_state()).to(ctx.device)  # fl.device
         sal, info = class_saliency(
