@@ -199,7 +199,7 @@ def test_demo_echoes_each_robot_evaluation_once():
 
 
 def test_testbed_subcommand_hands_every_option_to_the_launcher(monkeypatch):
-    import scaleflu.testbed.launcher as launcher
+    import scaleflu.cli.testbed as testbed_cli
 
     seen = {}
 
@@ -207,7 +207,7 @@ def test_testbed_subcommand_hands_every_option_to_the_launcher(monkeypatch):
         seen["argv"], seen["prog"] = list(argv), prog
         return 7
 
-    monkeypatch.setattr(launcher, "main", fake_main)
+    monkeypatch.setattr(testbed_cli, "launcher_main", fake_main)
     argv = ["--log-level", "info", "testbed", "--robots", "2", "--link", "frames", "--set", "a=1"]
     assert main(argv) == 7
     assert seen["prog"] == "scaleflu testbed"
