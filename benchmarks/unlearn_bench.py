@@ -51,6 +51,7 @@ from scaleflu.experiments.sweep import (
     cpu_federation,
     federation_config,
     federation_path,
+    fmt_value,
     run_federation,
     sweep_table,
 )
@@ -122,14 +123,6 @@ PAPER_VARIANTS = [("retrain", "default", []), ("scale-default", "default", [])]
 KEYS = ("test_acc", "ra", "fa", "fa_protocol", "fr", "mia_loss_auc", "backdoor_asr")
 
 
-def _fmt(v: Any) -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    return str(v)
-
-
 def _variant(mode: str, extra: list[str], name: str) -> Variant:
     if name == "retrain":
         return Variant("retrain")
@@ -177,7 +170,7 @@ def run_variants(
             m["test_acc"],
             m["ra"],
             m["fa"],
-            _fmt(m["fa_protocol"]),
+            fmt_value(m["fa_protocol"]),
             res["cost"]["wall_s"],
         )
     for cell, err in failed.items():
@@ -416,8 +409,8 @@ def main(argv: list[str] | None = None) -> int:
             r["targets_met"] = ok
             summary[f"{scen}/{r['variant']}"] = {**r["vs_retrain"], **ok}
             tick = " ".join(f"{k}:{'y' if v else 'n'}" for k, v in ok.items())
-            cells = [scen, r["variant"]] + [_fmt(m[k]) for k in KEYS[:4]]
-            cells += [_fmt(m["fr"]), _fmt(m["mia_loss_auc"]), _fmt(m["backdoor_asr"])]
+            cells = [scen, r["variant"]] + [fmt_value(m[k]) for k in KEYS[:4]]
+            cells += [fmt_value(m[k]) for k in ("fr", "mia_loss_auc", "backdoor_asr")]
             cells += [f"{r['cost']['wall_s']:.1f}", f"{tr:.3f}", f"{cr:.3f}", f"{br:.4f}"]
             cells += [f"{d_ra:+.3f}", f"{d_fa:+.3f}", tick if r["variant"] != "retrain" else ""]
             lines.append("| " + " | ".join(cells) + " |")

@@ -293,9 +293,9 @@ def federation_rows(
                 fed.name,
                 scen,
                 r["method"],
-                _fmt(r["test_acc"]),
-                _fmt(r["ra"]),
-                _fmt(r["forget"]),
+                fmt_value(r["test_acc"]),
+                fmt_value(r["ra"]),
+                fmt_value(r["forget"]),
                 r["time_ratio"],
                 r["cpu_ratio"],
                 r["ok"],
@@ -303,7 +303,8 @@ def federation_rows(
     return rows
 
 
-def _fmt(v: Any) -> str:
+def fmt_value(v: Any) -> str:
+    """A table value: ``-`` for None, floats to 3 decimals."""
     if v is None:
         return "-"
     if isinstance(v, float):
