@@ -13,6 +13,7 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SCALEFLU_VENV:-$ROOT/.venv}"
 BUILD="${SCALEFLU_BUILD:-$ROOT/build}"
+SYS_PREFIX=/usr/local   # where GNU Radio Companion's interpreter finds the module (see below)
 STAMPS="$VENV/.scaleflu-stamps"
 JOBS="$(nproc 2>/dev/null || echo 2)"
 
@@ -49,7 +50,8 @@ mapfile -t missing_gui < <(not_installed "${APT_GUI_PACKAGES[@]}")
 if ((${#missing[@]})) && [[ -z "${SUDO+set}" ]]; then
   echo "[setup] missing Debian packages: ${missing[*]}" >&2
   echo "[setup] install them with:" >&2
-  echo "    sudo apt-get update && sudo apt-get install -y ${missing[*]} ${missing_gui[*]}" >&2
+  all=("${missing[@]}" "${missing_gui[@]}")
+  echo "    sudo apt-get update && sudo apt-get install -y ${all[*]}" >&2
   echo "[setup] then run this again." >&2
   exit 1
 fi
@@ -58,7 +60,8 @@ if ((${#missing_gui[@]})) && [[ -z "${SUDO+set}" ]]; then
   missing_gui=()
 fi
 if ((${#missing[@]} + ${#missing_gui[@]})); then
-  say "installing Debian packages: ${missing[*]} ${missing_gui[*]}"
+  all=("${missing[@]}" "${missing_gui[@]}")
+  say "installing Debian packages: ${all[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
     "${missing[@]}" "${missing_gui[@]}" >/dev/null
@@ -108,14 +111,28 @@ fi
 grep "Installing:" "$BUILD/install.log" | sed 's/^-- /[setup] /' || true
 
 # ---------------------------------------------- environment for GRC and the apps
-# Sourcing .venv/bin/activate also tells GRC where our block YAML lives.
-if ! grep -q "scaleflu-env" "$VENV/bin/activate"; then
-  cat >>"$VENV/bin/activate" <<ACT
-# scaleflu-env: GRC finds the gr-scaleflu blocks, the loader finds libgnuradio-scaleflu
-export GRC_BLOCKS_PATH="$VENV/share/gnuradio/grc/blocks\${GRC_BLOCKS_PATH:+:\$GRC_BLOCKS_PATH}"
-export LD_LIBRARY_PATH="$VENV/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-ACT
+# Sourcing .venv/bin/activate also tells GRC where the venv's block YAML lives, unless the
+# blocks are installed for GRC under /usr/local (below): GRC lets that copy replace the venv's
+# and warns about every block. An earlier version of this snippet is replaced.
+"$PY" - "$VENV" "$SYS_PREFIX" <<'PYACT'
+import re, sys
+venv, sys_prefix = sys.argv[1:]
+path = f"{venv}/bin/activate"
+snippet = f"""# scaleflu-env begin: GRC finds the gr-scaleflu blocks, the loader finds libgnuradio-scaleflu
+if [ ! -e {sys_prefix}/share/gnuradio/grc/blocks/scaleflu_link_arq.block.yml ]; then
+  export GRC_BLOCKS_PATH="{venv}/share/gnuradio/grc/blocks${{GRC_BLOCKS_PATH:+:$GRC_BLOCKS_PATH}}"
 fi
+export LD_LIBRARY_PATH="{venv}/lib/x86_64-linux-gnu${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+# scaleflu-env end
+"""
+with open(path, encoding="utf-8") as f:
+    text = f.read()
+new = re.sub(r"# scaleflu-env begin.*?# scaleflu-env end\n", "", text, flags=re.S)
+new = re.sub(r"# scaleflu-env:.*\n(export .*\n){2}", "", new) + snippet
+if new != text:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(new)
+PYACT
 
 "$PY" - <<'PYCHECK'
 import numpy, torch
@@ -133,7 +150,6 @@ PYCHECK
 # dist-packages, the block YAML in /usr/local/share/gnuradio/grc/blocks (on Debian's GRC block
 # path). What happened is recorded in $STAMPS/system-install for the tests.
 SYS_BUILD="$BUILD/system"
-SYS_PREFIX=/usr/local
 record_system() {
   [[ "$(cat "$STAMPS/system-install" 2>/dev/null)" == "$1" ]] ||
     printf '%s\n' "$1" >"$STAMPS/system-install"
