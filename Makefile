@@ -43,8 +43,10 @@ install:
 	cmake --install build/system
 	ldconfig
 
+# (Python leaves __pycache__ in gnuradio/scaleflu, which would import as an empty namespace package)
 uninstall:
 	cmake --build build/system --target uninstall
+	grep '/gnuradio/scaleflu/__init__.py$$' build/system/install_manifest.txt | xargs -r dirname | xargs -r rm -rf
 
 clean:
 	rm -rf build

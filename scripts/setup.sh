@@ -197,6 +197,7 @@ else
 import os, sys
 from gnuradio import gr, scaleflu
 from gnuradio.grc.core.Config import Config
+from gnuradio.scaleflu import frame_builder, link_arq  # a C++ and a Python block
 import scaleflu as pkg
 yaml_dir = os.path.join(sys.argv[1], "share", "gnuradio", "grc", "blocks")
 print(f"[setup] ok: /usr/bin/python3 imports gnuradio.scaleflu ({os.path.dirname(scaleflu.__file__)})"

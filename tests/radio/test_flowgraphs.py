@@ -4,6 +4,7 @@ it (GNU Radio's own interpreter, not the venv); UHD without a device fails with 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -197,7 +198,7 @@ def grc_python() -> str:
     set-up recorded that it could not install for it (a user without root: it said so)."""
     exe = _grc_interpreter()
     r = subprocess.run(
-        [exe, "-c", "from gnuradio import scaleflu"],
+        [exe, "-c", "from gnuradio.scaleflu import frame_builder, link_arq"],
         capture_output=True,
         text=True,
         env=_grc_env(),
@@ -209,10 +210,11 @@ def grc_python() -> str:
         if why.startswith("skipped: "):
             pytest.skip(f"set-up did not install gr-scaleflu for {exe}: {why[9:]}")
         last = (r.stderr.strip().splitlines() or ["?"])[-1]
-        if "'scaleflu'" in last:  # the module or the package is not where GRC's python looks
-            fix = "run scripts/setup.sh as root, or `sudo make install` after it"
-        else:
+        missing = re.search(r"No module named '([^']+)'", last)
+        if missing and not missing.group(1).startswith(("scaleflu", "gnuradio")):
             fix = "the Python blocks may import only what Debian's python3 has (numpy, pmt, zmq)"
+        else:  # the module or the package is not where GRC's interpreter looks
+            fix = "run scripts/setup.sh as root, or `sudo make install` after it"
         pytest.fail(f"{exe} (GRC's Run button) cannot import gnuradio.scaleflu: {last}; {fix}")
     return exe
 
