@@ -41,7 +41,7 @@ bench: setup
 install:
 	@test -f build/system/cmake_install.cmake || { echo "no build/system: run 'make setup' first" >&2; exit 1; }
 	cmake --install build/system
-	ldconfig
+	/sbin/ldconfig
 
 # (Python leaves __pycache__ in gnuradio/scaleflu, which would import as an empty namespace package)
 uninstall:

@@ -157,7 +157,7 @@ record_system() {
 if [[ "$SYS_BUILD" == "$ROOT/build/system" ]]; then
   install_cmd="sudo make install"
 else
-  install_cmd="sudo cmake --install $SYS_BUILD && sudo ldconfig"
+  install_cmd="sudo cmake --install $SYS_BUILD && sudo /sbin/ldconfig"
 fi
 grc_hint() {
   echo "[setup] GNU Radio Companion runs flowgraphs with /usr/bin/python3, which cannot see $VENV;" >&2
@@ -190,7 +190,7 @@ else
       exit 1
     fi
     if grep "Installing:" "$SYS_BUILD/install.log" | sed 's/^-- /[setup] /'; then
-      $SUDO ldconfig
+      $SUDO /sbin/ldconfig
     fi
     # What GRC sees: the system interpreter with nothing of the venv, GNU Radio's preferences.
     if ! env -i PATH=/usr/bin:/bin HOME="${HOME:-/}" /usr/bin/python3 - "$SYS_PREFIX" <<'SYSCHECK'
