@@ -32,7 +32,8 @@ from testbed_helpers import TESTBED_OVERRIDES, run_federation  # noqa: E402
 from scaleflu.config import load_config  # noqa: E402
 from scaleflu.link.frame import BROADCAST, FrameType  # noqa: E402
 from scaleflu.link.kinds import open_link  # noqa: E402
-from scaleflu.link.mac import MAC_MSG_ID, _frame_key  # noqa: E402
+from scaleflu.link.mac import MAC_MSG_ID  # noqa: E402
+from scaleflu.link.mac.txqueue import _frame_key  # noqa: E402
 from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig  # noqa: E402
 from scaleflu.testbed.protocol import generate_keys  # noqa: E402
 from scaleflu.testbed.robot import RobotClient, RobotData  # noqa: E402

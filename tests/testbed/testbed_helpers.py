@@ -80,7 +80,8 @@ def drop_broadcast_bodies(link: Any, dropped: list[int]) -> None:
     that carries a model body (not the MAC's own messages); the lost sequence numbers go to
     ``dropped``."""
     from scaleflu.link.frame import BROADCAST, FrameType
-    from scaleflu.link.mac import MAC_MSG_ID, _frame_key
+    from scaleflu.link.mac import MAC_MSG_ID
+    from scaleflu.link.mac.txqueue import _frame_key
 
     feed = link.feed
 

@@ -8,8 +8,6 @@ from .api import (
     DeliveryResult,
     Link,
     LinkClosedError,
-    MemoryChannel,
-    MemoryLink,
     message_bytes,
 )
 from .arq import (
@@ -47,6 +45,7 @@ from .frame import (
     encode_frame,
     max_payload,
 )
+from .memory import MemoryChannel, MemoryLink
 from .sim import ChannelModel, SimNetwork
 from .wire import (
     BadDtypeError,

@@ -28,7 +28,7 @@ import threading
 import warnings
 from typing import Any
 
-from .api import MemoryChannel
+from .memory import MemoryChannel
 
 MAC_ARQ_DEFAULTS: dict[str, Any] = {"window": 64, "initial_rto": 5.0, "min_rto": 1.0}
 # The MAC on the sample-level medium (ofdm-shared) runs on the medium's virtual clock: a robot's

@@ -41,8 +41,9 @@ from typing import Any
 import numpy as np
 from gnuradio import blocks, channels, gr, zeromq
 
-from scaleflu.link.api import Link, MemoryChannel, message_bytes
+from scaleflu.link.api import Link, message_bytes
 from scaleflu.link.arq import SendHandle
+from scaleflu.link.memory import MemoryChannel
 from scaleflu.link.wire import Message
 
 from .blocks import frame_drop, link_arq
