@@ -61,7 +61,8 @@ def fading_loss(args: argparse.Namespace, t_offset: float):
     time) -> instantaneous SNR of each frame -> the PHY's frame error rate at that SNR."""
     import numpy as np
 
-    from scaleflu.radio.medium import LinkChannel, MediumConfig, _Link
+    from scaleflu.radio.medium import LinkChannel, MediumConfig
+    from scaleflu.radio.medium.model import _Link
 
     cfg = MediumConfig(seed=args.seed, default=LinkChannel(snr_db=args.snr_db, fading=args.fading))
     links: dict = {}

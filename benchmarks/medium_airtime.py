@@ -128,9 +128,10 @@ def run_airtime(
     """
     os.environ.setdefault("GR_DONT_LOAD_PREFS", "1")
     from scaleflu.link.frame import max_payload
-    from scaleflu.radio.links import PhyConfig, make_link
+    from scaleflu.radio.links import make_link
     from scaleflu.radio.medium import broker_stats
     from scaleflu.radio.ofdm import samples_per_frame
+    from scaleflu.radio.phy import PhyConfig
 
     if mode not in ("sequential", "simultaneous"):
         raise ValueError("mode must be sequential or simultaneous")
@@ -246,7 +247,7 @@ def _frame_trains(n_robots: int, phy: Any) -> dict[int, list[np.ndarray]]:
 
     from scaleflu.link.frame import FrameType, encode_frame, max_payload
     from scaleflu.radio.blocks import frame_to_pdu
-    from scaleflu.radio.medium import unit_amplitude
+    from scaleflu.radio.medium.port import unit_amplitude
 
     amp = unit_amplitude(phy)
     trains: dict[int, list[np.ndarray]] = {}
@@ -306,15 +307,10 @@ def scheduled_airtime(
     import pmt
     from gnuradio import blocks, gr
 
-    from scaleflu.radio.links import PhyConfig
-    from scaleflu.radio.medium import (
-        LinkChannel,
-        MediumBroker,
-        MediumClient,
-        MediumConfig,
-        MediumPort,
-    )
+    from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumClient, MediumConfig
+    from scaleflu.radio.medium.port import MediumPort
     from scaleflu.radio.ofdm import samples_per_frame
+    from scaleflu.radio.phy import PhyConfig
 
     phy = PhyConfig()
     trains = _frame_trains(n_robots, phy)

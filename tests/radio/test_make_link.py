@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from scaleflu.radio.links import ChannelConfig, PhyConfig, _split, make_link, phy_rate_bytes_per_s
+from scaleflu.radio.links import make_link
 from scaleflu.radio.ofdm import auto_min_output_buffer, ofdm_carriers, samples_per_frame
+from scaleflu.radio.phy import ChannelConfig, PhyConfig, phy_rate_bytes_per_s, split_phy_options
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(60)]
 
@@ -18,7 +19,7 @@ def test_memory_kind_delivers():
 
 
 def test_option_routing():
-    phy, ch, rest = _split(
+    phy, ch, rest = split_phy_options(
         dict(fft_len=128, bps_payload=1, snr_db=15, taps=[1, 0.5j], window=8, deadline=5.0)
     )
     assert phy == PhyConfig(fft_len=128, bps_payload=1)

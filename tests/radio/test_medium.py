@@ -200,7 +200,7 @@ def test_broker_refuses_bad_requests_and_keeps_serving():
 # -- real frames through the real receiver ------------------------------------------------------
 @pytest.fixture(scope="module")
 def bursts():
-    from scaleflu.radio.medium import frame_burst
+    from scaleflu.radio.medium.port import frame_burst
 
     rng = np.random.default_rng(3)
     pay = {n: rng.integers(0, 256, 400, dtype=np.uint8).tobytes() for n in (1, 2)}
@@ -217,8 +217,8 @@ def _run_air(
     import pmt
     from gnuradio import blocks, gr
 
-    from scaleflu.radio.links import PhyConfig
-    from scaleflu.radio.medium import MediumPort
+    from scaleflu.radio.medium.port import MediumPort
+    from scaleflu.radio.phy import PhyConfig
 
     streams = {}
     for n, items in placed.items():
@@ -438,7 +438,7 @@ def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
 
 
 def test_virtual_time_follows_the_lockstep_not_the_wall():
-    from scaleflu.radio.medium import MediumPort
+    from scaleflu.radio.medium.port import MediumPort
 
     cfg = _cfg(nodes=(0, 1), samp_rate=1e6, idle_stride=1)
     with MediumBroker(cfg).start() as br:

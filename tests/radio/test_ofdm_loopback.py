@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from scaleflu.link.wire import decode_tensors, encode_tensors
-from scaleflu.radio.links import ChannelConfig, OfdmLoopbackNetwork, make_link
+from scaleflu.radio.links import OfdmLoopbackNetwork, make_link
+from scaleflu.radio.phy import ChannelConfig
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(120)]
 
