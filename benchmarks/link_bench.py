@@ -403,7 +403,7 @@ def tail_ofdm(n: int, drop: float, seed: int, **arq: object) -> dict:
     with OfdmLoopbackNetwork(nodes=(0, 1), channel=ch, **arq) as net:
         s, r = net.link(0), net.link(1)
         time.sleep(0.2)
-        return _tail_transfers(s, r, n, seed, {"kind": "ofdm_loopback", "drop_rate": drop})
+        return _tail_transfers(s, r, n, seed, {"kind": "ofdm-loopback", "drop_rate": drop})
 
 
 # -- 4. FER vs SNR -------------------------------------------------------------------------

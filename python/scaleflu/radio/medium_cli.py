@@ -12,6 +12,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import yaml
+
 from .medium.broker import MediumBroker
 from .medium.config import DEFAULT_MEDIUM_ADDRESS, MediumConfig
 
@@ -30,8 +32,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
     d: dict[str, Any] = {}
     if args.config:
-        import yaml
-
         try:
             with open(args.config, encoding="utf-8") as f:
                 d = yaml.safe_load(f) or {}

@@ -62,11 +62,10 @@ def raw_frames_supported() -> bool:
     return hasattr(_gr_scaleflu.frame_parser, "set_raw_output")
 
 
-# Bytes <-> pmt u8vector through PMT's own serialisation (a C++ memcpy): 4 us for a 1474-byte
-# frame instead of 175 us for init_u8vector(list(...)) and 38 us for u8vector_elements (the
-# Python list of ints was the largest per-frame cost of the link; 2 MB took ~0.3 s). Layout of a
-# serialised u8vector: 0x0a (uniform vector), 0x00 (u8), u32 length (big-endian), u8 npad,
-# npad zero bytes, data.
+# Bytes <-> pmt u8vector through PMT's own serialisation (a C++ memcpy), not a Python list of
+# ints through init_u8vector / u8vector_elements, which would be the largest per-frame cost of
+# the link (docs/link.md section 9.4.1). Layout of a serialised u8vector: 0x0a (uniform vector),
+# 0x00 (u8), u32 length (big-endian), u8 npad, npad zero bytes, data.
 _U8_TAG = b"\x0a\x00"
 _U8_PAD = b"\x01\x00"
 

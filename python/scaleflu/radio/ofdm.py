@@ -6,7 +6,7 @@ after every burst (digital.burst_shaper_cc) -> amplitude scaling -> complex samp
 ``ofdm_link_rx``: complex samples in -> digital.ofdm_rx -> pdu.tagged_stream_to_pdu ->
 frame_parser -> CRC-checked frame PDUs out (message port "out", header fields in metadata).
 
-Why the padding and the buffers (GUIDE §5, measured again in benchmarks/link_bench.py): the
+Why the padding and the buffers (docs/link.md 8.3; benchmarks/link_bench.py measures them): the
 Schmidl & Cox detector of the stock receiver misses about 5 % of abutting frames, so every burst
 is followed by ``post_padding`` zero samples; the zeros also push the last burst through the
 receiver so it is not stuck in the pipeline when no more samples come. Frames of 600 B or more

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
+import pmt
 from gnuradio import blocks, channels, gr
 
 from .ofdm import (
@@ -102,8 +103,6 @@ class ChannelConfig:
 @functools.lru_cache(maxsize=16)
 def burst_power(phy: PhyConfig = PhyConfig()) -> float:  # noqa: B008 - frozen dataclass
     """Mean power of the transmitter's samples over a full-size burst at amplitude 1 (measured)."""
-    import pmt
-
     tb = gr.top_block()
     tx = phy.tx(0)
     sink = blocks.vector_sink_c()

@@ -27,7 +27,7 @@ class ArqConfig:
     # once, at most tail_fragments unacknowledged) goes out in k copies, k the smallest with
     # loss^k <= tail_loss_target at the peer's measured (ACK-proven) loss rate, at most
     # max_tail_copies: each round of repairs at the end costs a round trip or a timeout, and at
-    # 40 % loss a lone copy needed several (the 40 %-loss tails). 1 = off.
+    # high loss a lone copy needs several (docs/link.md section 9.4). 1 = off.
     tail_loss_target: float = 0.05
     max_tail_copies: int = 4
     # the end of a message: every fragment sent once and at most this many unacknowledged (also
@@ -42,7 +42,7 @@ class ArqConfig:
     # RTO after the latest progress); later frames follow and the ACK bitmaps expose losses.
     # Once every fragment went out, each times out one RTO after it was sent (tail losses
     # have nothing behind them). Without it, under a CPU stall (the queue drains slowly,
-    # ACKs keep coming) 100-250 fragments of a 2 MB transfer timed out without being lost.
+    # ACKs keep coming) fragments in flight time out without being lost.
     rto_restart: bool = True
     rate_floor: bool = False  # RTO >= 1.5 x bytes in flight / measured delivery rate
     rto_probe: int = 8  # at most this many fragments of a message retransmitted per timeout

@@ -176,8 +176,8 @@ class _Peer:
         self.backoff = 0  # RTO doublings since the last fresh ACK
         # A round of timeouts is one RTO long: the RTO doubles again only when the RTO it had
         # at the last doubling (backoff_span) has passed since (backoff_at). Fragments sent a
-        # few ms apart time out a few ms apart; counting each poll as a round had taken the
-        # RTO from 0.25 s to its x4 cap within 10 ms at the end of every lossy transfer.
+        # few ms apart time out a few ms apart, and counting each poll as a round would take
+        # the RTO to its cap within milliseconds at the end of every lossy transfer.
         self.backoff_at: float | None = None
         self.backoff_span = 0.0
         self.rate: float | None = None  # bytes/s acknowledged: max of the recent samples

@@ -10,7 +10,7 @@ class MacConfig:
     """Timing of the MAC; times in seconds of the owner's clock, sizes in bytes."""
 
     # The OFDM PHY at 5 MS/s (FFT 64, CP 16, BPSK header, QPSK payload, 160 zeros of padding):
-    # scaleflu.radio.links.samples_per_frame(n) = 452 + 6.685 n samples, i.e. 90 us + n / 748 kB/s
+    # scaleflu.radio.ofdm.samples_per_frame(n) = 452 + 6.685 n samples, i.e. 90 us + n / 748 kB/s
     # (720 samples for a 40-byte ACK, 10 480 for a 1500-byte frame).
     rate_bytes_per_s: float = 748000.0  # PHY bytes per second on air
     preamble_s: float = 90e-6  # per frame on air beyond its bytes (preamble, header symbols)
@@ -21,9 +21,9 @@ class MacConfig:
     idle_poll_s: float = 0.5  # poll a robot with nothing to say this often
     max_poll_interval_s: float = 8.0  # backoff cap for robots that do not answer
     # A missed grant is retried after miss_retry_s (about one fade) this many times before the
-    # exponential backoff starts:
-    # on a fading channel a robot in a fade misses a grant or two (a 2 Hz Rician fade lasts
-    # about 0.1-0.3 s); backing off 0.5, 1, 2 s at once stretched a round from 1.5 to 26 s.
+    # exponential backoff starts: on a fading channel a robot in a fade misses a grant or two
+    # (a 2 Hz Rician fade lasts about 0.1-0.3 s), and backing off at once stretches a round
+    # many times over (docs/link.md section 11).
     quick_retries: int = 3
     miss_retry_s: float = 0.15
     beacon_interval_s: float = 1.0  # BEACON (registration) period

@@ -6,14 +6,14 @@ Modules, one back-end each (the stack per node is in ``base``):
   pairs     ZmqOfdmLink: one node per process, a private channel per pair over ZeroMQ (FDMA)
   shared    SharedMediumLink: one node per process on one simulated frequency (collisions)
   usrp      UhdLink: a real radio
-  factory   make_link(kind, node_id, **opts)
 
-The names below are the package's face: import them from ``scaleflu.radio.links``.
+Link kinds choose among them and build them (:mod:`scaleflu.linkkinds`). The names below are
+the package's face: import them from ``scaleflu.radio.links`` (the PHY's from
+:mod:`scaleflu.radio.phy`, re-exported here).
 """
 
 from ..phy import ChannelConfig, PhyConfig, burst_power, phy_rate_bytes_per_s
 from .base import GrLink
-from .factory import close_networks, make_link
 from .loopback import OfdmLoopbackLink, OfdmLoopbackNetwork
 from .pairs import ZmqOfdmLink
 from .shared import SharedMediumLink
@@ -29,7 +29,5 @@ __all__ = [
     "UhdLink",
     "ZmqOfdmLink",
     "burst_power",
-    "close_networks",
-    "make_link",
     "phy_rate_bytes_per_s",
 ]

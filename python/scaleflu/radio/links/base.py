@@ -19,6 +19,8 @@ from gnuradio import gr
 
 from scaleflu.link.api import Link, message_bytes
 from scaleflu.link.arq import SendHandle
+from scaleflu.link.defaults import ARQ_DEFAULTS
+from scaleflu.link.maclink import MacSetup, attach_mac
 from scaleflu.link.wire import Message
 
 from ..message_blocks import frame_drop, link_arq
@@ -64,6 +66,16 @@ class GrLink(Link):
         """ARQ and reassembly counters of this node."""
         return self.arq.stats()
 
+    def _run_mac(self, mac: MacSetup) -> None:
+        """Run the server-scheduled MAC under this node's ARQ (a back-end's constructor calls it
+        once its flowgraph runs); the link gains ``mac``, ``is_server`` and ``broadcast``."""
+        link = self.arq.link
+        self.mac = attach_mac(
+            link, mac.config, server_id=mac.server_id, members=mac.members, seed=mac.seed
+        )
+        self.is_server = link.is_server
+        self.broadcast = link.broadcast
+
     def close(self) -> None:
         """Fail pending sends and release the node (the flowgraph stops with its last node)."""
         if self._closed:
@@ -74,22 +86,8 @@ class GrLink(Link):
             self._on_close()
 
 
-# ARQ defaults for the OFDM back-ends. Frames wait in the transmitter's queue and GNU Radio's
-# buffers, so round-trip times reach seconds when several flows share a CPU-bound PHY: the first
-# window goes out before any RTT sample, so a short initial RTO fires for most of it and the
-# spurious copies slow everything further (4 nodes, 6 simultaneous 250 kB transfers: 2000+
-# retransmissions with initial RTO 1 s; about 100 and 5 s with 3 s). Losses are repaired by the
-# ACK bitmaps' fast retransmit, not by timeouts, so the long timers cost little. A window of 64
-# frames keeps the PHY busy while a lost frame waits for its fast retransmit (5 % loss: 0.87 x
-# the stock rate vs 0.77 x with 32). Measured with benchmarks/link_bench.py; docs/link.md §9.
-# min_rto 0.25 (was 0.6) since the RTO estimator samples only the newest acknowledged fragment
-# and timeouts retransmit at most rto_probe fragments: at 40 % loss the median LeNet transfer
-# took 1.4 s instead of 2.4 s with as many retransmissions (benchmarks/link_bench.py --tails).
-OFDM_ARQ_DEFAULTS: dict[str, Any] = {"window": 64, "initial_rto": 3.0, "min_rto": 0.25}
-
-
 def _arq_block(node_id: int, phy: PhyConfig, arq_opts: Mapping[str, Any]) -> link_arq:
-    opts = {**OFDM_ARQ_DEFAULTS, **dict(arq_opts)}
+    opts = {**ARQ_DEFAULTS["ofdm"], **dict(arq_opts)}
     return link_arq(node_id, mtu=phy.mtu, queue_delivered=True, **opts)
 
 

@@ -13,6 +13,8 @@ from typing import Any
 
 from gnuradio import gr
 
+from scaleflu.link.maclink import MacSetup
+
 from ..medium.broker import broker_stats
 from ..medium.config import DEFAULT_MEDIUM_ADDRESS
 from ..medium.port import MediumPort
@@ -25,8 +27,9 @@ class SharedMediumLink(GrLink):
 
     Options: ``phy`` (PhyConfig), ``timeout`` (wall seconds to wait for the broker),
     ``virtual_clock`` (True: the ARQ's timers, send deadlines and a MAC put under the link run
-    on the medium's virtual time, so a slow machine runs slower, not differently), ARQ options
-    (window, initial_rto, deadline, ...).
+    on the medium's virtual time, so a slow machine runs slower, not differently), ``mac``
+    (a :class:`~scaleflu.link.maclink.MacSetup`: the server-scheduled MAC under the ARQ, on
+    the link's clock), ARQ options (window, initial_rto, deadline, ...).
     """
 
     def __init__(
@@ -37,6 +40,7 @@ class SharedMediumLink(GrLink):
         timeout: float = 120.0,
         virtual_clock: bool = True,
         rx_lag: int | None = 1,
+        mac: MacSetup | None = None,
         **arq_opts: Any,
     ) -> None:
         self.phy = phy or PhyConfig()
@@ -48,7 +52,7 @@ class SharedMediumLink(GrLink):
         # mode, so rx_pending below stays exact
         # gr-digital's demux here, not ofdm_burst_demux: the medium's receivers hear noise
         # and others' bursts between their frames, where ours is not validated (docs/link.md
-        # 8.3 item 5: a `make demo` with it lost a robot's registration)
+        # 8.3 item 5)
         self.rx = self.phy.rx(node_id, raw_frames=True, blocking_demux=False)
         self.port = MediumPort(
             node_id, broker, timeout, frames_built=self.tx.frames_built, rx_lag=rx_lag
@@ -59,7 +63,7 @@ class SharedMediumLink(GrLink):
         self.tb.msg_connect(self.rx, "out", arq, "frames_in")
         super().__init__(arq, on_close=self._stop)
         self.virtual_clock = virtual_clock
-        if virtual_clock:  # ARQ timers (and a MAC put under the link) on the medium's time
+        if virtual_clock:  # ARQ timers (and the MAC under the link) on the medium's time
             arq.link.set_clock(self.port.virtual_time)
             self.port.on_step.append(arq.link.clock_advanced)
         self.port.on_error = self._medium_lost
@@ -76,6 +80,8 @@ class SharedMediumLink(GrLink):
         self.port.frames_posted = frames_posted
         self.tb.start()
         self.port.start()
+        if mac is not None:
+            self._run_mac(mac)
 
     def _wait_limit(self, timeout: float | None) -> float | None:
         # On the medium's clock the ARQ ends every send at its deadline in virtual time,

@@ -12,6 +12,8 @@ from typing import Any
 
 from gnuradio import gr
 
+from scaleflu.link.maclink import MacSetup
+
 from ..phy import PhyConfig, burst_power, phy_rate_bytes_per_s
 from .base import GrLink, _arq_block, _attach_rx
 
@@ -22,7 +24,8 @@ class UhdLink(GrLink):
     ``tx_args`` and ``rx_args`` name the transmitting and receiving devices (they may be the
     same device, e.g. one B200 at a robot; at the edge server a B200 transmits and the
     receive-only X310/TwinRX receives). Frames are paced to the on-air rate: the ARQ's token
-    bucket runs at ``pacing`` x the PHY's back-to-back rate at ``samp_rate``.
+    bucket runs at ``pacing`` x the PHY's back-to-back rate at ``samp_rate``. With ``mac`` (a
+    :class:`~scaleflu.link.maclink.MacSetup`) the server-scheduled MAC runs under the ARQ.
     """
 
     def __init__(
@@ -46,6 +49,7 @@ class UhdLink(GrLink):
         tx_rms: float = 0.2,
         pacing: float = 0.9,
         phy: PhyConfig | None = None,
+        mac: MacSetup | None = None,
         **arq_opts: Any,
     ) -> None:
         from ..uhd import usrp_rx, usrp_tx
@@ -99,6 +103,8 @@ class UhdLink(GrLink):
         ]
         super().__init__(arq, on_close=self._stop)
         self.tb.start()
+        if mac is not None:
+            self._run_mac(mac)
 
     def _stop(self) -> None:
         self.tb.stop()

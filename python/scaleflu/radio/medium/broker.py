@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import numpy as np
+import zmq
 
 from .config import DEFAULT_MEDIUM_ADDRESS, MAX_NODE_ID, MediumConfig, _check_node
 from .model import MediumModel
@@ -55,8 +56,6 @@ class MediumBroker:
     """Owns the medium: collects every node's block, computes the step, answers each node."""
 
     def __init__(self, config: MediumConfig, context: Any = None) -> None:
-        import zmq
-
         self.cfg = config
         self.model = MediumModel(config)
         self._ctx = context or zmq.Context.instance()
@@ -96,8 +95,6 @@ class MediumBroker:
 
     def serve(self) -> None:
         """Serve until close() (blocking)."""
-        import zmq
-
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
         while not self._stop.is_set():
@@ -280,8 +277,6 @@ class MediumClient:
     """One node's lockstep connection to the broker (raw samples; MediumPort wraps it)."""
 
     def __init__(self, node_id: int, address: str = DEFAULT_MEDIUM_ADDRESS, timeout: float = 120.0):
-        import zmq
-
         self.node_id = _check_node(node_id)
         self.address = address
         self.timeout = timeout
@@ -337,8 +332,6 @@ class MediumClient:
 
 def broker_stats(address: str = DEFAULT_MEDIUM_ADDRESS, timeout: float = 5.0) -> dict[str, Any]:
     """The counters of the broker at ``address`` (no join needed)."""
-    import zmq
-
     s = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     try:

@@ -1,10 +1,10 @@
-"""make_link: kinds, option routing, errors."""
+"""open_link on the GNU Radio kinds: option routing, errors, the PHY's arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 
-from scaleflu.radio.links import make_link
+from scaleflu.linkkinds import open_link
 from scaleflu.radio.ofdm import auto_min_output_buffer, ofdm_carriers, samples_per_frame
 from scaleflu.radio.phy import ChannelConfig, PhyConfig, phy_rate_bytes_per_s, split_phy_options
 
@@ -12,8 +12,8 @@ pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(60)]
 
 
 def test_memory_kind_delivers():
-    a = make_link("memory", 0, network="m1", loss=0.1, seed=2)
-    b = make_link("memory", 1, network="m1")
+    a = open_link("memory", 0, network="m1", loss=0.1, seed=2)
+    b = open_link("memory", 1, network="m1")
     assert a.send(1, b"hello" * 1000, timeout=10).ok
     assert b.recv(timeout=5) == (0, b"hello" * 1000)
 
@@ -30,13 +30,13 @@ def test_option_routing():
 
 def test_errors():
     with pytest.raises(ValueError, match="unknown link kind"):
-        make_link("carrier-pigeon", 0)
+        open_link("carrier-pigeon", 0)
     with pytest.raises(ValueError, match="needs nodes"):
-        make_link("ofdm_loopback", 0, network="nobody")
+        open_link("ofdm-loopback", 0, network="nobody")
     with pytest.raises(ValueError, match="do not apply"):
-        make_link("uhd", 0, snr_db=10)
+        open_link("uhd", 0, snr_db=10)
     with pytest.raises(ValueError, match="at least one peer"):
-        make_link("zmq", 0, peers=[0])
+        open_link("ofdm-pairs", 0, peers=[0])
 
 
 def test_phy_arithmetic():
