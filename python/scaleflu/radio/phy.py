@@ -19,6 +19,8 @@ import numpy as np
 import pmt
 from gnuradio import blocks, channels, gr
 
+from scaleflu.link.frame import BROADCAST
+
 from .ofdm import (
     DEFAULT_POST_PADDING,
     burst_demux_available,
@@ -41,11 +43,12 @@ class PhyConfig:
     post_padding: int = DEFAULT_POST_PADDING
     min_output_buffer: int | None = None
 
-    def tx(self, node_id: int, amplitude: float = 1.0) -> ofdm_link_tx:
-        """A transmitter for ``node_id``."""
+    def tx(self, node_id: int, amplitude: float = 1.0, dst: int = BROADCAST) -> ofdm_link_tx:
+        """A transmitter for ``node_id`` (``dst``: the address of frames given without one)."""
         return ofdm_link_tx(
             mtu=self.mtu,
             src=node_id,
+            dst=dst,
             fft_len=self.fft_len,
             cp_len=self.cp_len,
             bps_header=self.bps_header,

@@ -22,7 +22,7 @@ import numpy as np
 import pmt
 from gnuradio import blocks, gr
 
-from ..ofdm import ofdm_link_tx, samples_per_frame
+from ..ofdm import samples_per_frame
 from ..phy import PhyConfig, burst_power
 from .broker import MediumClient, MediumError
 from .config import DEFAULT_MEDIUM_ADDRESS
@@ -335,19 +335,7 @@ def frame_burst(payload: bytes, src: int, phy: Any = None, dst: int = 0xFFFF) ->
     phy = phy or PhyConfig()
     if not 1 <= len(payload) <= phy.mtu - 26:
         raise ValueError(f"payload must be 1..{phy.mtu - 26} bytes")
-    tx = ofdm_link_tx(
-        mtu=phy.mtu,
-        src=src,
-        dst=dst,
-        fft_len=phy.fft_len,
-        cp_len=phy.cp_len,
-        bps_header=phy.bps_header,
-        bps_payload=phy.bps_payload,
-        scramble_bits=phy.scramble_bits,
-        post_padding=phy.post_padding,
-        amplitude=1.0 / math.sqrt(burst_power(phy)),
-        min_output_buffer=phy.min_output_buffer,
-    )
+    tx = phy.tx(src, amplitude=1.0 / math.sqrt(burst_power(phy)), dst=dst)
     tb = gr.top_block()
     sink = blocks.vector_sink_c()
     tb.connect(tx, sink)
