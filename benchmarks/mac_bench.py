@@ -20,10 +20,10 @@ ways to run the round, each with the same payloads and seeds:
 
 The round: the server sends the LeNet model (wire format, raw float32), each robot trains for
 2 s (+ up to 0.1 s, seeded), then uploads an update of the same size. Virtual seconds, not CPU
-seconds: the numbers do not depend on this machine. Targets (issue 11 item 5): no collision in
-scheduled traffic; downlink airtime independent of N within 10 %; uplink airtime (uplink DATA
-plus every ACK and MAC control frame) <= 1.15 x the updates' own airtime; a round with 1 of 10
-robots out of range closes at its deadline with the other 9.
+seconds: the numbers do not depend on this machine. Targets (docs/link.md section 11): no
+collision in scheduled traffic; downlink airtime independent of N within 10 %; uplink airtime
+(uplink DATA plus every ACK and MAC control frame) <= 1.15 x the updates' own airtime; a round
+with 1 of 10 robots out of range closes at its deadline with the other 9.
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
             f"registration N={r['robots']}: {r['seconds']:.2f}s, "
             f"max JOINs {max(r['join_attempts'].values())}, ok {r['ok']}"
         )
-    if args.sample_level:  # issue 11 item 5: the N = 3 point at sample level, in a fresh process
+    if args.sample_level:  # the N = 3 point at sample level, in a fresh process
         import subprocess
 
         dest = Path(args.out) / "mac_sample_level.json"

@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from scaleflu.config import load_config, save_config  # noqa: E402
 from scaleflu.link import ChannelModel  # noqa: E402
+from scaleflu.link.hub import FrameHub, FrameHubLink  # noqa: E402
 from scaleflu.testbed.protocol import generate_keys, save_keys  # noqa: E402
 from scaleflu.testbed.server import EdgeServer  # noqa: E402
-from scaleflu.testbed.transport import FrameHub, FrameHubLink  # noqa: E402
 
 TARGET_MB = {"lenet": 400, "resnet18": 1536}
 

@@ -99,7 +99,7 @@ def test_loopback_flowgraph_runs_and_delivers(compiled):
 
 
 def test_uhd_link_and_wrappers_without_radio():
-    from scaleflu.radio.links import make_link
+    from scaleflu.linkkinds import open_link
     from scaleflu.radio.uhd import RadioNotFound, open_usrp_sink, open_usrp_source
 
     with pytest.raises(RadioNotFound, match=r'no USRP found for device args "type=b200" \(TX\)'):
@@ -107,7 +107,7 @@ def test_uhd_link_and_wrappers_without_radio():
     with pytest.raises(RadioNotFound, match=r'"type=x300,addr=10.9.9.9" \(RX\)'):
         open_usrp_source("type=x300,addr=10.9.9.9")
     with pytest.raises(RadioNotFound) as exc:
-        make_link("uhd", 0, tx_args="type=b200,master_clock_rate=20e6", rx_args="type=x300")
+        open_link("uhd", 0, tx_args="type=b200,master_clock_rate=20e6", rx_args="type=x300")
     assert exc.value.direction == "TX" and exc.value.args[0].startswith("no USRP found")
     with pytest.raises(SystemExit) as sysexit:
         open_usrp_sink("type=b200", exit_on_missing=True)
@@ -121,7 +121,7 @@ def test_linktest_launcher_uhd_one_line():
         [
             sys.executable,
             "-m",
-            "scaleflu.radio.linktest",
+            "scaleflu.linktest_cli",
             "--kind",
             "uhd",
             "--node",

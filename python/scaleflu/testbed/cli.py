@@ -37,10 +37,11 @@ log = logging.getLogger(__name__)
 
 
 def app_links() -> tuple[str, ...]:
-    """Link kinds an app can open (one process per node: not ``ofdm-loopback``)."""
-    from scaleflu.link.kinds import PROCESS_KINDS
+    """Link kinds an app can open (one process per node), and the old names of those."""
+    from scaleflu.linkkinds import ALIASES, app_kinds
 
-    return (*PROCESS_KINDS, "ofdm-zmq")  # ofdm-zmq: the old name of ofdm-pairs
+    kinds = app_kinds()
+    return (*kinds, *(old for old, new in ALIASES.items() if new in kinds))
 
 
 HIDDEN = argparse.SUPPRESS
@@ -80,18 +81,20 @@ COMMON_OPTIONS: list[Option] = [
         ("--broker",),
         dict(default=None, help="ofdm-shared: the shared medium's broker (tcp://host:port)"),
     ),
-    ("link", ("--base-port",), dict(type=int, default=None, help="ofdm-zmq: base TCP port")),
-    ("link", ("--host",), dict(default="127.0.0.1", help="ofdm-zmq: host of the peers")),
+    ("link", ("--base-port",), dict(type=int, default=None, help="ofdm-pairs: base TCP port")),
+    ("link", ("--host",), dict(default="127.0.0.1", help="ofdm-pairs: host of the peers")),
     (
         "link",
         ("--snr-db",),
-        dict(type=float, default=None, help="ofdm-zmq: receive-channel SNR, dB"),
+        dict(type=float, default=None, help="ofdm-pairs: receive-channel SNR, dB"),
     ),
     (
         "link",
         ("--drop-rate",),
         dict(
-            type=float, default=None, help="ofdm-zmq: fraction of received frames dropped (seeded)"
+            type=float,
+            default=None,
+            help="ofdm-pairs: fraction of received frames dropped (seeded)",
         ),
     ),
     ("uhd", ("-f", "--freq"), dict(type=eng_float, default=2.45e9, help="centre frequency, Hz")),
@@ -277,9 +280,8 @@ def build_link(
     rx_args: str | None,
 ) -> Link:
     """The node's Link from the command line and the ``testbed`` config section."""
-    from scaleflu.link.kinds import canonical_kind
+    from scaleflu.linkkinds import canonical_kind, open_link
     from scaleflu.testbed.protocol import SERVER_ID
-    from scaleflu.testbed.transport import make_testbed_link
 
     kind = canonical_kind(args.link or str(cfg.testbed.link))
     opts: dict[str, Any] = {}
@@ -335,7 +337,7 @@ def build_link(
     if arq:
         opts["arq"] = arq
     log.info("node %d: %s link", node_id, kind)
-    return make_testbed_link(kind, node_id, **opts)
+    return open_link(kind, node_id, **{k: v for k, v in opts.items() if v is not None})
 
 
 def install_sigterm() -> None:

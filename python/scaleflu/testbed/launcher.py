@@ -6,9 +6,10 @@ starts the channel (``ofdm-shared``, the default: the sample-level shared medium
 simulated frequency with fading, every node an OFDM transmitter and receiver with the MAC; the
 frame hub of the ``frames-shared`` and ``frames`` links; nothing for ``ofdm-pairs`` where the
 processes exchange OFDM samples over ZeroMQ), the edge server and the robots, shows progress,
-and prints the server's summary. The last robot's data carries the backdoor trigger (GUIDE
-3.6) and it asks to be forgotten after ``--unlearn-after-round``. Ctrl-C stops every child.
-Everything lands in ``runs/testbed-<time>/``: config, logs, history, report, plots.
+and prints the server's summary. The last robot's data carries the backdoor trigger (the
+client-unlearning protocol, docs/scale.md) and it asks to be forgotten after
+``--unlearn-after-round``. Ctrl-C stops every child. Everything lands in
+``runs/testbed-<time>/``: config, logs, history, report, plots.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from scaleflu.config import (
     save_config,
 )
 from scaleflu.link import ChannelModel
-from scaleflu.link.kinds import canonical_kind
+from scaleflu.linkkinds import ALIASES, app_kinds, canonical_kind
 from scaleflu.log import setup_logging
 from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import client_of, robot_of
@@ -104,7 +105,7 @@ def free_port() -> int:
 
 
 def free_port_block(n: int) -> int:
-    """A base port with ``n`` consecutive free ports (ofdm-zmq binds base + node id)."""
+    """A base port with ``n`` consecutive free ports (ofdm-pairs binds base + node id)."""
     for _ in range(200):
         base = random.randint(20000, 60000 - n)
         ok = True
@@ -277,6 +278,9 @@ def start_medium(cfg: Config, args: argparse.Namespace) -> tuple[Any, str]:
     return broker, desc
 
 
+# the launcher runs every kind whose nodes are processes, on this machine: all but real radios
+LAUNCHER_KINDS = tuple(k for k in app_kinds() if k != "uhd")
+
 DESCRIPTION = (
     "Local SCALE testbed: edge server + robots as processes over a simulated channel, FL "
     "rounds on FashionMNIST, one robot asks to be forgotten, report."
@@ -289,13 +293,13 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3, help="FL rounds")
     p.add_argument(
         "--link",
-        choices=("ofdm-shared", "frames-shared", "frames", "ofdm-pairs", "ofdm-zmq"),
+        choices=(*LAUNCHER_KINDS, *(old for old, new in ALIASES.items() if new in LAUNCHER_KINDS)),
         default="ofdm-shared",
         help="ofdm-shared (default): every node on one simulated frequency at sample level "
         "(OFDM/QPSK PHY in every process, a fading channel, bursts that overlap collide) with "
         "the server-scheduled MAC and the broadcast downlink; frames-shared: the same at frame "
-        "level, no PHY (cheaper); frames: ideal frame hub (no collisions); ofdm-pairs (old name "
-        "ofdm-zmq): OFDM over ZeroMQ, a private channel per pair (ideal FDMA)",
+        "level, no PHY (cheaper); frames: ideal frame hub (no collisions); ofdm-pairs: OFDM over "
+        "ZeroMQ, a private channel per pair (ideal FDMA)",
     )
     p.add_argument(
         "--fading",
@@ -331,7 +335,7 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
         help="ofdm-shared: mean SNR of every link (default: testbed.medium.snr_db); "
         "ofdm-pairs: receive SNR (default 20), dB",
     )
-    p.add_argument("--drop-rate", type=float, default=0.02, help="ofdm-zmq: frame drop rate")
+    p.add_argument("--drop-rate", type=float, default=0.02, help="ofdm-pairs: frame drop rate")
     p.add_argument(
         "--kill-robot",
         type=int,
