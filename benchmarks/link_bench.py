@@ -49,13 +49,9 @@ from gnuradio import blocks, channels, digital, gr, pdu  # noqa: E402
 from scaleflu.link.frame import FRAME_OVERHEAD, max_payload  # noqa: E402
 from scaleflu.link.samples import lenet_like  # noqa: E402
 from scaleflu.link.wire import Encoding, Message, MessageType, encode_message  # noqa: E402
-from scaleflu.radio.links import (  # noqa: E402
-    ChannelConfig,
-    OfdmLoopbackNetwork,
-    PhyConfig,
-    burst_power,
-)
+from scaleflu.radio.links import OfdmLoopbackNetwork  # noqa: E402
 from scaleflu.radio.ofdm import ofdm_carriers, ofdm_link_rx, ofdm_link_tx, samples_per_frame  # noqa: E402
+from scaleflu.radio.phy import ChannelConfig, PhyConfig, burst_power  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FRAME = 1500  # frame bytes on both chains
@@ -411,7 +407,7 @@ def tail_ofdm(n: int, drop: float, seed: int, **arq: object) -> dict:
     with OfdmLoopbackNetwork(nodes=(0, 1), channel=ch, **arq) as net:
         s, r = net.link(0), net.link(1)
         time.sleep(0.2)
-        return _tail_transfers(s, r, n, seed, {"kind": "ofdm_loopback", "drop_rate": drop})
+        return _tail_transfers(s, r, n, seed, {"kind": "ofdm-loopback", "drop_rate": drop})
 
 
 # -- 4. FER vs SNR -------------------------------------------------------------------------

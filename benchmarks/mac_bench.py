@@ -20,10 +20,10 @@ ways to run the round, each with the same payloads and seeds:
 
 The round: the server sends the LeNet model (wire format, raw float32), each robot trains for
 2 s (+ up to 0.1 s, seeded), then uploads an update of the same size. Virtual seconds, not CPU
-seconds: the numbers do not depend on this machine. Targets: no collision in
-scheduled traffic; downlink airtime independent of N within 10 %; uplink airtime (uplink DATA
-plus every ACK and MAC control frame) <= 1.15 x the updates' own airtime; a round with 1 of 10
-robots out of range closes at its deadline with the other 9.
+seconds: the numbers do not depend on this machine. Targets (docs/link.md section 11): no
+collision in scheduled traffic; downlink airtime independent of N within 10 %; uplink airtime
+(uplink DATA plus every ACK and MAC control frame) <= 1.15 x the updates' own airtime; a round
+with 1 of 10 robots out of range closes at its deadline with the other 9.
 """
 
 from __future__ import annotations

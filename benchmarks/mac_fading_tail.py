@@ -26,12 +26,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import mac_sample_level as msl  # noqa: E402
-from scaleflu.link.arq import ArqConfig  # noqa: E402
-from scaleflu.link.kinds import SHARED_MAC_DEFAULTS  # noqa: E402
-from scaleflu.link.mac import MacConfig  # noqa: E402
+from scaleflu.link.arq import ArqConfig
+from scaleflu.link.defaults import MAC_DEFAULTS
+from scaleflu.link.mac import MacConfig
+from scaleflu.radio.medium.framelevel import LENET_BYTES, fading_loss, frame_level
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, float], dict[str, float]]:
@@ -59,15 +57,14 @@ def parse_variant(text: str) -> tuple[str, dict[str, float], dict[str, float]]:
 
 
 def one_round(seed: int, mac: dict, arq: dict, args: argparse.Namespace) -> dict:
-    """One round on realisation ``seed`` with the variant's overrides (``msl.frame_level``)."""
-    ch = argparse.Namespace(seed=seed, snr_db=args.snr_db, fading=args.fading)
-    r = msl.frame_level(
-        msl.SIZE,
-        MacConfig(**{**SHARED_MAC_DEFAULTS, **mac}),
+    """One round on realisation ``seed`` with the variant's overrides (``frame_level``)."""
+    r = frame_level(
+        LENET_BYTES,
+        MacConfig(**{**MAC_DEFAULTS["virtual"], **mac}),
         seed,
         args.deadline,
         True,
-        msl.fading_loss(ch, 0.0),
+        fading_loss(seed, args.snr_db, args.fading, 0.0),
         robots=args.robots,
         train_s=args.train_s,
         train_jitter_s=args.train_jitter_s,

@@ -2,7 +2,7 @@
 """The MAC over the sample-level shared medium beside the frame-level model: one round, N = 3.
 
 Sample level: the broker (scaleflu.radio.medium) and 4 ``ofdm-shared`` links (server 0, robots
-1..3, the MAC under each: scaleflu.link.kinds.open_link -> attach_mac) in this process. The
+1..3, the MAC under each: scaleflu.linkkinds.open_link) in this process. The
 server broadcasts a LeNet-size payload (247,210 bytes) once and repairs what the robots report
 missing; each robot uploads 247,210 bytes as soon as it has the model (no training time), the
 MAC schedules the uploads. The ARQ's and the MAC's timers run on the medium's virtual clock
@@ -32,106 +32,18 @@ import threading
 import time
 from pathlib import Path
 
-from scaleflu.link.arq import ArqConfig
-from scaleflu.link.kinds import MAC_ARQ_DEFAULTS, open_link
+from scaleflu.link.defaults import MAC_DEFAULTS
 from scaleflu.link.mac import MacConfig
-from scaleflu.link.macsim import simulate_round
-
-SIZE = 247210  # the LeNet-5 state dict in the wire format (raw float32)
-PAD = 160  # zero samples after every burst (ofdm_link_tx post_padding): not counted as airtime
-SAMP_RATE = 5e6
-
-
-BLOCK = 8192  # the medium's lockstep block (MediumConfig.block)
-# Fitted to the sample level (AWGN runs, docs/link.md 11.2): a burst starts at the next lockstep
-# block, and a node acts on a frame about 2.5 blocks after its last sample (the node's port may
-# run one block ahead of its receiver, rx_lag=1, plus the OFDM receiver's own pipeline).
-START_QUANTUM_S = BLOCK / SAMP_RATE
-RX_LATENCY_S = 2.5 * BLOCK / SAMP_RATE
-
-
-# Frame error rate of 1500-byte frames of the OFDM PHY per SNR, AWGN + CFO (docs/link.md 9.4,
-# link_bench.py, 200 frames per point); shorter frames: 1 - (1 - FER)^(bytes / 1500).
-FER_SNR_DB = (15.0, 16.0, 17.0, 18.0, 19.0, 20.0)
-FER_1500 = (1.0, 0.995, 0.87, 0.42, 0.09, 0.0)
-
-
-def fading_loss(args: argparse.Namespace, t_offset: float):
-    """loss_fn for MacSim: the medium's own fading trace (same seed, same links, same virtual
-    time) -> instantaneous SNR of each frame -> the PHY's frame error rate at that SNR."""
-    import numpy as np
-
-    from scaleflu.radio.medium import LinkChannel, MediumConfig, _Link
-
-    cfg = MediumConfig(seed=args.seed, default=LinkChannel(snr_db=args.snr_db, fading=args.fading))
-    links: dict = {}
-
-    def loss(src: int, dst: int, start: float, end: float, nbytes: int) -> float:
-        lk = links.get((src, dst))
-        if lk is None:
-            lk = links[(src, dst)] = _Link(cfg, src, dst)
-        n = ((start + end) / 2 + t_offset) * SAMP_RATE
-        gain = float(np.sum(np.abs(lk.taps_at(n)) ** 2))
-        snr = args.snr_db + 10 * np.log10(max(gain, 1e-12))
-        fer = float(np.interp(snr, FER_SNR_DB, FER_1500))
-        return 1.0 - (1.0 - fer) ** (nbytes / 1500)
-
-    return loss
-
-
-def frame_level(
-    size: int,
-    mac: MacConfig,
-    seed: int,
-    deadline: float,
-    fitted: bool = True,
-    loss_fn=None,
-    *,
-    robots: int = 3,
-    train_s: float = 0.0,
-    train_jitter_s: float = 0.0,
-    arq: dict | None = None,
-) -> dict:
-    """The same round at frame level: ideal, or with the sample level's timing fitted in.
-
-    ``robots``, ``train_s``/``train_jitter_s`` (training time between model and upload) and
-    ``arq`` (ArqConfig overrides) default to this benchmark's round; mac_fading_tail.py sets them.
-    """
-    arq_cfg = ArqConfig(**{**MAC_ARQ_DEFAULTS, **(arq or {})}, deadline=deadline)
-    r = simulate_round(
-        "scheduled",
-        robots,
-        size,
-        train_s=train_s,
-        train_jitter_s=train_jitter_s,
-        deadline_s=deadline,
-        seed=seed,
-        mac=mac,
-        arq=arq_cfg,
-        loss_fn=loss_fn,
-        rx_latency_s=RX_LATENCY_S if fitted else 0.0,
-        start_quantum_s=START_QUANTUM_S if fitted else 0.0,
-    )
-    pad = PAD / SAMP_RATE
-    by_node = {int(n): a for n, a in r["airtime_by_node_s"].items()}
-    frames = {int(n): k for n, k in r["frames_by_node"].items()}
-    nonzero = {n: by_node[n] - frames[n] * pad for n in by_node}
-    return {
-        "round_s": max(r["update_s"].values()) if r["update_s"] else None,
-        "models_s": r["model_s"],
-        "updates_s": r["update_s"],
-        "airtime_by_node_s": nonzero,
-        "airtime_total_s": sum(nonzero.values()),
-        "server_s": nonzero.get(0, 0.0),
-        "robots_s": sum(v for n, v in nonzero.items() if n != 0),
-        "frames_by_node": frames,
-        "collided_frames": r["collided_frames"],
-        "bcast_passes": r["broadcast"]["passes"],
-        "grants": r["mac"]["grants_tx"],
-        "grant_timeouts": r["mac"]["grant_timeouts"],
-        "lost_link": r["lost_link"],
-        "bit_exact": r["models_bit_exact"] == robots and r["updates_bit_exact"] == robots,
-    }
+from scaleflu.linkkinds import open_link
+from scaleflu.radio.medium.framelevel import (
+    FER_1500,
+    FER_SNR_DB,
+    LENET_BYTES,
+    RX_LATENCY_S,
+    START_QUANTUM_S,
+    fading_loss,
+    frame_level,
+)
 
 
 def sample_level(args: argparse.Namespace, mac: dict) -> dict:
@@ -224,7 +136,7 @@ def sample_level(args: argparse.Namespace, mac: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", type=int, default=SIZE)
+    ap.add_argument("--size", type=int, default=LENET_BYTES)
     ap.add_argument("--snr-db", type=float, default=20.0)
     ap.add_argument("--fading", default="none", choices=("none", "rayleigh", "rician"))
     ap.add_argument("--seed", type=int, default=1)
@@ -235,9 +147,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from scaleflu.link.kinds import SHARED_MAC_DEFAULTS
-
-    mac = dict(SHARED_MAC_DEFAULTS)
+    mac = dict(MAC_DEFAULTS["virtual"])
     if args.turnaround_s is not None:
         mac["turnaround_s"] = args.turnaround_s
     if args.guard_s is not None:
@@ -248,7 +158,9 @@ def main() -> int:
     res["sample_level"] = sample_level(args, mac)
     loss_fn = None
     if args.fading != "none":  # the same fading trace, from the sample level's start time
-        loss_fn = fading_loss(args, res["sample_level"]["t0_virtual_s"])
+        loss_fn = fading_loss(
+            args.seed, args.snr_db, args.fading, res["sample_level"]["t0_virtual_s"]
+        )
     res["frame_level_ideal"] = frame_level(args.size, mcfg, args.seed, args.deadline, False)
     res["frame_level"] = frame_level(args.size, mcfg, args.seed, args.deadline, True, loss_fn)
     res["fit"] = {

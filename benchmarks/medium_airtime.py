@@ -3,8 +3,8 @@
 
 N robots each send one LeNet-5 state dict (61,706 float32, wire format RAW) to the server
 (node 0) on ONE simulated frequency. Every node is its own process with one OFDM transmitter
-and one receiver (make_link("ofdm-shared")); the broker runs in a process of its own and
-advances virtual sample time in lockstep. Two modes:
+and one receiver (scaleflu.radio.links.SharedMediumLink, without a MAC); the broker runs in a
+process of its own and advances virtual sample time in lockstep. Two modes:
 
 * ``sequential``: robot i starts when robot i-1's upload is acknowledged (what a scheduled MAC
   achieves; no overlap between robots);
@@ -83,9 +83,9 @@ def _robot_main(
 ) -> None:
     os.environ.setdefault("GR_DONT_LOAD_PREFS", "1")
     from scaleflu.link.arq import SendStatus
-    from scaleflu.radio.links import make_link
+    from scaleflu.radio.links import SharedMediumLink
 
-    link = make_link("ofdm-shared", robot, broker=address, deadline=deadline, **link_opts)
+    link = SharedMediumLink(robot, address, deadline=deadline, **link_opts)
     msg = lenet_message(robot)
     try:
         go.wait()
@@ -121,16 +121,17 @@ def run_airtime(
 ) -> dict[str, Any]:
     """Upload one LeNet state dict from each of ``n_robots`` robots; airtime counters (dict).
 
-    ``link_opts`` go to every node's make_link (ARQ options: window, initial_rto, ...). The
+    ``link_opts`` go to every node's SharedMediumLink (ARQ options: window, initial_rto, ...). The
     traffic is the ARQ alone (no MAC). A MAC on top can measure its own round the same way:
     ``scaleflu.radio.medium.broker_stats(address)`` before and after, difference the
     ``airtime_samples`` per node and ``collision_samples``.
     """
     os.environ.setdefault("GR_DONT_LOAD_PREFS", "1")
     from scaleflu.link.frame import max_payload
-    from scaleflu.radio.links import PhyConfig, make_link
+    from scaleflu.radio.links import SharedMediumLink
     from scaleflu.radio.medium import broker_stats
     from scaleflu.radio.ofdm import samples_per_frame
+    from scaleflu.radio.phy import PhyConfig
 
     if mode not in ("sequential", "simultaneous"):
         raise ValueError("mode must be sequential or simultaneous")
@@ -166,7 +167,7 @@ def run_airtime(
     ]
     for p in robots:
         p.start()
-    server = make_link("ofdm-shared", 0, broker=address, deadline=deadline, **link_opts)
+    server = SharedMediumLink(0, address, deadline=deadline, **link_opts)
     try:
         while broker_stats(address)["steps"] == 0:  # the first step needs every node joined
             time.sleep(0.2)
@@ -246,7 +247,7 @@ def _frame_trains(n_robots: int, phy: Any) -> dict[int, list[np.ndarray]]:
 
     from scaleflu.link.frame import FrameType, encode_frame, max_payload
     from scaleflu.radio.blocks import frame_to_pdu
-    from scaleflu.radio.medium import unit_amplitude
+    from scaleflu.radio.medium.port import unit_amplitude
 
     amp = unit_amplitude(phy)
     trains: dict[int, list[np.ndarray]] = {}
@@ -306,15 +307,10 @@ def scheduled_airtime(
     import pmt
     from gnuradio import blocks, gr
 
-    from scaleflu.radio.links import PhyConfig
-    from scaleflu.radio.medium import (
-        LinkChannel,
-        MediumBroker,
-        MediumClient,
-        MediumConfig,
-        MediumPort,
-    )
+    from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumClient, MediumConfig
+    from scaleflu.radio.medium.port import MediumPort
     from scaleflu.radio.ofdm import samples_per_frame
+    from scaleflu.radio.phy import PhyConfig
 
     phy = PhyConfig()
     trains = _frame_trains(n_robots, phy)

@@ -19,24 +19,20 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from scaleflu.config import load_config
+from scaleflu.link.faults import drop_broadcast_bodies
+from scaleflu.linkkinds import open_link
+from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig
+from scaleflu.testbed.inprocess import TESTBED_OVERRIDES, run_federation
+from scaleflu.testbed.protocol import generate_keys
+from scaleflu.testbed.robot import RobotClient, RobotData
+from scaleflu.testbed.server import EdgeServer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "testbed"))
-
-from testbed_helpers import TESTBED_OVERRIDES, run_federation  # noqa: E402
-
-from scaleflu.config import load_config  # noqa: E402
-from scaleflu.link.frame import BROADCAST, FrameType  # noqa: E402
-from scaleflu.link.kinds import open_link  # noqa: E402
-from scaleflu.link.mac import MAC_MSG_ID, _frame_key  # noqa: E402
-from scaleflu.radio.medium import LinkChannel, MediumBroker, MediumConfig  # noqa: E402
-from scaleflu.testbed.protocol import generate_keys  # noqa: E402
-from scaleflu.testbed.robot import RobotClient, RobotData  # noqa: E402
-from scaleflu.testbed.server import EdgeServer  # noqa: E402
 
 
 def main() -> int:
@@ -66,23 +62,13 @@ def main() -> int:
     for item in args.mac:
         k, _, v = item.partition("=")
         mac[k] = int(v) if v.lstrip("-").isdigit() else float(v)
-    dropped = [0]
+    dropped: list[int] = []
     w0, c0 = time.monotonic(), time.process_time()
     with MediumBroker(medium).start() as br, tempfile.TemporaryDirectory() as tmp:
         srv = open_link("ofdm-shared", 0, broker=br.address, members=(1, 2, 3), mac=mac, seed=0)
         links = {r: open_link("ofdm-shared", r, broker=br.address, mac=mac, seed=r) for r in keys}
-        if args.drop_broadcast in links:
-            arq = links[args.drop_broadcast].arq.link
-            feed = arq.feed
-
-            def lossy_feed(raw: bytes) -> None:
-                k = _frame_key(raw)
-                if k and k[0] == FrameType.DATA and k[2] == BROADCAST and k[3] != MAC_MSG_ID:
-                    dropped[0] += 1
-                    return
-                feed(raw)
-
-            arq.feed = lossy_feed
+        if args.drop_broadcast in links:  # the robot's receiver feeds this ArqLink
+            drop_broadcast_bodies(links[args.drop_broadcast].arq.link, dropped)
         server = EdgeServer(srv, keys, cfg, tmp, False)
         robots = [RobotClient(links[r], r, keys[r], cfg, data=RobotData(cfg, r)) for r in keys]
 
@@ -118,7 +104,7 @@ def main() -> int:
         "uploads": {r: [x["upload"] for x in o["rounds"]] for r, o in outs.items()},
         "virtual_s": stats["virtual_s"] - v0,
         "collision_s": stats["collision_s"],
-        "broadcast_frames_dropped": dropped[0],
+        "broadcast_frames_dropped": len(dropped),
         "wall_s": round(wall, 1),
         "cpu_s": round(cpu, 1),  # this process: every node, the broker and the training
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024,

@@ -24,10 +24,10 @@ from pathlib import Path
 
 from scaleflu.config import load_config, save_config
 from scaleflu.link import ChannelModel
+from scaleflu.link.hub import FrameHub, FrameHubLink
 from scaleflu.testbed.keys import save_keys
 from scaleflu.testbed.protocol import generate_keys
 from scaleflu.testbed.server import EdgeServer
-from scaleflu.testbed.transport import FrameHub, FrameHubLink
 
 ROOT = Path(__file__).resolve().parents[1]
 

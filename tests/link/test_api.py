@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from scaleflu.link.api import DeliveryResult, LinkClosedError, MemoryChannel
+from scaleflu.link.api import DeliveryResult, LinkClosedError
 from scaleflu.link.arq import SendStatus
+from scaleflu.link.memory import MemoryChannel
 from scaleflu.link.wire import Message, MessageType
 
 FAST = {"rate_bytes_per_s": 3e6, "min_rto": 0.02, "initial_rto": 0.1}

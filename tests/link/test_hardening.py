@@ -110,8 +110,8 @@ def test_retry_of_unconfirmed_over_lossy_link_is_delivered_exactly_once() -> Non
     # 70 % loss and a short deadline: some sends end unconfirmed; retried until delivered,
     # every message reaches the application exactly once
     net = SimNetwork(ChannelModel(loss=0.7, delay=0.002, rate_bytes_per_s=1e6), seed=3)
-    # deadline 0.2 s: 9 of 15 sends end unconfirmed (0.5 s left none since the tail repairs
-    # of issue 12: the premise is that some do)
+    # deadline 0.2 s: 9 of 15 sends end unconfirmed (with 0.5 s the ARQ's tail repairs leave
+    # none: the premise is that some do)
     a = net.add_endpoint(1, deadline=0.2, initial_rto=0.05)
     net.add_endpoint(2)
     rng = random.Random(3)

@@ -1,4 +1,4 @@
-"""One link-kind vocabulary (link.kinds), and the MAC in real time over a shared FrameHub."""
+"""One link-kind vocabulary (scaleflu.linkkinds), and the MAC in real time on a shared FrameHub."""
 
 from __future__ import annotations
 
@@ -6,24 +6,29 @@ import random
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
+from scaleflu import linkkinds
 from scaleflu.link import ChannelModel
-from scaleflu.link.hub import FrameHub, open_hub_link
-from scaleflu.link.kinds import (
-    LINK_KINDS,
+from scaleflu.link.hub import FrameHub
+from scaleflu.linkkinds import (
+    KINDS,
     UnknownLinkKindError,
+    app_kinds,
     canonical_kind,
-    close_memory_networks,
+    close_links,
+    link_kind,
     open_link,
 )
 
 RATE = 712500.0
 
 
-def test_one_spelling_with_old_names_deprecated():
-    assert set(LINK_KINDS) == {
+def test_one_spelling_with_old_names_that_warn_once(monkeypatch):
+    monkeypatch.setattr(linkkinds, "_WARNED", set())
+    assert set(KINDS) == {
         "memory",
         "frames",
         "frames-shared",
@@ -32,14 +37,19 @@ def test_one_spelling_with_old_names_deprecated():
         "ofdm-shared",
         "uhd",
     }
-    for k in LINK_KINDS:
+    for k in KINDS:
         assert canonical_kind(k) == k
     for old, new in (
         ("ofdm-zmq", "ofdm-pairs"),
         ("zmq", "ofdm-pairs"),
         ("loopback", "ofdm-loopback"),
+        ("ofdm_loopback", "ofdm-loopback"),
+        ("shared", "ofdm-shared"),
     ):
-        with pytest.warns(DeprecationWarning, match=new):
+        with pytest.warns(FutureWarning, match=new):
+            assert canonical_kind(old) == new
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # once: the second use is silent
             assert canonical_kind(old) == new
     for bad in ("ofdm", "", "frames shared", None):
         with pytest.raises(UnknownLinkKindError):
@@ -54,10 +64,28 @@ def test_open_link_memory_and_frames_without_gnu_radio():
         assert a.send(2, b"hello", timeout=5).ok
         assert b.recv(5) == (1, b"hello")
     finally:
-        close_memory_networks()
+        close_links()
     assert not any(m.startswith("gnuradio") for m in set(sys.modules) - before)
     with pytest.raises(ValueError, match="hub"):
         open_link("frames", 1)
+
+
+def test_kinds_say_what_they_are_and_refuse_what_they_do_not_run():
+    assert app_kinds() == ("frames", "frames-shared", "ofdm-pairs", "ofdm-shared", "uhd")
+    shared = {k.name for k in KINDS.values() if k.shared_medium}
+    assert shared == {"frames-shared", "ofdm-shared", "uhd"}
+    assert {k.name for k in KINDS.values() if k.mac_defaults is not None} == shared
+    assert not any(KINDS[k].gnuradio for k in ("memory", "frames", "frames-shared"))
+    # one table of defaults: the kinds on a frame hub and on the OFDM PHY start from its rows
+    assert link_kind("frames").arq_defaults["window"] == 32
+    assert link_kind("ofdm-pairs").arq_defaults["min_rto"] == 0.25
+    assert link_kind("ofdm-shared").mac_defaults["guard_s"] == 0.03
+    assert link_kind("frames-shared").mac_defaults["guard_s"] == 0.1
+    # the MAC's options on a kind without a MAC are an error, not silently dropped (no GNU Radio
+    # is needed to say so)
+    for kind in ("memory", "frames", "ofdm-pairs", "ofdm-loopback"):
+        with pytest.raises(ValueError, match="runs no MAC: mac, members"):
+            open_link(kind, 1, hub="tcp://127.0.0.1:1", mac={"guard_s": 0.1}, members=(1,))
 
 
 def _shared(n_robots: int, loss: float = 0.0):
@@ -111,8 +139,8 @@ def test_mac_over_shared_hub_three_robots_bit_exact_no_collision():
 
 def test_unscheduled_links_on_the_shared_hub_collide():
     hub = FrameHub(model=ChannelModel(rate_bytes_per_s=RATE), shared=True, seed=1)
-    srv = open_hub_link(0, hub.address)  # plain ARQ links: everyone sends when it likes
-    links = {r: open_hub_link(r, hub.address) for r in (1, 2, 3)}
+    srv = open_link("frames", 0, hub=hub.address)  # plain ARQ links: everyone sends at will
+    links = {r: open_link("frames", r, hub=hub.address) for r in (1, 2, 3)}
     time.sleep(0.3)
     try:
         rng = random.Random(1)

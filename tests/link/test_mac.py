@@ -17,13 +17,11 @@ from scaleflu.link.mac import (
     MacServer,
     MacStation,
     MacType,
-    _grant_body,
-    _parse_report,
-    _report_body,
     decode_mac,
     encode_mac,
     mac_on_air,
 )
+from scaleflu.link.mac.frames import _grant_body, _parse_report, _report_body
 from scaleflu.link.macsim import MacSim, simulate_round
 
 LENET_PARAMS = 61706  # LeNet-5 as in scaleflu.link.samples.LENET_SHAPES

@@ -18,6 +18,6 @@ def lenet_state_dict():
 @pytest.fixture(autouse=True)
 def _close_networks():
     yield
-    from scaleflu.radio.links import close_networks
+    from scaleflu.linkkinds import close_links
 
-    close_networks()
+    close_links()

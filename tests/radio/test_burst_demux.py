@@ -17,8 +17,8 @@ if not hasattr(gr_scaleflu, "ofdm_burst_demux"):
         "gnuradio.scaleflu is an old build without ofdm_burst_demux", allow_module_level=True
     )
 
-from scaleflu.radio.links import PhyConfig, burst_power  # noqa: E402
 from scaleflu.radio.ofdm import ofdm_link_rx, ofdm_link_tx  # noqa: E402
+from scaleflu.radio.phy import PhyConfig, burst_power  # noqa: E402
 
 
 def _run(snr_db: float, n: int, seed: int) -> tuple[list[bytes], list[bytes], ofdm_link_rx]:
@@ -168,8 +168,8 @@ def test_which_receivers_use_it() -> None:
     ours on the simulated per-pair links (PhyConfig.rx) when the build has it."""
     from gnuradio import digital
 
-    from scaleflu.radio.links import PhyConfig
     from scaleflu.radio.ofdm import burst_demux_available
+    from scaleflu.radio.phy import PhyConfig
 
     assert burst_demux_available()
     assert isinstance(ofdm_link_rx(node_id=1).hpd, digital.header_payload_demux)

@@ -200,7 +200,7 @@ def test_broker_refuses_bad_requests_and_keeps_serving():
 # -- real frames through the real receiver ------------------------------------------------------
 @pytest.fixture(scope="module")
 def bursts():
-    from scaleflu.radio.medium import frame_burst
+    from scaleflu.radio.medium.port import frame_burst
 
     rng = np.random.default_rng(3)
     pay = {n: rng.integers(0, 256, 400, dtype=np.uint8).tobytes() for n in (1, 2)}
@@ -217,8 +217,8 @@ def _run_air(
     import pmt
     from gnuradio import blocks, gr
 
-    from scaleflu.radio.links import PhyConfig
-    from scaleflu.radio.medium import MediumPort
+    from scaleflu.radio.medium.port import MediumPort
+    from scaleflu.radio.phy import PhyConfig
 
     streams = {}
     for n, items in placed.items():
@@ -332,8 +332,9 @@ def replace_seed(cfg: MediumConfig, seed: int) -> MediumConfig:
     return replace(cfg, seed=seed)
 
 
-def test_make_link_ofdm_shared_delivers_bit_exact_on_a_fading_channel():
-    from scaleflu.radio.links import make_link
+def test_shared_medium_link_delivers_bit_exact_on_a_fading_channel():
+    from scaleflu.linkkinds import open_link
+    from scaleflu.radio.links import SharedMediumLink
 
     cfg = _cfg(
         nodes=(0, 1),
@@ -343,8 +344,8 @@ def test_make_link_ofdm_shared_delivers_bit_exact_on_a_fading_channel():
     )
     msg = np.random.default_rng(1).integers(0, 256, 30000, dtype=np.uint8).tobytes()
     with MediumBroker(cfg).start() as br:
-        a = make_link("ofdm-shared", 0, broker=br.address)
-        b = make_link("shared", 1, broker=br.address)
+        a = SharedMediumLink(0, br.address)  # the back-end alone: no MAC
+        b = SharedMediumLink(1, br.address)
         try:
             h = a.send_async(1, msg)
             got = b.recv(timeout=60)
@@ -365,7 +366,7 @@ def test_make_link_ofdm_shared_delivers_bit_exact_on_a_fading_channel():
             a.close()
             b.close()
     with pytest.raises(ValueError, match="broker"):
-        make_link("ofdm-shared", 0, broker="tcp://127.0.0.1:1", snr_db=10)
+        open_link("ofdm-shared", 0, broker="tcp://127.0.0.1:1", snr_db=10)
 
 
 def test_broker_drops_oversized_messages_and_silent_nodes():
@@ -411,7 +412,7 @@ def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
          "--config", str(cfg)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
-    common = [*py, "scaleflu.radio.linktest", "--kind", "ofdm-shared", "--broker", address]
+    common = [*py, "scaleflu.linktest_cli", "--kind", "ofdm-shared", "--broker", address]
     try:
         rx = subprocess.Popen(
             [*common, "--node", "1", "--recv", "1", "--timeout", "90", "--linger", "8"],
@@ -438,7 +439,7 @@ def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
 
 
 def test_virtual_time_follows_the_lockstep_not_the_wall():
-    from scaleflu.radio.medium import MediumPort
+    from scaleflu.radio.medium.port import MediumPort
 
     cfg = _cfg(nodes=(0, 1), samp_rate=1e6, idle_stride=1)
     with MediumBroker(cfg).start() as br:

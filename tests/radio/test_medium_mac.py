@@ -32,7 +32,7 @@ def _tensors(rng: np.random.Generator) -> dict[str, np.ndarray]:
 
 
 def test_three_robots_complete_fl_rounds_bit_exact_without_collision_on_a_fading_medium():
-    from scaleflu.link.kinds import open_link
+    from scaleflu.linkkinds import open_link
 
     cfg = MediumConfig(
         nodes=(0, 1, 2, 3),

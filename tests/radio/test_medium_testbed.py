@@ -18,14 +18,10 @@ pytestmark = [pytest.mark.gnuradio, pytest.mark.slow, pytest.mark.timeout(1500)]
 
 
 def test_robot_without_the_broadcast_gets_the_model_by_unicast_on_the_medium(tmp_path):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "testbed"))
-    from testbed_helpers import TESTBED_OVERRIDES, drop_broadcast_bodies, run_federation
-
     from scaleflu.config import load_config
-    from scaleflu.link.kinds import open_link
+    from scaleflu.link.faults import drop_broadcast_bodies
+    from scaleflu.linkkinds import open_link
+    from scaleflu.testbed.inprocess import TESTBED_OVERRIDES, run_federation
     from scaleflu.testbed.protocol import generate_keys
     from scaleflu.testbed.robot import RobotClient, RobotData
     from scaleflu.testbed.server import EdgeServer

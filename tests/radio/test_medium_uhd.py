@@ -10,8 +10,8 @@ import pytest
 from gnuradio import blocks, gr
 
 from scaleflu.radio import uhd
-from scaleflu.radio.links import PhyConfig
 from scaleflu.radio.ofdm import samples_per_frame
+from scaleflu.radio.phy import PhyConfig
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(120)]
 

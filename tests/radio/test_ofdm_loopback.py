@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from scaleflu.link.wire import decode_tensors, encode_tensors
-from scaleflu.radio.links import ChannelConfig, OfdmLoopbackNetwork, make_link
+from scaleflu.linkkinds import open_link
+from scaleflu.radio.links import OfdmLoopbackNetwork
+from scaleflu.radio.phy import ChannelConfig
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(120)]
 
@@ -31,8 +33,8 @@ def _roundtrip(server, robot, sd, timeout=60.0):
 
 @pytest.mark.parametrize("drop_rate", [0.0, 0.1, 0.2])
 def test_lenet_state_dict_bit_exact(lenet_state_dict, drop_rate):
-    server = make_link(
-        "ofdm_loopback",
+    server = open_link(
+        "ofdm-loopback",
         0,
         network=f"t{drop_rate}",
         nodes=(0, 1),
@@ -40,7 +42,7 @@ def test_lenet_state_dict_bit_exact(lenet_state_dict, drop_rate):
         seed=3,
         **CHANNEL,
     )
-    robot = make_link("ofdm_loopback", 1, network=f"t{drop_rate}")
+    robot = open_link("ofdm-loopback", 1, network=f"t{drop_rate}")
     res = _roundtrip(server, robot, lenet_state_dict(int(drop_rate * 10)))
     counters = server.network.counters()
     if drop_rate:

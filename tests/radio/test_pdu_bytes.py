@@ -5,7 +5,9 @@ import os
 import pytest
 
 pmt = pytest.importorskip("pmt")
-blocks = pytest.importorskip("scaleflu.radio.blocks", reason="GNU Radio blocks not importable")
+blocks = pytest.importorskip(
+    "scaleflu.radio.message_blocks", reason="GNU Radio blocks not importable"
+)
 
 pytestmark = pytest.mark.gnuradio
 

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from scaleflu.radio.linktest import payload
+from scaleflu.linktest_cli import payload
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(120)]
 
@@ -38,9 +38,9 @@ def test_two_processes_deliver_bit_exact():
     common = [
         sys.executable,
         "-m",
-        "scaleflu.radio.linktest",
+        "scaleflu.linktest_cli",
         "--kind",
-        "zmq",
+        "ofdm-pairs",
         "--base-port",
         str(base),
         "--snr-db",

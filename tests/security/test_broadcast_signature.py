@@ -14,11 +14,11 @@ from testbed_helpers import run_federation
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
 from scaleflu.link.hub import FrameHub
+from scaleflu.linkkinds import open_link
 from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID
 from scaleflu.testbed.robot import RobotClient
 from scaleflu.testbed.server import EdgeServer
-from scaleflu.testbed.transport import make_testbed_link
 
 pytestmark = pytest.mark.timeout(300)
 RATE = 712500.0
@@ -41,7 +41,7 @@ def test_broadcast_models_are_signed_and_accepted_first_time(tmp_path: Path):
     mac = dict(cfg["testbed"]["mac"])
 
     def link(node: int):
-        return make_testbed_link(
+        return open_link(
             "frames-shared", node, hub=hub.address, mac=mac,
             members=(1, 2, 3) if node == SERVER_ID else (), rate_bytes_per_s=RATE, seed=node,
         )  # fmt: skip

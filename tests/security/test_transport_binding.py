@@ -9,7 +9,7 @@ import pytest
 
 zmq = pytest.importorskip("zmq")
 
-from scaleflu.testbed.transport import FrameHub, FrameHubLink  # noqa: E402
+from scaleflu.link.hub import FrameHub, FrameHubLink  # noqa: E402
 
 
 def test_frame_hub_refuses_a_second_connection_with_a_nodes_identity():

@@ -30,7 +30,7 @@ def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("testbed")
     cmd = [
         sys.executable, str(ROOT / "apps" / "testbed.py"),
-        "--out", str(out), "--robots", "3", "--rounds", "2", "--link", "ofdm-zmq",
+        "--out", str(out), "--robots", "3", "--rounds", "2", "--link", "ofdm-pairs",
         "--snr-db", "20", "--drop-rate", "0.05",
         "--backdoor-robot", "1", "--unlearn", "client",
         "--kill-robot", "2", "--kill-round", "2",

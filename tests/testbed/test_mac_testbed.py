@@ -17,9 +17,9 @@ from testbed_helpers import (
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
 from scaleflu.link.hub import FrameHub
+from scaleflu.linkkinds import open_link
 from scaleflu.testbed.protocol import SERVER_ID, generate_keys, state_sha256
 from scaleflu.testbed.transport import (
-    make_testbed_link,
     pack_broadcast_body,
     unpack_broadcast_body,
 )
@@ -45,7 +45,7 @@ def test_broadcast_body_is_checked_by_hash():
 
 def _shared_link(hub: FrameHub, mac: dict[str, Any], node: int) -> Any:
     """Node ``node``'s frames-shared link on ``hub`` (the server lists robots 1-3)."""
-    return make_testbed_link(
+    return open_link(
         "frames-shared",
         node,
         hub=hub.address,

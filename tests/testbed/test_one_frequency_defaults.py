@@ -7,6 +7,7 @@ import io
 
 import pytest
 
+from scaleflu import linkkinds
 from scaleflu.cli import testbed as cli
 from scaleflu.cli.testbed import (
     COMMON_OPTIONS,
@@ -27,7 +28,7 @@ def _captured_link(monkeypatch, argv, node_id, peers):
         seen.update(kind=kind, node=node, **opts)
         return object()
 
-    monkeypatch.setattr(transport, "make_testbed_link", fake)
+    monkeypatch.setattr(linkkinds, "open_link", fake)
     tables = (COMMON_OPTIONS, SERVER_OPTIONS if node_id == 0 else ROBOT_OPTIONS)
     extra = ["--run-dir", "r"] if node_id == 0 else ["--robot-id", str(node_id)]
     args = build_app_parser("app", "", *tables).parse_args(["--keys", "k", *extra, *argv])
@@ -61,15 +62,12 @@ def test_apps_open_ofdm_shared_and_uhd_with_the_mac(monkeypatch):
     assert "mac" not in pairs and "broker" not in pairs
 
 
-def test_uhd_keeps_the_mac_options_down_to_open_link(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(transport, "open_link", lambda k, n, **o: seen.update(kind=k, **o))
-    transport.make_testbed_link("uhd", 0, mac={"guard_s": 0.1}, members=(1, 2), hub="x")
-    assert seen["kind"] == "uhd" and seen["members"] == (1, 2) and seen["mac"] == {"guard_s": 0.1}
-    assert "hub" not in seen
-    seen.clear()
-    transport.make_testbed_link("ofdm-pairs", 1, mac={"guard_s": 0.1}, members=(1,))
-    assert seen["kind"] == "ofdm-pairs" and "mac" not in seen and "members" not in seen
+def test_apps_pass_only_the_options_a_kind_takes(monkeypatch):
+    hub = _captured_link(monkeypatch, ["--link", "frames", "--hub", "tcp://h:2"], 1, [0])
+    assert hub == {"kind": "frames", "node": 1, "hub": "tcp://h:2", "arq": hub["arq"]}
+    pairs = _captured_link(monkeypatch, ["--link", "ofdm-pairs"], 1, [0])
+    assert None not in pairs.values()  # options not given are left to the kind's defaults
+    assert not {"hub", "base_port", "snr_db", "drop_rate"} & set(pairs)
 
 
 def test_round_row_takes_airtime_and_collisions_from_the_medium():

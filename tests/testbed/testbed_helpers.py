@@ -1,29 +1,27 @@
 """Set-up shared by the in-process testbed tests (tests/testbed, tests/security).
 
-Three robots on three FL clients with client 0 backdoored, a small data set, two rounds and
-a short wait for the unlearning request; each module adds its deadlines and link.
+The federation itself (``TESTBED_OVERRIDES``, ``run_federation``) and the link fault
+(``drop_broadcast_bodies``) live in the package, where the benchmarks take them too.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from scaleflu.config import Config, load_config
+from scaleflu.link.faults import drop_broadcast_bodies
+from scaleflu.testbed.inprocess import TESTBED_OVERRIDES, run_federation
 
-TESTBED_OVERRIDES = (
-    "data.num_clients=3",
-    "fl.clients_per_round=3",
-    "data.train_subset=1500",
-    "data.test_subset=300",
-    "fl.local_epochs=1",
-    "fl.lr=0.05",
-    "data.poison.backdoor_clients=[0]",
-    "testbed.rounds=2",
-    "testbed.unlearn.wait_s=3",
-    "testbed.eval_test_samples=100",
-    "testbed.min_robots=3",
-)
+__all__ = [
+    "TESTBED_OVERRIDES",
+    "base_config",
+    "closer",
+    "drop_broadcast_bodies",
+    "halve_unlearn",
+    "robot_data",
+    "run_federation",
+    "three_robots",
+]
 
 
 def base_config(*extra: str) -> Config:
@@ -47,51 +45,6 @@ def halve_unlearn(
     run = load_run(run_dir)
     state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
     return state, {"protocol": "backdoor", "request": request}
-
-
-def run_federation(
-    server: Any, robots: list[Any], robot_s: float, close: Any
-) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
-    """Each robot's ``run(robot_s)`` in a thread, the server's ``run()`` here; then join them
-    and call ``close()`` (the links, channel or hub). Returns the report and each robot's
-    summary (a robot that crashed on purpose, the ``crash`` fault, has none)."""
-    outs: dict[int, dict[str, Any]] = {}
-
-    def target(rb: Any) -> None:
-        try:
-            outs[rb.robot_id] = rb.run(robot_s)
-        except SystemExit:  # the "crash" fault (os._exit is patched to raise in-process)
-            rb.link.close()
-
-    threads = [threading.Thread(target=target, args=(rb,)) for rb in robots]
-    for t in threads:
-        t.start()
-    try:
-        report = server.run()
-    finally:
-        for t in threads:
-            t.join(60)
-        close()
-    return report, outs
-
-
-def drop_broadcast_bodies(link: Any, dropped: list[int]) -> None:
-    """Make ``link`` (an object with a ``feed(raw)`` frame input) lose every broadcast DATA frame
-    that carries a model body (not the MAC's own messages); the lost sequence numbers go to
-    ``dropped``."""
-    from scaleflu.link.frame import BROADCAST, FrameType
-    from scaleflu.link.mac import MAC_MSG_ID, _frame_key
-
-    feed = link.feed
-
-    def lossy_feed(raw: bytes) -> None:
-        k = _frame_key(raw)
-        if k and k[0] == FrameType.DATA and k[2] == BROADCAST and k[3] != MAC_MSG_ID:
-            dropped.append(k[4])
-            return
-        feed(raw)
-
-    link.feed = lossy_feed
 
 
 def three_robots(link: Any, keys: Any, cfg: Any, tmp_path: Any) -> tuple[Any, list[Any]]:

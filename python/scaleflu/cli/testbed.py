@@ -38,10 +38,11 @@ log = logging.getLogger(__name__)
 
 
 def app_links() -> tuple[str, ...]:
-    """Link kinds an app can open (one process per node: not ``ofdm-loopback``)."""
-    from scaleflu.link.kinds import PROCESS_KINDS
+    """Link kinds an app can open (one process per node), and the old names of those."""
+    from scaleflu.linkkinds import ALIASES, app_kinds
 
-    return (*PROCESS_KINDS, "ofdm-zmq")  # ofdm-zmq: the old name of ofdm-pairs
+    kinds = app_kinds()
+    return (*kinds, *(old for old, new in ALIASES.items() if new in kinds))
 
 
 HIDDEN = argparse.SUPPRESS
@@ -81,18 +82,20 @@ COMMON_OPTIONS: list[Option] = [
         ("--broker",),
         dict(default=None, help="ofdm-shared: the shared medium's broker (tcp://host:port)"),
     ),
-    ("link", ("--base-port",), dict(type=int, default=None, help="ofdm-zmq: base TCP port")),
-    ("link", ("--host",), dict(default="127.0.0.1", help="ofdm-zmq: host of the peers")),
+    ("link", ("--base-port",), dict(type=int, default=None, help="ofdm-pairs: base TCP port")),
+    ("link", ("--host",), dict(default="127.0.0.1", help="ofdm-pairs: host of the peers")),
     (
         "link",
         ("--snr-db",),
-        dict(type=float, default=None, help="ofdm-zmq: receive-channel SNR, dB"),
+        dict(type=float, default=None, help="ofdm-pairs: receive-channel SNR, dB"),
     ),
     (
         "link",
         ("--drop-rate",),
         dict(
-            type=float, default=None, help="ofdm-zmq: fraction of received frames dropped (seeded)"
+            type=float,
+            default=None,
+            help="ofdm-pairs: fraction of received frames dropped (seeded)",
         ),
     ),
     ("uhd", ("-f", "--freq"), dict(type=eng_float, default=2.45e9, help="centre frequency, Hz")),
@@ -278,9 +281,8 @@ def build_link(
     rx_args: str | None,
 ) -> Link:
     """The node's Link from the command line and the ``testbed`` config section."""
-    from scaleflu.link.kinds import canonical_kind
+    from scaleflu.linkkinds import canonical_kind, open_link
     from scaleflu.testbed.protocol import SERVER_ID
-    from scaleflu.testbed.transport import make_testbed_link
 
     kind = canonical_kind(args.link or str(cfg.testbed.link))
     opts: dict[str, Any] = {}
@@ -336,7 +338,7 @@ def build_link(
     if arq:
         opts["arq"] = arq
     log.info("node %d: %s link", node_id, kind)
-    return make_testbed_link(kind, node_id, **opts)
+    return open_link(kind, node_id, **{k: v for k, v in opts.items() if v is not None})
 
 
 def install_sigterm() -> None:
@@ -518,6 +520,13 @@ def _cmd_testbed(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- the local testbed
 
 
+def launcher_kinds() -> tuple[str, ...]:
+    """Link kinds the local testbed runs: every kind whose nodes are processes, but real radios."""
+    from scaleflu.linkkinds import app_kinds
+
+    return tuple(k for k in app_kinds() if k != "uhd")
+
+
 LAUNCHER_DESCRIPTION = (
     "Local SCALE testbed: edge server + robots as processes over a simulated channel, FL "
     "rounds on FashionMNIST, one robot asks to be forgotten, report."
@@ -526,19 +535,21 @@ LAUNCHER_DESCRIPTION = (
 
 def add_launcher_args(p: argparse.ArgumentParser) -> None:
     """The testbed's options (``apps/testbed.py`` and ``scaleflu testbed``)."""
+    from scaleflu.linkkinds import ALIASES
     from scaleflu.unlearn.registry import method_names
 
+    kinds = launcher_kinds()
     p.add_argument("--robots", type=int, default=3, help="robot processes")
     p.add_argument("--rounds", type=int, default=3, help="FL rounds")
     p.add_argument(
         "--link",
-        choices=("ofdm-shared", "frames-shared", "frames", "ofdm-pairs", "ofdm-zmq"),
+        choices=(*kinds, *(old for old, new in ALIASES.items() if new in kinds)),
         default="ofdm-shared",
         help="ofdm-shared (default): every node on one simulated frequency at sample level "
         "(OFDM/QPSK PHY in every process, a fading channel, bursts that overlap collide) with "
         "the server-scheduled MAC and the broadcast downlink; frames-shared: the same at frame "
-        "level, no PHY (cheaper); frames: ideal frame hub (no collisions); ofdm-pairs (old name "
-        "ofdm-zmq): OFDM over ZeroMQ, a private channel per pair (ideal FDMA)",
+        "level, no PHY (cheaper); frames: ideal frame hub (no collisions); ofdm-pairs: OFDM over "
+        "ZeroMQ, a private channel per pair (ideal FDMA)",
     )
     p.add_argument(
         "--fading",
@@ -574,7 +585,7 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
         help="ofdm-shared: mean SNR of every link (default: testbed.medium.snr_db); "
         "ofdm-pairs: receive SNR (default 20), dB",
     )
-    p.add_argument("--drop-rate", type=float, default=0.02, help="ofdm-zmq: frame drop rate")
+    p.add_argument("--drop-rate", type=float, default=0.02, help="ofdm-pairs: frame drop rate")
     p.add_argument(
         "--kill-robot",
         type=int,

@@ -1,6 +1,10 @@
 """scaleflu.link: wire format of tensors and messages, link frames, fragmentation and ARQ.
 
-Pure Python (numpy only): no GNU Radio, no torch at import. See docs/link.md.
+Also the server-scheduled MAC of one shared frequency (``mac``, ``maclink``, ``macsim``), the
+frame hub between processes (``hub``) and the one table of link defaults (``defaults``). Pure
+Python (numpy; pyzmq for the hub): no GNU Radio, no torch at import. The link kinds that build
+links from these parts and from the GNU Radio back-ends sit above this package, in
+:mod:`scaleflu.linkkinds`. See docs/link.md.
 """
 
 from .api import (
@@ -8,8 +12,6 @@ from .api import (
     DeliveryResult,
     Link,
     LinkClosedError,
-    MemoryChannel,
-    MemoryLink,
     message_bytes,
 )
 from .arq import (
@@ -47,6 +49,7 @@ from .frame import (
     encode_frame,
     max_payload,
 )
+from .memory import MemoryChannel, MemoryLink
 from .sim import ChannelModel, SimNetwork
 from .wire import (
     BadDtypeError,

@@ -12,8 +12,8 @@ delay). Two media:
   back); two frames of different nodes that overlap in time collide and neither is delivered.
   The MAC (``scaleflu.link.mac`` through :class:`MacLink`) keeps scheduled traffic clear of that.
 
-No GNU Radio; pyzmq is imported when a hub or a hub link is opened. (Moved here from
-``scaleflu.testbed.transport``, which re-exports these names.)
+No GNU Radio (pyzmq carries the frames). The link kinds ``frames``
+and ``frames-shared`` (:mod:`scaleflu.linkkinds`) build the links with their defaults.
 """
 
 from __future__ import annotations
@@ -27,27 +27,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import zmq
+
 from .api import ArqLink
 from .arq import ArqConfig
-from .kinds import MAC_ARQ_DEFAULTS as _MAC_ARQ_DEFAULTS
 from .mac import MacConfig
 from .maclink import MacLink
 from .sim import ChannelModel
 
 log = logging.getLogger(__name__)
-
-# The hub serialises every node's frames at one rate, like the radio: with several uploads at
-# once, round trips reach a second and the ARQ's default 0.5 s initial RTO fires for most of
-# the first window (demo: 13.6 MB on air for 5.9 MB of messages; 6.2 MB with these). Long initial
-# timers cost little, losses are repaired by the ACK bitmaps' fast retransmit (as for the OFDM
-# back-ends, scaleflu.radio.links.OFDM_ARQ_DEFAULTS).
-FRAMES_ARQ_DEFAULTS: dict[str, Any] = {"window": 32, "initial_rto": 3.0, "min_rto": 0.6}
-# Under the MAC a frame may wait for its robot's grant: longer first timers, a wider window
-# (one grant carries up to MacConfig.grant_bytes).
-MAC_ARQ_DEFAULTS = _MAC_ARQ_DEFAULTS
-# Real time between processes: a robot answers its grant after its Python thread wakes up
-# (milliseconds, more while it trains), so the windows carry a wide guard.
-REALTIME_MAC: dict[str, Any] = {"turnaround_s": 0.01, "guard_s": 0.1, "contention_slots": 4}
 
 
 @dataclass
@@ -78,8 +66,6 @@ class FrameHub:
         shared: bool = False,
         mac: MacConfig | None = None,
     ) -> None:
-        import zmq
-
         self.model = model or ChannelModel()
         self.shared = shared
         rate = self.model.rate_bytes_per_s or MacConfig().rate_bytes_per_s
@@ -152,8 +138,6 @@ class FrameHub:
                 heapq.heappush(self._events, (tx.end + delay, self._n, dst, data, tx))
 
     def _run(self) -> None:
-        import zmq
-
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
         while not self._stop.is_set():
@@ -199,8 +183,6 @@ class _HubIO:
     node_id: int
 
     def _hub_open(self, node_id: int, hub: str) -> None:
-        import zmq
-
         self._zctx = zmq.Context.instance()
         # Two sockets, one per thread (ZeroMQ sockets are not thread-safe): frames go out on
         # "T<node>" from whatever thread the ARQ transmits on; "R<node>" receives in _rx_loop.
@@ -224,8 +206,6 @@ class _HubIO:
         self._rx.start()
 
     def _transmit(self, raw: bytes) -> None:
-        import zmq
-
         with self._tx_lock:
             try:
                 self._tx.send_multipart([_STAMP.pack(time.monotonic()), raw], zmq.NOBLOCK)
@@ -233,8 +213,6 @@ class _HubIO:
                 log.debug("hub link %d: frame dropped at the socket", self.node_id)
 
     def _rx_loop(self) -> None:
-        import zmq
-
         last_ping = time.monotonic()
         while not self._stop.is_set():
             if self._sock.poll(50):
@@ -305,42 +283,3 @@ class SharedHubLink(_HubIO, MacLink):
         """Close the link and its sockets."""
         MacLink.close(self)
         self._hub_close()
-
-
-def mac_config(opts: dict[str, Any] | MacConfig | None, rate: float | None = None) -> MacConfig:
-    """A real-time MacConfig: REALTIME_MAC, then ``opts`` (dict or MacConfig) over the defaults."""
-    if isinstance(opts, MacConfig):
-        return opts
-    kw = {**REALTIME_MAC, **{k: v for k, v in (opts or {}).items() if v is not None}}
-    if rate and "rate_bytes_per_s" not in kw:
-        kw["rate_bytes_per_s"] = rate
-    return MacConfig(**kw)
-
-
-def open_hub_link(
-    node_id: int,
-    hub: str | None = None,
-    shared: bool = False,
-    arq: dict[str, Any] | None = None,
-    mac: dict[str, Any] | MacConfig | None = None,
-    server: int = 0,
-    members: tuple[int, ...] = (),
-    rate_bytes_per_s: float | None = None,
-    seed: int | None = None,
-) -> ArqLink:
-    """The ``frames`` (ideal hub) or ``frames-shared`` (one frequency, MAC) link of a node."""
-    if not hub:
-        raise ValueError("a frames link needs hub='tcp://host:port'")
-    if not shared:
-        return FrameHubLink(
-            node_id, hub, config=ArqConfig(**{**FRAMES_ARQ_DEFAULTS, **(arq or {})})
-        )
-    return SharedHubLink(
-        node_id,
-        hub,
-        config=ArqConfig(**{**MAC_ARQ_DEFAULTS, **(arq or {})}),
-        mac=mac_config(mac, rate_bytes_per_s),
-        server_id=server,
-        members=tuple(members),
-        seed=seed,
-    )

@@ -5,13 +5,17 @@ The node with ``server_id`` runs a :class:`~scaleflu.link.mac.MacServer`, every 
 ``members``). The apps use it as any Link: ``send``/``recv``; the server may also
 ``broadcast(payload, targets, timeout)`` one message to several robots (they receive it from
 ``recv`` like any other message). Give it the transport's ``transmit`` and call ``feed(raw)``
-for every frame received.
+for every frame received. ``attach_mac`` runs the same MAC under an ArqLink that a back-end
+built (the OFDM links of ``scaleflu.radio.links`` do it in their constructors, given a
+:class:`MacSetup`).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from .api import ArqLink, LinkClosedError, message_bytes
@@ -21,6 +25,16 @@ from .mac import BroadcastHandle, MacConfig, MacServer, MacStation
 from .wire import Message
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class MacSetup:
+    """The MAC a link is built with: its settings and this node's place in the schedule."""
+
+    config: MacConfig
+    server_id: int = 0  # the node that schedules the medium
+    members: tuple[int, ...] = ()  # server: robots admitted from the start; robot: itself if so
+    seed: int | None = None  # the MAC's random choices (contention slots, grant numbers)
 
 
 class MacLink(ArqLink):
@@ -132,8 +146,6 @@ def attach_mac(
     The MAC's timers run on the link's clock (``ArqLink.set_clock``: the shared medium's virtual
     time on ``ofdm-shared``); set it before attaching.
     """
-    import threading  # noqa: PLC0415
-
     with link._wake:
         transmit = link.endpoint.transmit
         if link.node_id == server_id:

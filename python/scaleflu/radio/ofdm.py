@@ -6,7 +6,7 @@ after every burst (digital.burst_shaper_cc) -> amplitude scaling -> complex samp
 ``ofdm_link_rx``: complex samples in -> digital.ofdm_rx -> pdu.tagged_stream_to_pdu ->
 frame_parser -> CRC-checked frame PDUs out (message port "out", header fields in metadata).
 
-Why the padding and the buffers (GUIDE §5, measured again in benchmarks/link_bench.py): the
+Why the padding and the buffers (docs/link.md 8.3; benchmarks/link_bench.py measures them): the
 Schmidl & Cox detector of the stock receiver misses about 5 % of abutting frames, so every burst
 is followed by ``post_padding`` zero samples; the zeros also push the last burst through the
 receiver so it is not stuck in the pipeline when no more samples come. Frames of 600 B or more
@@ -18,15 +18,23 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Any
 
 import pmt
 from gnuradio import analog, blocks, digital, fft, gr, pdu
 from gnuradio.digital import ofdm_txrx as _ofdm_txrx
 
-try:
-    from gnuradio import scaleflu as _gr_scaleflu
-except ImportError as exc:  # pragma: no cover - build problem, say so plainly
-    raise ImportError(f"gnuradio.scaleflu (the C++ blocks) is not importable: {exc}") from exc
+
+def _cpp() -> Any:
+    """The compiled blocks (``gnuradio.scaleflu``), imported when a block is built, not when this
+    module loads: that package star-imports :mod:`scaleflu.radio.blocks`, which imports this
+    module, so an import at load time would run in a circle whichever of the two came first."""
+    try:
+        from gnuradio import scaleflu
+    except ImportError as exc:  # pragma: no cover - build problem, say so plainly
+        raise ImportError(f"gnuradio.scaleflu (the C++ blocks) is not importable: {exc}") from exc
+    return scaleflu
+
 
 __all__ = [
     "DEFAULT_POST_PADDING",
@@ -43,9 +51,8 @@ logger = logging.getLogger(__name__)
 
 def burst_demux_available() -> bool:
     """Whether this build has ``ofdm_burst_demux`` and the header parser guard it needs."""
-    return hasattr(_gr_scaleflu, "ofdm_burst_demux") and hasattr(
-        _gr_scaleflu, "header_parser_guard"
-    )
+    cpp = _cpp()
+    return hasattr(cpp, "ofdm_burst_demux") and hasattr(cpp, "header_parser_guard")
 
 
 LEN_TAG_KEY = "packet_len"
@@ -151,7 +158,7 @@ class ofdm_link_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         self.bps_header, self.bps_payload = bps_header, bps_payload
         self.post_padding = post_padding
         self.message_port_register_hier_in("in")
-        self.framer = _gr_scaleflu.frame_builder(mtu, src, dst, len_tag_key)
+        self.framer = _cpp().frame_builder(mtu, src, dst, len_tag_key)
         self.ofdm = digital.ofdm_tx(
             fft_len=fft_len,
             cp_len=cp_len,
@@ -277,7 +284,7 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             raise ValueError("blocking_demux needs the compiled ofdm_burst_demux and header guard")
         self.blocking_demux = bool(blocking_demux)
         if self.blocking_demux:
-            hpd = _gr_scaleflu.ofdm_burst_demux(3, fft_len, cp_len, frame_key, max_syms)
+            hpd = _cpp().ofdm_burst_demux(3, fft_len, cp_len, frame_key, max_syms)
         else:
             hpd = digital.header_payload_demux(3, fft_len, cp_len, frame_key, "", True)
         self.hpd = hpd
@@ -313,11 +320,11 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         )
         # header_data counts the packet in payload symbols (bits / bps), not bytes
         max_symbols = math.ceil(8 * max_packet / bps_payload)
-        if guard_headers and hasattr(_gr_scaleflu, "header_parser_guard"):
+        if guard_headers and hasattr(_cpp(), "header_parser_guard"):
             # parser and guard in one C++ block: no message hop (thread wake-up) between the
             # header and the demux, which waits for it (about 10 % of this chain's CPU time
             # with packet_headerparser_b -> header_guard, measured: docs/link.md §9.4.1)
-            hdr_parser = _gr_scaleflu.header_parser_guard(
+            hdr_parser = _cpp().header_parser_guard(
                 occ,
                 1,
                 len_tag_key,
@@ -336,7 +343,7 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
                 self.msg_connect(hdr_parser, "header_data", hpd, "header_data")
         else:
             hdr_parser = digital.packet_headerparser_b(hdr_format.formatter())
-            self.guard = _gr_scaleflu.header_guard(max_symbols, len_tag_key)
+            self.guard = _cpp().header_guard(max_symbols, len_tag_key)
             self.connect((hpd, 0), hdr_fft, chanest, hdr_eq, hdr_ser, hdr_demod, hdr_parser)
             if guard_headers:
                 self.msg_connect(hdr_parser, "header_data", self.guard, "in")
@@ -363,10 +370,10 @@ class ofdm_link_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             _set_min_buffer(b, bit_buf)
         self.to_pdu = pdu.tagged_stream_to_pdu(gr.types.byte_t, len_tag_key)
         try:
-            self.parser = _gr_scaleflu.frame_parser(node_id, mtu)
+            self.parser = _cpp().frame_parser(node_id, mtu)
         except TypeError:  # a C++ build older than the parser's MTU check: rebuild it
             logger.warning("gnuradio.scaleflu is an old build: frame_parser has no mtu check")
-            self.parser = _gr_scaleflu.frame_parser(node_id)
+            self.parser = _cpp().frame_parser(node_id)
         # raw_frames: whole checked frames out (metadata "raw" = #t), which link_arq takes as
         # they are instead of re-encoding them from the metadata in Python
         if raw_frames and hasattr(self.parser, "set_raw_output"):

@@ -6,10 +6,11 @@ is :mod:`scaleflu.cli.testbed`) generates random pre-shared keys, writes the res
 starts the channel (``ofdm-shared``, the default: the sample-level shared medium's broker, one
 simulated frequency with fading, every node an OFDM transmitter and receiver with the MAC; the
 frame hub of the ``frames-shared`` and ``frames`` links; nothing for ``ofdm-pairs`` where the
-processes exchange OFDM samples over ZeroMQ), the edge server and the robots, shows progress, and
-prints the server's summary. The last robot's data carries the backdoor trigger (docs/testbed.md)
-and it asks to be forgotten after ``--unlearn-after-round``. Ctrl-C stops every child. Everything
-lands in ``runs/testbed-<time>/``: config, logs, history, report, plots.
+processes exchange OFDM samples over ZeroMQ), the edge server and the robots, shows progress,
+and prints the server's summary. The last robot's data carries the backdoor trigger (the
+client-unlearning protocol, docs/scale.md) and it asks to be forgotten after
+``--unlearn-after-round``. Ctrl-C stops every child. Everything lands in
+``runs/testbed-<time>/``: config, logs, history, report, plots.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from scaleflu.config import (
     save_config,
 )
 from scaleflu.link import ChannelModel
-from scaleflu.link.kinds import canonical_kind
+from scaleflu.linkkinds import canonical_kind
 from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import client_of, robot_of
 
@@ -102,7 +103,7 @@ def free_port() -> int:
 
 
 def free_port_block(n: int) -> int:
-    """A base port with ``n`` consecutive free ports (ofdm-zmq binds base + node id)."""
+    """A base port with ``n`` consecutive free ports (ofdm-pairs binds base + node id)."""
     for _ in range(200):
         base = random.randint(20000, 60000 - n)
         ok = True

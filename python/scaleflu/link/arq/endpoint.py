@@ -1,20 +1,12 @@
-"""Selective-repeat ARQ over link frames, transport-agnostic and free of threads.
+"""ArqEndpoint: selective-repeat ARQ over link frames, transport-agnostic and free of threads.
 
 An ArqEndpoint fragments outgoing messages into DATA frames, paces them (window of frames in
 flight and an optional token bucket in bytes per second), retransmits fragments that the peer's
 ACK bitmaps report missing (fast retransmit, by count and by time) or that time out, and ends a
 send at its deadline. Incoming DATA frames are reassembled, acknowledged with compact bitmaps and
 delivered exactly once; a memory of completed messages makes late retransmissions (and retries of
-the same message) re-ACKed but not re-delivered.
-
-**Delivery status.** ``DELIVERED`` only when the receiver acknowledged every fragment (a COMPLETE
-ACK, or every fragment's bit). ``FAILED`` only when the message certainly did not get through:
-refused by the receiver (NACK), or ended (deadline, ``max_retransmissions``, cancel, close)
-before every fragment was even transmitted once. A send ended after every fragment went out
-without a confirmation is ``UNCONFIRMED``: the receiver may or may not hold it. Retry it with
-the same bytes: a new send of bytes identical to a recent ``UNCONFIRMED`` send to the same peer
-reuses its message id (or pass ``msg_id=`` explicitly), and the receiver, which remembers
-completed (src, msg_id) for ``completed_ttl``, ACKs it COMPLETE without delivering it twice.
+the same message) re-ACKed but not re-delivered. The frames it exchanges are specified in
+:mod:`scaleflu.link.arq.frames`, what a send's outcome means in :mod:`scaleflu.link.arq.handle`.
 
 **Timers** (RFC 6298 per peer): SRTT/RTTVAR from one Karn-filtered sample per ACK (the newest
 fragment it newly acknowledges that was sent once), RTO = SRTT + max(4·RTTVAR, granularity) +
@@ -32,66 +24,33 @@ COMPLETE ACK when a message completes, repeats it ``complete_ack_repeats`` times
 (restarting the repeats); the last ACK of a partial message is repeated ``ack_repeats`` times
 when nothing new arrives.
 
-**Link keys** (optional, per peer): ``set_peer_key(peer, key)`` makes every frame exchanged with
-``peer`` carry a 16-byte tag, HMAC-SHA256(key, frame header ‖ payload before the tag) truncated
-to 16 bytes, appended to the payload (the frame's length field and CRC cover it). A DATA, ACK or
-NACK frame that claims to come from a keyed peer without a valid tag is dropped and counted
-(``auth_failures``): nobody without the key can mark a send delivered, fail it, reset it or
-inject fragments into it. Both ends must hold the same key (set it on both before sending).
-Frames from keyed peers are *trusted* in reassembly: untrusted senders cannot evict them.
-``require_auth=True`` drops every unicast frame from a peer without a key (``unauthenticated``).
-Broadcast DATA frames are never tagged (no pairwise key); authenticate them above the link.
-The tag binds the frame to (type, src, dst, msg_id, seq, count); a recorded frame replays only
-into the same message under the same key, so derive a fresh key per session.
-
-ACK payload (frame type ACK, src = receiver, dst = sender, msg_id of the message, seq 0, count 1),
-big-endian (followed by the 16-byte tag when the peers share a key)::
-
-    off size field
-    0   1    flags: bit0 COMPLETE (every fragment received); other bits 0
-    1   4    count: fragment count of the acknowledged message (echo)
-    5   4    base: every fragment with seq < base has been received
-    9   2    n: bitmap length in bytes
-    11  n    bitmap, MSB-first: bit i set = fragment base + i received; bits >= count are 0
-
-NACK payload: u8 reason, u32 count (echo; a NACK whose count differs is ignored). Reasons: 1
-TOO_LARGE and 2 REFUSED (the receiver will never take the message: the send fails), 3 RESET (the
-receiver dropped its partial copy after eviction or timeout: the sender forgets all
-acknowledgements and sends every fragment again). Any other reason code is rejected and counted
-(``bad_nacks``). ACKs are cumulative: a fragment once acknowledged is not sent again unless a
-RESET comes.
-
 The endpoint never blocks and never starts threads: the owner calls ``on_frame`` for every frame
 off the air, and ``poll`` whenever ``next_deadline`` passes. ``transmit`` is called from inside
 ``send``/``on_frame``/``poll`` and must not re-enter the endpoint synchronously.
+
+This module is longer than the others because ArqEndpoint is one state machine: its sender and
+receiver halves share the peer table, the clock, the key table and the transmit path, and each
+ACK or DATA frame moves both; split apart they would be two classes reaching into one state.
 """
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import hmac
 import logging
 import math
 import random
-import struct
-import threading
 import time
-import zlib
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
-from .fragment import Reassembler
-from .frame import (
+from ..fragment import Reassembler
+from ..frame import (
     BROADCAST,
-    DEFAULT_MTU,
-    FRAME_HEADER,
     FRAME_HEADER_SIZE,
-    FRAME_MAGIC,
-    FRAME_VERSION,
     RESERVED_MSG_ID,
     Frame,
     FrameCrcError,
@@ -101,235 +60,30 @@ from .frame import (
     encode_frame,
     max_payload,
 )
+from .config import ArqConfig
+from .frames import (
+    _NACK_REASONS,
+    ACK_HEADER_SIZE,
+    MIN_KEY_SIZE,
+    NACK_PAYLOAD,
+    NACK_RESET,
+    NACK_TOO_LARGE,
+    TAG_SIZE,
+    _complete_ack,
+    ack_from_bitmap,
+    decode_ack,
+    encode_ack,
+    encode_tagged_frame,
+    frame_tag,
+)
+from .handle import SendHandle, SendStatus
 
 logger = logging.getLogger(__name__)
 
-ACK_HEADER = struct.Struct(">BIIH")
-ACK_HEADER_SIZE = ACK_HEADER.size  # 11
-ACK_COMPLETE = 0x01
-NACK_PAYLOAD = struct.Struct(">BI")
-NACK_TOO_LARGE = 1
-NACK_REFUSED = 2
-NACK_RESET = 3
-_NACK_REASONS = {NACK_TOO_LARGE: "too_large", NACK_REFUSED: "refused", NACK_RESET: "reset"}
-TAG_SIZE = 16  # bytes of the truncated HMAC-SHA256 tag of frames exchanged with a keyed peer
-MIN_KEY_SIZE = 16
-_CRC = struct.Struct(">I")
-TAIL_FRAGMENTS = 16  # default ArqConfig.tail_fragments
 RATE_WINDOW_S = 10.0  # delivery-rate samples are kept this long (windowed maximum)
+
+
 LOSS_GAIN = 1.0 / 32  # EWMA gain of the per-peer loss estimate (per fragment whose fate is known)
-
-
-def frame_tag(key: bytes, header_and_payload: bytes | memoryview) -> bytes:
-    """The 16-byte link tag: HMAC-SHA256(key, frame header ‖ payload before the tag)[:16]."""
-    return hmac.digest(key, header_and_payload, hashlib.sha256)[:TAG_SIZE]
-
-
-def encode_tagged_frame(
-    key: bytes,
-    type: FrameType | int,
-    src: int,
-    dst: int,
-    msg_id: int,
-    seq: int,
-    count: int,
-    payload: bytes | memoryview,
-    mtu: int = DEFAULT_MTU,
-) -> bytes:
-    """A frame whose payload is ``payload`` followed by its link tag (see the module docstring)."""
-    if len(payload) + TAG_SIZE > max_payload(mtu):
-        raise ValueError(f"payload of {len(payload)} bytes + tag exceeds {max_payload(mtu)}")
-    ftype = FrameType(type)
-    for label, value, limit in (
-        ("src", src, 0xFFFF),
-        ("dst", dst, 0xFFFF),
-        ("msg_id", msg_id, 0xFFFFFFFF),
-        ("count", count, 0xFFFFFFFF),
-    ):
-        if not 0 <= value <= limit:
-            raise ValueError(f"{label} {value} out of range 0..{limit}")
-    if not 0 <= seq < count:
-        raise ValueError(f"need count >= 1 and 0 <= seq < count (seq={seq}, count={count})")
-    body = (
-        FRAME_HEADER.pack(
-            FRAME_MAGIC,
-            FRAME_VERSION,
-            int(ftype),
-            src,
-            dst,
-            msg_id,
-            seq,
-            count,
-            len(payload) + TAG_SIZE,
-        )
-        + payload
-    )
-    body += frame_tag(key, body)
-    return body + _CRC.pack(zlib.crc32(body) & 0xFFFFFFFF)
-
-
-class SendStatus(enum.Enum):
-    """Outcome of a send."""
-
-    PENDING = "pending"
-    DELIVERED = "delivered"  # the receiver confirmed every fragment
-    FAILED = "failed"  # certainly not delivered (refused, or ended before all was sent once)
-    UNCONFIRMED = "unconfirmed"  # ended without confirmation after all was sent: unknown
-
-
-@dataclass
-class AckInfo:
-    """Decoded ACK payload."""
-
-    complete: bool
-    count: int
-    base: int
-    bitmap: bytes
-
-    def covered(self) -> int:
-        """One past the highest fragment reported received (padding bits say nothing)."""
-        stripped = self.bitmap.rstrip(b"\x00")
-        if not stripped:
-            return self.base
-        last = stripped[-1]
-        tail = (last & -last).bit_length() - 1  # trailing zero bits of the last non-zero byte
-        return min(self.count, self.base + 8 * len(stripped) - tail)
-
-
-def encode_ack(info: AckInfo) -> bytes:
-    """Serialise an ACK payload (see the module docstring)."""
-    flags = ACK_COMPLETE if info.complete else 0
-    return ACK_HEADER.pack(flags, info.count, info.base, len(info.bitmap)) + bytes(info.bitmap)
-
-
-def decode_ack(payload: bytes) -> AckInfo:
-    """Parse and validate an ACK payload; raise ValueError when malformed."""
-    if len(payload) < ACK_HEADER_SIZE:
-        raise ValueError("ACK payload too short")
-    flags, count, base, n = ACK_HEADER.unpack_from(payload)
-    if flags & ~ACK_COMPLETE:
-        raise ValueError(f"unknown ACK flags 0x{flags:02x}")
-    if len(payload) != ACK_HEADER_SIZE + n:
-        raise ValueError("ACK bitmap length mismatch")
-    if count < 1 or base > count:
-        raise ValueError(f"ACK base {base} / count {count}")
-    bitmap = bytes(payload[ACK_HEADER_SIZE:])
-    complete = bool(flags & ACK_COMPLETE)
-    if complete and (base != count or n):
-        raise ValueError("complete ACK must have base == count and no bitmap")
-    if n and base + 8 * n > count:
-        extra = base + 8 * n - count  # trailing bits beyond the message must be zero
-        if int.from_bytes(bitmap, "big") & ((1 << extra) - 1):
-            raise ValueError("ACK bitmap has bits beyond count")
-    return AckInfo(complete, count, base, bitmap)
-
-
-def ack_from_bitmap(bitmap: bytes, count: int, max_bytes: int) -> AckInfo:
-    """Compress a full MSB-first reception bitmap into base + at most max_bytes of bitmap."""
-    nbits = len(bitmap) * 8
-    lead = len(bitmap) - len(bitmap.lstrip(b"\xff"))
-    base = lead * 8
-    if lead < len(bitmap):
-        b = bitmap[lead]
-        while b & (0x80 >> (base - lead * 8)):
-            base += 1
-    base = min(base, count)
-    if base >= count:
-        return AckInfo(True, count, count, b"")
-    stripped = bitmap.rstrip(b"\x00")
-    if not stripped:
-        return AckInfo(False, count, base, b"")
-    last = stripped[-1]
-    high = len(stripped) * 8 - 1
-    while not last & (0x80 >> (high & 7)):
-        high -= 1
-    if high < base:
-        return AckInfo(False, count, base, b"")
-    width = min(high - base + 1, 8 * max_bytes)
-    value = int.from_bytes(bitmap, "big") >> (nbits - base - width)
-    value &= (1 << width) - 1
-    nbytes = (width + 7) // 8
-    value <<= nbytes * 8 - width
-    return AckInfo(False, count, base, value.to_bytes(nbytes, "big"))
-
-
-@dataclass
-class ArqConfig:
-    """Tuning of an ArqEndpoint; times in seconds of the endpoint's clock."""
-
-    mtu: int = DEFAULT_MTU
-    window: int = 32  # DATA frames in flight (sent, not acknowledged, not deemed lost)
-    rate_bytes_per_s: float | None = None  # token-bucket pacing of DATA frames; None = unpaced
-    burst_bytes: int = 4 * DEFAULT_MTU  # token bucket depth
-    initial_rto: float = 0.5  # retransmission timeout before any RTT sample
-    min_rto: float = 0.05
-    max_rto: float = 5.0
-    backoff: float = 2.0  # RTO multiplier per round of timeouts (reset by a fresh ACK)
-    max_backoff: int = 2  # at most this many backoff steps (x4) until a fresh ACK
-    rto_copies: int = 2  # copies of a lone fragment retransmitted after a timeout (tail losses)
-    # Tail copies: a fragment retransmitted at the very end of a message (every fragment sent
-    # once, at most tail_fragments unacknowledged) goes out in k copies, k the smallest with
-    # loss^k <= tail_loss_target at the peer's measured (ACK-proven) loss rate, at most
-    # max_tail_copies: each round of repairs at the end costs a round trip or a timeout, and at
-    # 40 % loss a lone copy needed several (the 40 %-loss tails). 1 = off.
-    tail_loss_target: float = 0.05
-    max_tail_copies: int = 4
-    # the end of a message: every fragment sent once and at most this many unacknowledged (also
-    # the most fragments timing out together that get rto_copies copies)
-    tail_fragments: int = TAIL_FRAGMENTS
-    # an ACK showing a fragment missing whose latest copy left more than one round trip ago
-    # (SRTT + 4 RTTVAR + ack_delay: no min_rto floor, no backoff) marks it lost, also after a
-    # timeout retransmission, whose loss the order-based rule cannot prove (Karn)
-    rack_rtt: bool = True
-    # RFC 6298 (5.3), while a message still has fragments never sent: an ACK that acknowledges
-    # new data restarts the timers of its fragments in flight (none expires sooner than one
-    # RTO after the latest progress); later frames follow and the ACK bitmaps expose losses.
-    # Once every fragment went out, each times out one RTO after it was sent (tail losses
-    # have nothing behind them). Without it, under a CPU stall (the queue drains slowly,
-    # ACKs keep coming) 100-250 fragments of a 2 MB transfer timed out without being lost.
-    rto_restart: bool = True
-    rate_floor: bool = False  # RTO >= 1.5 x bytes in flight / measured delivery rate
-    rto_probe: int = 8  # at most this many fragments of a message retransmitted per timeout
-    rto_granularity: float = 0.001  # lower bound of the 4·RTTVAR term (RFC 6298's G)
-    deadline: float = 60.0  # default time a send may take before it ends
-    max_retransmissions: int | None = None  # per fragment; None = until the deadline
-    reorder_tolerance: int = 3  # frames sent after a missing one before it counts as lost
-    ack_every: int = 8  # ACK after this many new fragments
-    ack_delay: float = 0.02  # or this long after the first unacknowledged one
-    complete_ack_repeats: int = 3  # unsolicited repeats of a COMPLETE ACK
-    complete_ack_interval: float = 0.05  # first repeat after this long, then doubling
-    # unprompted repeats of the last ACK of a partial message when no new fragment arrived
-    # since (after complete_ack_interval, then doubling): a lost ACK at the end of a burst
-    # otherwise leaves the sender waiting for its timeout
-    ack_repeats: int = 1
-    # COMPLETE ACKs answering retransmissions of a completed message: at most this many per
-    # ack_delay (the sender's copies of a tail retransmission arrive back to back)
-    reack_burst: int = 4
-    max_message_size: int = 256 * 1024 * 1024 + 64
-    reassembly_max_messages: int = 32
-    reassembly_max_bytes: int = 300 * 1024 * 1024
-    reassembly_max_messages_per_sender: int | None = 8  # None = reassembly_max_messages
-    reassembly_max_bytes_per_sender: int | None = None  # None = reassembly_max_bytes
-    reassembly_timeout: float = 120.0
-    completed_memory: int = 1024
-    completed_ttl: float = 300.0
-    require_auth: bool = False  # drop unicast frames from peers without a link key
-
-    @classmethod
-    def robot(cls, **overrides: object) -> ArqConfig:
-        """Defaults for a robot (4 GB board): 40 MiB of partial messages in all, 8 per sender."""
-        base = {
-            "reassembly_max_messages": 8,
-            "reassembly_max_bytes": ROBOT_REASSEMBLY_BYTES,
-            "reassembly_max_messages_per_sender": 4,
-            "max_message_size": ROBOT_REASSEMBLY_BYTES,
-        }
-        return cls(**{**base, **overrides})
-
-
-# A robot holds at most this many bytes of partial messages: a LeNet/ResNet-18 state dict
-# (45 MB fp32 is the largest model in the paper's tables) needs less; see docs/link.md §6.
-ROBOT_REASSEMBLY_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -366,57 +120,6 @@ class ArqStats:
     def as_dict(self) -> dict[str, int]:
         """Counters as a plain dict."""
         return asdict(self)
-
-
-@dataclass
-class SendHandle:
-    """Tracks one send: DELIVERED, FAILED or UNCONFIRMED (with a reason) once finished."""
-
-    msg_id: int
-    dst: int
-    size: int
-    count: int
-    started: float
-    status: SendStatus = SendStatus.PENDING
-    reason: str = ""
-    finished: float | None = None
-    frames_sent: int = 0
-    retransmissions: int = 0
-    retry: bool = False  # this send reused the message id of an earlier unconfirmed one
-    _event: threading.Event = field(default_factory=threading.Event, repr=False)
-    _callbacks: list[Callable[[SendHandle], None]] = field(default_factory=list, repr=False)
-
-    def done(self) -> bool:
-        """Whether the send has finished (delivered, failed or unconfirmed)."""
-        return self.status is not SendStatus.PENDING
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Block until finished (for threaded owners); True if finished."""
-        return self._event.wait(timeout)
-
-    def add_done_callback(self, fn: Callable[[SendHandle], None]) -> None:
-        """Call ``fn(handle)`` once finished (immediately if it already is)."""
-        if self.done():
-            fn(self)
-        else:
-            self._callbacks.append(fn)
-
-    @property
-    def elapsed(self) -> float | None:
-        """Seconds from send to finish, or None while pending."""
-        return None if self.finished is None else self.finished - self.started
-
-    def _finish(self, status: SendStatus, reason: str, now: float) -> None:
-        self.status = status
-        self.reason = reason
-        self.finished = now
-        self._event.set()
-        for fn in self._callbacks:
-            try:
-                fn(self)
-            except Exception:  # a user callback must not break the endpoint
-                logger.exception("send callback failed")
-        self._callbacks.clear()
 
 
 class _Outgoing:
@@ -473,8 +176,8 @@ class _Peer:
         self.backoff = 0  # RTO doublings since the last fresh ACK
         # A round of timeouts is one RTO long: the RTO doubles again only when the RTO it had
         # at the last doubling (backoff_span) has passed since (backoff_at). Fragments sent a
-        # few ms apart time out a few ms apart; counting each poll as a round had taken the
-        # RTO from 0.25 s to its x4 cap within 10 ms at the end of every lossy transfer.
+        # few ms apart time out a few ms apart, and counting each poll as a round would take
+        # the RTO to its cap within milliseconds at the end of every lossy transfer.
         self.backoff_at: float | None = None
         self.backoff_span = 0.0
         self.rate: float | None = None  # bytes/s acknowledged: max of the recent samples
@@ -1252,7 +955,3 @@ class ArqEndpoint:
             self.stats.sends_failed += 1
             logger.warning("send of msg %d to node %d failed: %s", key[1], key[0], reason)
         o.handle._finish(status, reason, now)
-
-
-def _complete_ack(count: int) -> bytes:
-    return encode_ack(AckInfo(True, count, count, b""))

@@ -1,25 +1,27 @@
-"""Send or receive one test message over any link back-end and print the result as JSON.
+"""Send or receive one test message over any link kind and print the result as JSON.
 
 Check a link end to end before running FL over it, e.g. two processes over ZeroMQ::
 
-    python -m scaleflu.radio.linktest --kind zmq --node 1 --peers 0 --recv 1
-    python -m scaleflu.radio.linktest --kind zmq --node 0 --peers 1 --send 250000
+    python -m scaleflu.linktest_cli --kind ofdm-pairs --node 1 --peers 0 --recv 1
+    python -m scaleflu.linktest_cli --kind ofdm-pairs --node 0 --peers 1 --send 250000
 
-or three processes on one simulated frequency (scaleflu.radio.medium)::
+or three processes on one simulated frequency (scaleflu.radio.medium; node 0 schedules the
+MAC, the others are its members)::
 
     python -m scaleflu.radio.medium --nodes 0,1
-    python -m scaleflu.radio.linktest --kind ofdm-shared --node 1 --recv 1
-    python -m scaleflu.radio.linktest --kind ofdm-shared --node 0 --send 250000 --dst 1
+    python -m scaleflu.linktest_cli --kind ofdm-shared --node 1 --recv 1
+    python -m scaleflu.linktest_cli --kind ofdm-shared --node 0 --send 250000 --dst 1
 
-or two radios (one command per machine)::
+or two radios (one command per machine; no MAC)::
 
-    python -m scaleflu.radio.linktest --kind uhd --node 1 \\
+    python -m scaleflu.linktest_cli --kind uhd --node 1 \\
         --tx-args type=b200,master_clock_rate=20e6 --recv 1
-    python -m scaleflu.radio.linktest --kind uhd --node 0 --tx-args type=b200 \\
+    python -m scaleflu.linktest_cli --kind uhd --node 0 --tx-args type=b200 \\
         --rx-args type=x300,addr=192.168.40.2,master_clock_rate=200e6 --send 250000 --dst 1
 
 The payload is seeded random bytes; both sides print its SHA-256. A missing radio ends the
-program with one line (RadioNotFound: ...) and exit status 1.
+program with one line (RadioNotFound: ...) and exit status 1. A command-line entry point of its
+own; it belongs with the other command-line modules.
 """
 
 from __future__ import annotations
@@ -33,9 +35,19 @@ import time
 
 import numpy as np
 
-from .links import close_networks, make_link
-from .medium import MediumError
-from .uhd import RadioNotFound
+from scaleflu.linkkinds import UnknownLinkKindError, canonical_kind, close_links, open_link
+
+KINDS_HERE = ("ofdm-pairs", "ofdm-shared", "uhd", "ofdm-loopback", "memory")
+
+
+def _kind(text: str) -> str:
+    try:
+        kind = canonical_kind(text)
+    except UnknownLinkKindError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if kind not in KINDS_HERE:
+        raise argparse.ArgumentTypeError(f"{kind!r} is not one of {', '.join(KINDS_HERE)}")
+    return kind
 
 
 def payload(size: int, seed: int) -> bytes:
@@ -45,15 +57,13 @@ def payload(size: int, seed: int) -> bytes:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m scaleflu.radio.linktest",
+        prog="python -m scaleflu.linktest_cli",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument(
-        "--kind", default="zmq", choices=["zmq", "ofdm-shared", "uhd", "ofdm_loopback", "memory"]
-    )
+    p.add_argument("--kind", default="ofdm-pairs", type=_kind, help=", ".join(KINDS_HERE))
     p.add_argument("--node", type=int, required=True, help="this node's id")
-    p.add_argument("--peers", default="", help="zmq peers: ids or id@host, comma-separated")
+    p.add_argument("--peers", default="", help="ofdm-pairs peers: ids or id@host, comma-separated")
     p.add_argument("--dst", type=int, default=None, help="destination (default: first peer)")
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--send", type=int, metavar="BYTES", help="send one message of BYTES")
@@ -67,7 +77,7 @@ def _parser() -> argparse.ArgumentParser:
         default="tcp://127.0.0.1:53100",
         help="ofdm-shared: medium broker (python -m scaleflu.radio.medium --nodes 0,1)",
     )
-    p.add_argument("--snr-db", type=float, default=None, help="zmq: receive-side AWGN")
+    p.add_argument("--snr-db", type=float, default=None, help="ofdm-pairs: receive-side AWGN")
     p.add_argument("--cfo", type=float, default=0.0)
     p.add_argument("--drop-rate", type=float, default=0.0)
     p.add_argument("--tx-args", default="type=b200,master_clock_rate=20e6")
@@ -85,12 +95,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     peers = [s.strip() for s in a.peers.split(",") if s.strip()]
     opts: dict = {}
-    if a.kind == "zmq":
+    if a.kind == "ofdm-pairs":
         opts = {"peers": peers, "base_port": a.base_port, "drop_rate": a.drop_rate, "cfo": a.cfo}
         if a.snr_db is not None:
             opts["snr_db"] = a.snr_db
-    elif a.kind == "ofdm-shared":
-        opts = {"broker": a.broker, "timeout": a.timeout}
+    elif a.kind == "ofdm-shared":  # node 0 schedules the MAC; every node is a member from the start
+        members = [int(x.split("@")[0]) for x in peers] or ([a.dst] if a.dst is not None else [])
+        opts = {
+            "broker": a.broker,
+            "timeout": a.timeout,
+            "members": tuple(members) if a.node == 0 else (a.node,),
+            "seed": a.seed + a.node,
+        }
     elif a.kind == "uhd":
         opts = {
             "tx_args": a.tx_args,
@@ -101,12 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             "rx_gain": a.rx_gain,
         }
     try:
-        link = make_link(a.kind, a.node, **opts)
-    except RadioNotFound as exc:
-        print(exc.line(), file=sys.stderr)
-        return 1
-    except MediumError as exc:
-        print(f"MediumError: {exc}", file=sys.stderr)
+        link = open_link(a.kind, a.node, **opts)
+    except (RuntimeError, ValueError) as exc:  # no radio, no broker, bad options: one line
+        line = getattr(exc, "line", None)
+        print(line() if callable(line) else f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     try:
         if a.send is not None:
@@ -138,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if len(got) == a.recv else 3
     finally:
         link.close()
-        close_networks()
+        close_links()
 
 
 if __name__ == "__main__":

@@ -1,24 +1,25 @@
-"""make_link: kinds, option routing, errors."""
+"""open_link on the GNU Radio kinds: option routing, errors, the PHY's arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 
-from scaleflu.radio.links import ChannelConfig, PhyConfig, _split, make_link, phy_rate_bytes_per_s
+from scaleflu.linkkinds import open_link
 from scaleflu.radio.ofdm import auto_min_output_buffer, ofdm_carriers, samples_per_frame
+from scaleflu.radio.phy import ChannelConfig, PhyConfig, phy_rate_bytes_per_s, split_phy_options
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(60)]
 
 
 def test_memory_kind_delivers():
-    a = make_link("memory", 0, network="m1", loss=0.1, seed=2)
-    b = make_link("memory", 1, network="m1")
+    a = open_link("memory", 0, network="m1", loss=0.1, seed=2)
+    b = open_link("memory", 1, network="m1")
     assert a.send(1, b"hello" * 1000, timeout=10).ok
     assert b.recv(timeout=5) == (0, b"hello" * 1000)
 
 
 def test_option_routing():
-    phy, ch, rest = _split(
+    phy, ch, rest = split_phy_options(
         dict(fft_len=128, bps_payload=1, snr_db=15, taps=[1, 0.5j], window=8, deadline=5.0)
     )
     assert phy == PhyConfig(fft_len=128, bps_payload=1)
@@ -29,13 +30,13 @@ def test_option_routing():
 
 def test_errors():
     with pytest.raises(ValueError, match="unknown link kind"):
-        make_link("carrier-pigeon", 0)
+        open_link("carrier-pigeon", 0)
     with pytest.raises(ValueError, match="needs nodes"):
-        make_link("ofdm_loopback", 0, network="nobody")
+        open_link("ofdm-loopback", 0, network="nobody")
     with pytest.raises(ValueError, match="do not apply"):
-        make_link("uhd", 0, snr_db=10)
+        open_link("uhd", 0, snr_db=10)
     with pytest.raises(ValueError, match="at least one peer"):
-        make_link("zmq", 0, peers=[0])
+        open_link("ofdm-pairs", 0, peers=[0])
 
 
 def test_phy_arithmetic():

@@ -1,0 +1,344 @@
+"""The lockstep over ZeroMQ: the broker that owns the medium, and a node's raw client.
+
+One **broker** (ROUTER socket) runs the :class:`~scaleflu.radio.medium.model.MediumModel`. Each
+step it waits until every attached node has sent its block of transmitted samples (REQ/REP per
+block, as in srsRAN's multi-UE ZeroMQ set-up), computes the step and answers each node with
+what its receiver hears, so a slow node makes the whole medium wait and the physics does not
+depend on CPU speed. When nothing has been on air for ``idle_blocks`` steps the broker stops
+sending noise to the receivers and paces virtual time at ``idle_speed`` x real time, and while
+no node has anything to send a step covers ``idle_stride`` blocks. :class:`MediumClient` is one
+node's end of it (tests and benchmarks drive it with hand-made bursts; ``MediumPort`` wraps it
+in a flowgraph).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import struct
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from .config import DEFAULT_MEDIUM_ADDRESS, MAX_NODE_ID, MediumConfig, _check_node
+from .model import MediumModel
+
+logger = logging.getLogger(__name__)
+
+MAX_SAMPLE_ABS = 1e4  # transmitters are normalised to unit power; anything far above is hostile
+
+
+class MediumError(RuntimeError):
+    """The broker refused a request or did not answer in time."""
+
+
+# Messages (multipart): request [kind, header, payload]; kinds:
+#   b"J" join:  header = u16 node              -> b"W" welcome: u32 block, f64 samp_rate, u64 step
+#   b"S" step:  header = u64 step, u8 flags    -> b"R" rx: u64 step, u8 flags (1 = idle), samples
+#               payload = block complex64 samples, or empty = all zeros
+#   b"L" leave -> b"B";  b"Q" stats -> b"T" JSON;  any error -> b"E" text
+_JOIN = struct.Struct("<H")
+
+
+_WELCOME = struct.Struct("<IdQ")
+
+
+_STEP = struct.Struct("<QB")
+
+
+_FLAG_IDLE = 1
+
+
+class MediumBroker:
+    """Owns the medium: collects every node's block, computes the step, answers each node."""
+
+    def __init__(self, config: MediumConfig, context: Any = None) -> None:
+        self.cfg = config
+        self.model = MediumModel(config)
+        self._ctx = context or zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        # a message part larger than one block of samples is hostile: ZeroMQ drops the peer
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 8 * config.block + 1024)
+        if config.address.endswith(":0"):
+            port = self._sock.bind_to_random_port(config.address.rsplit(":", 1)[0])
+            self.address = f"{config.address.rsplit(':', 1)[0]}:{port}"
+        else:
+            self._sock.bind(config.address)
+            self.address = config.address
+        self._ident: dict[int, bytes] = {}  # node -> ZeroMQ identity
+        self._by_ident: dict[bytes, int] = {}
+        self._pending: dict[int, np.ndarray] = {}
+        self._silent: set[int] = set()  # nodes whose pending block is all zeros (empty payload)
+        self._waiting_since: float | None = None
+        self._started = not config.nodes
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._wall0: float | None = None
+        self._idle_t0: tuple[float, int] | None = None
+        self.errors = 0
+        self.dropped: list[int] = []
+        self._last_step_wall: float | None = None
+        self.busy_wall_s = 0.0  # wall time of steps in which receivers got samples
+        self.busy_samples = 0  # ... and their virtual samples
+        self._zero = np.zeros(config.block, np.complex64)
+
+    def start(self) -> MediumBroker:
+        """Serve in a daemon thread; returns self."""
+        self._thread = threading.Thread(target=self.serve, name="medium-broker", daemon=True)
+        self._thread.start()
+        return self
+
+    def serve(self) -> None:
+        """Serve until close() (blocking)."""
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        while not self._stop.is_set():
+            if poller.poll(100):
+                try:
+                    parts = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    continue
+                except zmq.ZMQError:
+                    break
+                self._handle(parts)
+            self._check_timeouts()
+        self._sock.close(0)
+
+    def _reply(self, ident: bytes, *parts: bytes) -> None:
+        self._sock.send_multipart([ident, *parts], copy=False)
+
+    def _error(self, ident: bytes, text: str) -> None:
+        self.errors += 1
+        logger.warning("medium: refused a request: %s", text)
+        self._reply(ident, b"E", text.encode()[:200])
+
+    def _handle(self, parts: list[bytes]) -> None:
+        if len(parts) < 2:
+            return
+        ident, kind, rest = parts[0], parts[1], parts[2:]
+        if kind == b"J":
+            if len(rest) != 1 or len(rest[0]) != _JOIN.size:
+                return self._error(ident, "bad join")
+            (node,) = _JOIN.unpack(rest[0])
+            if node > MAX_NODE_ID:
+                return self._error(ident, "bad node id")
+            if self.cfg.nodes and node not in self.cfg.nodes:
+                return self._error(ident, f"node {node} is not one of {list(self.cfg.nodes)}")
+            old = self._ident.get(node)
+            if old is not None and old != ident:
+                self._by_ident.pop(old, None)  # the node restarted: the new socket replaces it
+                self._pending.pop(node, None)
+                self._silent.discard(node)
+            with self._lock:
+                self.model.add(node)
+            self._ident[node] = ident
+            self._by_ident[ident] = node
+            if not self._started and set(self.cfg.nodes) <= set(self._ident):
+                self._started = True
+            logger.info("medium: node %d joined at step %d", node, self.model.steps)
+            return self._reply(
+                ident, b"W", _WELCOME.pack(self.cfg.block, self.cfg.samp_rate, self.model.steps)
+            )
+        node = self._by_ident.get(ident)
+        if kind == b"Q":
+            return self._reply(ident, b"T", json.dumps(self.stats()).encode())
+        if node is None:
+            return self._error(ident, "not joined (join first)")
+        if kind == b"L":
+            self._leave(node)
+            return self._reply(ident, b"B")
+        if kind != b"S" or len(rest) != 2 or len(rest[0]) != _STEP.size:
+            return self._error(ident, "bad request")
+        step, _flags = _STEP.unpack(rest[0])
+        if step != self.model.steps:
+            return self._error(ident, f"step {step} is not the current step {self.model.steps}")
+        payload = rest[1]
+        if len(payload) == 0:
+            x = self._zero
+        elif len(payload) == 8 * self.cfg.block:
+            x = np.frombuffer(payload, np.complex64)
+            if not np.isfinite(x).all() or np.abs(x).max() > MAX_SAMPLE_ABS:
+                return self._error(ident, "samples must be finite and bounded")
+        else:
+            return self._error(ident, f"a step carries 0 or {8 * self.cfg.block} bytes")
+        if node in self._pending:
+            return self._error(ident, "step sent twice")
+        self._pending[node] = x
+        if len(payload) == 0:
+            self._silent.add(node)
+        if self._waiting_since is None:
+            self._waiting_since = time.monotonic()
+        self._maybe_step()
+
+    def _maybe_step(self) -> None:
+        if not self._started or not self._pending:
+            return
+        if set(self._pending) != set(self.model.nodes):
+            return
+        idle_before = self.model.quiet_steps >= self.cfg.idle_blocks
+        deaf_before = {
+            n: self.model.deaf_steps.get(n, 0) >= self.cfg.idle_blocks for n in self._pending
+        }
+        all_silent = self._silent >= set(self._pending)
+        self._silent = set()
+        with self._lock:
+            if idle_before and all_silent and self.cfg.idle_stride > 1 and self.model.can_skip():
+                self.model.skip(self.cfg.idle_stride)  # nobody sends: jump, nobody hears
+                out = dict.fromkeys(self._pending, None)
+            else:
+                out = self.model.step(self._pending)
+        self._pending = {}
+        self._waiting_since = None
+        idle = idle_before and self.model.quiet_steps >= self.cfg.idle_blocks
+        now = time.monotonic()
+        if self._last_step_wall is not None and not idle:
+            self.busy_wall_s += now - self._last_step_wall
+            self.busy_samples += self.cfg.block
+        self._last_step_wall = now
+        if idle:
+            self._pace()
+        else:
+            self._idle_t0 = None
+        for node, y in out.items():
+            # a receiver that has heard no one for idle_blocks steps gets nothing (saves its CPU)
+            deaf = deaf_before[node] and self.model.deaf_steps.get(node, 0) >= self.cfg.idle_blocks
+            quiet = idle or deaf or y is None
+            header = _STEP.pack(self.model.steps, _FLAG_IDLE if quiet else 0)
+            self._reply(self._ident[node], b"R", header, b"" if quiet else y.tobytes())
+
+    def _pace(self) -> None:
+        """While idle, keep virtual time at most ``idle_speed`` x wall time (saves CPU)."""
+        if self.cfg.idle_speed <= 0:
+            return
+        now = time.monotonic()
+        if self._idle_t0 is None:
+            self._idle_t0 = (now, self.model.t)
+            return
+        t0, s0 = self._idle_t0
+        ahead = (self.model.t - s0) / self.cfg.samp_rate / self.cfg.idle_speed - (now - t0)
+        if ahead > 0:
+            time.sleep(min(ahead, 0.1))
+
+    def _leave(self, node: int) -> None:
+        ident = self._ident.pop(node, None)
+        if ident is not None:
+            self._by_ident.pop(ident, None)
+        self._pending.pop(node, None)
+        self._silent.discard(node)
+        with self._lock:
+            self.model.remove(node)
+        logger.info("medium: node %d left at step %d", node, self.model.steps)
+        self._maybe_step()
+
+    def _check_timeouts(self) -> None:
+        if self._waiting_since is None:
+            return
+        if time.monotonic() - self._waiting_since < self.cfg.node_timeout:
+            return
+        late = [n for n in self.model.nodes if n not in self._pending]
+        for n in late:
+            logger.warning(
+                "medium: node %d sent no block for %.0f s: dropped", n, self.cfg.node_timeout
+            )
+            self.dropped.append(n)
+            self._leave(n)
+        self._waiting_since = None
+
+    def stats(self) -> dict[str, Any]:
+        """Model counters plus broker errors and dropped nodes (JSON-ready)."""
+        with self._lock:
+            s = self.model.stats()
+        s["errors"] = self.errors
+        s["dropped"] = list(self.dropped)
+        # speed of the lockstep while receivers get samples (virtual s per wall s)
+        s["busy_samples"] = self.busy_samples
+        s["busy_wall_s"] = self.busy_wall_s
+        return s
+
+    def close(self) -> None:
+        """Stop serving."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5)
+
+    def __enter__(self) -> MediumBroker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class MediumClient:
+    """One node's lockstep connection to the broker (raw samples; MediumPort wraps it)."""
+
+    def __init__(self, node_id: int, address: str = DEFAULT_MEDIUM_ADDRESS, timeout: float = 120.0):
+        self.node_id = _check_node(node_id)
+        self.address = address
+        self.timeout = timeout
+        self.stopping = threading.Event()  # set by MediumPort to end a pending wait
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(address)
+        kind, parts = self._call(b"J", _JOIN.pack(self.node_id))
+        if kind != b"W":
+            raise MediumError(f"join refused: {parts}")
+        self.block, self.samp_rate, self.step_no = _WELCOME.unpack(parts[0])
+        self.idle = False
+
+    def _call(self, kind: bytes, *parts: bytes) -> tuple[bytes, list[bytes]]:
+        self._sock.send_multipart([kind, *parts], copy=False)
+        end = time.monotonic() + self.timeout
+        while not self._sock.poll(200):  # short slices: stop() ends a wait within 0.2 s
+            if self.stopping.is_set():
+                raise MediumError("stopped")
+            if time.monotonic() > end:
+                raise MediumError(f"no answer from the medium broker at {self.address}")
+        reply = self._sock.recv_multipart()
+        if reply[0] == b"E":
+            raise MediumError(reply[1].decode(errors="replace") if len(reply) > 1 else "error")
+        return reply[0], reply[1:]
+
+    def exchange(self, tx: np.ndarray | None) -> np.ndarray | None:
+        """Send this step's block (None = zeros); the received block, or None while idle."""
+        payload = b"" if tx is None else np.ascontiguousarray(tx, np.complex64).tobytes()
+        kind, parts = self._call(b"S", _STEP.pack(self.step_no, 0), payload)
+        if kind != b"R" or len(parts) != 2:
+            raise MediumError("bad reply from the medium broker")
+        self.step_no, flags = _STEP.unpack(parts[0])
+        self.idle = bool(flags & _FLAG_IDLE)
+        if self.idle:
+            return None
+        return np.frombuffer(parts[1], np.complex64)
+
+    def stats(self) -> dict[str, Any]:
+        """The broker's counters."""
+        _, parts = self._call(b"Q")
+        return json.loads(parts[0])
+
+    def close(self) -> None:
+        """Leave the medium."""
+        try:
+            self._sock.send_multipart([b"L"])
+            self._sock.poll(1000)
+        finally:
+            self._sock.close(0)
+
+
+def broker_stats(address: str = DEFAULT_MEDIUM_ADDRESS, timeout: float = 5.0) -> dict[str, Any]:
+    """The counters of the broker at ``address`` (no join needed)."""
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    try:
+        s.connect(address)
+        s.send_multipart([b"Q"])
+        if not s.poll(int(timeout * 1000)):
+            raise MediumError(f"no answer from the medium broker at {address}")
+        return json.loads(s.recv_multipart()[1])
+    finally:
+        s.close(0)
