@@ -24,7 +24,8 @@ const pmt::pmt_t KEY_NOISE = pmt::mp("noise_var");
 const pmt::pmt_t KEY_SNR = pmt::mp("snr_db");
 const pmt::pmt_t KEY_OFFSET = pmt::mp("ofdm_sync_carr_offset");
 constexpr int N = phy::FFT_LEN;
-constexpr int SMOOTH = 4; // common phase averaged over +-4 symbols
+constexpr int SMOOTH = 4;        // common phase averaged over +-4 symbols
+constexpr int SLOPE_SMOOTH = 16; // phase slope across subcarriers over +-16 symbols
 
 inline gr_complex at(const gr_complex* y, int c, int offset)
 {
@@ -146,40 +147,30 @@ void coded_ofdm_demod_impl::finish_frame()
                 at(y, pc[size_t(p)], d_offset) * std::conj(d_h[pc[size_t(p)]]) *
                 phy::pilot_value(phy::SIGNAL_SYMBOLS + n, p);
     }
-    // Rotation per symbol fitted over the frame: w_c (residual carrier offset) plus
-    // w_s * subcarrier (sample-clock offset), weighted least squares over the 4 pilots.
-    double wc = 0, ws = 0;
+    // Residual carrier offset: the mean rotation per symbol over the frame, all pilots.
+    double wc = 0;
     if (ns >= 2) {
-        double s0 = 0, s1 = 0, s2 = 0, t0 = 0, t1 = 0;
-        for (int p = 0; p < phy::N_PILOT; p++) {
-            gr_complex acc(0, 0);
-            for (int n = 0; n + 1 < ns; n++)
+        gr_complex acc(0, 0);
+        for (int n = 0; n + 1 < ns; n++)
+            for (int p = 0; p < phy::N_PILOT; p++)
                 acc += q[size_t((n + 1) * phy::N_PILOT + p)] *
                        std::conj(q[size_t(n * phy::N_PILOT + p)]);
-            const double a = std::abs(acc), w = std::arg(acc), k = psc[size_t(p)];
-            s0 += a;
-            s1 += a * k;
-            s2 += a * k * k;
-            t0 += a * w;
-            t1 += a * k * w;
-        }
-        const double det = s0 * s2 - s1 * s1;
-        if (s0 > 0 && std::abs(det) > 1e-12 * s0 * s2) {
-            wc = (t0 * s2 - t1 * s1) / det;
-            ws = (s0 * t1 - s1 * t0) / det;
-        } else if (s0 > 0) {
-            wc = t0 / s0;
-        }
+        wc = std::abs(acc) > 0 ? std::arg(acc) : 0.0;
     }
-    // Common phase left after that rotation, smoothed over 2 * SMOOTH + 1 symbols.
-    std::vector<gr_complex> c(size_t(ns) + 1, gr_complex(0, 0)); // prefix sums
+    // What is left per symbol: a common phase (smoothed over +-SMOOTH symbols) and a phase
+    // slope across subcarriers (a sample-clock offset; it changes slowly, so it is fitted
+    // to the pilots smoothed over +-SLOPE_SMOOTH symbols). Prefix sums per pilot.
+    const size_t np = phy::N_PILOT;
+    std::vector<gr_complex> cum((size_t(ns) + 1) * np, gr_complex(0, 0));
     for (int n = 0; n < ns; n++) {
-        gr_complex s(0, 0);
-        for (int p = 0; p < phy::N_PILOT; p++)
-            s += q[size_t(n * phy::N_PILOT + p)] *
-                 std::polar(1.0f, float(-(wc + ws * psc[size_t(p)]) * n));
-        c[size_t(n) + 1] = c[size_t(n)] + s;
+        const gr_complex r = std::polar(1.0f, float(-wc * n));
+        for (size_t p = 0; p < np; p++)
+            cum[(size_t(n) + 1) * np + p] = cum[size_t(n) * np + p] + q[size_t(n) * np + p] * r;
     }
+    auto window = [&](int n, int w, size_t p) {
+        const int lo = std::max(0, n - w), hi = std::min(ns, n + w + 1);
+        return cum[size_t(hi) * np + p] - cum[size_t(lo) * np + p];
+    };
     const size_t bpsc = size_t(m.bpsc);
     std::vector<float> llr(size_t(ns) * size_t(m.cbps()));
     std::vector<gr_complex> eq; // equalised points for the "symbols" port
@@ -187,13 +178,27 @@ void coded_ofdm_demod_impl::finish_frame()
     for (int d = 0; d < phy::N_DATA; d++)
         hd[d] = d_h[dc[size_t(d)]];
     for (int n = 0; n < ns; n++) {
-        const int lo = std::max(0, n - SMOOTH), hi = std::min(ns, n + SMOOTH + 1);
-        const gr_complex cs = c[size_t(hi)] - c[size_t(lo)];
+        gr_complex cs(0, 0), cl(0, 0);
+        gr_complex lp[phy::N_PILOT];
+        for (size_t p = 0; p < np; p++) {
+            cs += window(n, SMOOTH, p);
+            lp[p] = window(n, SLOPE_SMOOTH, p);
+            cl += lp[p];
+        }
         const double alpha = std::abs(cs) > 0 ? std::arg(cs) : 0.0;
+        double num = 0, den = 0;
+        for (size_t p = 0; p < np; p++) {
+            const double w = std::abs(lp[p]);
+            if (w > 0 && std::abs(cl) > 0) {
+                num += w * psc[p] * std::arg(lp[p] * std::conj(cl));
+                den += w * double(psc[p]) * psc[p];
+            }
+        }
+        const double beta = den > 0 ? num / den : 0.0;
         const gr_complex* y = &d_syms[size_t(n) * N];
         for (int d = 0; d < phy::N_DATA; d++) {
             const int k = dc[size_t(d)];
-            const double theta = alpha + (wc + ws * (k - N / 2)) * n;
+            const double theta = alpha + wc * n + beta * (k - N / 2);
             yd[d] = at(y, k, d_offset) * std::polar(1.0f, float(-theta));
         }
         phy::demap_llr(
@@ -219,6 +224,8 @@ void coded_ofdm_demod_impl::finish_frame()
     r = pmt::dict_add(r, KEY_SNR, pmt::from_double(d_snr_db));
     r = pmt::dict_add(r, KEY_LEN, pmt::from_long(d_len));
     r = pmt::dict_add(r, pmt::mp("n_sym"), pmt::from_long(ns));
+    if (d_node >= 0)
+        r = pmt::dict_add(r, pmt::mp("node"), pmt::from_long(d_node));
     if (ok) {
         pmt::pmt_t meta = pmt::make_dict();
         meta = pmt::dict_add(meta, KEY_MCS, pmt::from_long(d_mcs));

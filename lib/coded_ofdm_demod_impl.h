@@ -40,6 +40,8 @@ private:
     bool start_frame(const std::vector<tag_t>& tags);
     void finish_frame();
 
+    std::atomic<int> d_node{ -1 };
+
 public:
     coded_ofdm_demod_impl(int max_psdu_len, const std::string& frame_len_key, int symbols_out);
 
@@ -47,6 +49,7 @@ public:
              gr_vector_const_void_star& input_items,
              gr_vector_void_star& output_items) override;
 
+    void set_node_id(int node_id) override { d_node = node_id; }
     uint64_t frames_ok() const override { return d_ok; }
     uint64_t crc_errors() const override { return d_crc; }
     uint64_t bad_frames() const override { return d_bad; }

@@ -556,6 +556,113 @@ void demap_llr(const gr_complex* y,
     }
 }
 
+// -------------------------------------------------------------------- channel estimate
+namespace {
+// occupied subcarriers (shifted index) in increasing frequency
+std::array<int, N_OCCUPIED> occupied_carriers()
+{
+    std::array<int, N_OCCUPIED> a{};
+    int n = 0;
+    for (int k = -26; k <= 26; k++)
+        if (k != 0)
+            a[size_t(n++)] = k + FFT_LEN / 2;
+    return a;
+}
+} // namespace
+
+channel_smoother::channel_smoother(int taps) : d_taps(taps)
+{
+    if (taps < 1 || taps > 32)
+        throw std::invalid_argument("channel_smoother: taps must be in [1, 32]");
+    const auto occ = occupied_carriers();
+    const int n = N_OCCUPIED, l = taps;
+    // A (n x l): A[k][t] = exp(-2 pi j sc_k d_t / 64), delays d_t centred on 0
+    std::vector<std::complex<double>> a(size_t(n * l));
+    for (int k = 0; k < n; k++)
+        for (int t = 0; t < l; t++) {
+            const double d = t - (l - 1) / 2.0;
+            const double sc = occ[size_t(k)] - FFT_LEN / 2;
+            a[size_t(k * l + t)] = std::polar(1.0, -2.0 * M_PI * sc * d / FFT_LEN);
+        }
+    // G = A^H A (l x l), inverted by Gauss-Jordan (well conditioned: about n * I)
+    std::vector<std::complex<double>> g(size_t(l * l)), inv(size_t(l * l));
+    for (int i = 0; i < l; i++)
+        for (int j = 0; j < l; j++) {
+            std::complex<double> acc = 0;
+            for (int k = 0; k < n; k++)
+                acc += std::conj(a[size_t(k * l + i)]) * a[size_t(k * l + j)];
+            g[size_t(i * l + j)] = acc;
+            inv[size_t(i * l + j)] = i == j ? 1.0 : 0.0;
+        }
+    for (int c = 0; c < l; c++) {
+        int piv = c;
+        for (int r = c + 1; r < l; r++)
+            if (std::abs(g[size_t(r * l + c)]) > std::abs(g[size_t(piv * l + c)]))
+                piv = r;
+        for (int j = 0; j < l; j++) {
+            std::swap(g[size_t(c * l + j)], g[size_t(piv * l + j)]);
+            std::swap(inv[size_t(c * l + j)], inv[size_t(piv * l + j)]);
+        }
+        const std::complex<double> d = g[size_t(c * l + c)];
+        for (int j = 0; j < l; j++) {
+            g[size_t(c * l + j)] /= d;
+            inv[size_t(c * l + j)] /= d;
+        }
+        for (int r = 0; r < l; r++) {
+            if (r == c)
+                continue;
+            const std::complex<double> f = g[size_t(r * l + c)];
+            for (int j = 0; j < l; j++) {
+                g[size_t(r * l + j)] -= f * g[size_t(c * l + j)];
+                inv[size_t(r * l + j)] -= f * inv[size_t(c * l + j)];
+            }
+        }
+    }
+    // P = A G^-1 A^H (n x n)
+    std::vector<std::complex<double>> b(size_t(n * l)); // A G^-1
+    for (int k = 0; k < n; k++)
+        for (int j = 0; j < l; j++) {
+            std::complex<double> acc = 0;
+            for (int t = 0; t < l; t++)
+                acc += a[size_t(k * l + t)] * inv[size_t(t * l + j)];
+            b[size_t(k * l + j)] = acc;
+        }
+    d_proj.resize(size_t(n * n));
+    for (int r = 0; r < n; r++)
+        for (int c = 0; c < n; c++) {
+            std::complex<double> acc = 0;
+            for (int t = 0; t < l; t++)
+                acc += b[size_t(r * l + t)] * std::conj(a[size_t(c * l + t)]);
+            d_proj[size_t(r * n + c)] = gr_complex(acc);
+        }
+}
+
+float channel_smoother::smooth(gr_complex* h) const
+{
+    static const auto occ = occupied_carriers();
+    // mean phase step between adjacent subcarriers
+    gr_complex s(0, 0);
+    for (int k = 0; k + 1 < N_OCCUPIED; k++)
+        if (occ[size_t(k + 1)] == occ[size_t(k)] + 1)
+            s += h[occ[size_t(k + 1)]] * std::conj(h[occ[size_t(k)]]);
+    const float step = std::abs(s) > 0 ? std::arg(s) : 0.0f;
+    gr_complex g[N_OCCUPIED], rot[N_OCCUPIED];
+    for (int k = 0; k < N_OCCUPIED; k++) {
+        rot[k] = std::polar(1.0f, step * float(occ[size_t(k)] - FFT_LEN / 2));
+        g[k] = h[occ[size_t(k)]] * std::conj(rot[k]);
+    }
+    double resid = 0;
+    for (int r = 0; r < N_OCCUPIED; r++) {
+        gr_complex acc(0, 0);
+        const gr_complex* p = &d_proj[size_t(r * N_OCCUPIED)];
+        for (int c = 0; c < N_OCCUPIED; c++)
+            acc += p[c] * g[c];
+        resid += std::norm(acc - g[r]);
+        h[occ[size_t(r)]] = acc * rot[r];
+    }
+    return float(resid / N_OCCUPIED);
+}
+
 // ----------------------------------------------------------------------------- SIGNAL
 const char* signal_status_name(signal_status s)
 {

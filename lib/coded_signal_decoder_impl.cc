@@ -65,6 +65,8 @@ void coded_signal_decoder_impl::reject(const char* reason)
     pmt::pmt_t r = pmt::make_dict();
     r = pmt::dict_add(r, pmt::mp("header_ok"), pmt::PMT_F);
     r = pmt::dict_add(r, pmt::mp("reason"), pmt::mp(reason));
+    if (d_node >= 0)
+        r = pmt::dict_add(r, pmt::mp("node"), pmt::from_long(d_node));
     message_port_pub(d_report, r);
 }
 
@@ -93,24 +95,33 @@ void coded_signal_decoder_impl::decode(const gr_complex* y0,
     const auto& pc = phy::pilot_carriers();
     const gr_complex* ys[2] = { y0, y1 };
 
-    // common phase of each SIGNAL symbol from its pilots, then BPSK LLRs (|H|^2 weighted)
-    float llr[2 * phy::N_DATA];
-    gr_complex rot[2];
-    for (int s = 0; s < 2; s++) {
-        gr_complex c(0, 0);
-        for (int p = 0; p < phy::N_PILOT; p++)
-            c += at(ys[s], pc[size_t(p)], offset) * std::conj(h[pc[size_t(p)]]) *
-                 phy::pilot_value(s, p);
-        rot[s] = std::abs(c) > 0 ? std::conj(c) / std::abs(c) : gr_complex(1, 0);
-        gr_complex yd[phy::N_DATA], hd[phy::N_DATA];
-        for (int d = 0; d < phy::N_DATA; d++) {
-            yd[d] = at(ys[s], dc[size_t(d)], offset) * rot[s];
-            hd[d] = h[dc[size_t(d)]];
-        }
-        phy::demap_llr(yd, hd, 1.0f, 1, phy::N_DATA, llr + s * phy::N_DATA);
-    }
+    // The SIGNAL is decoded with the sync symbol's channel estimate denoised (channel_smoother);
+    // if that fails, with the raw estimate (a channel longer than the smoother's window).
+    std::vector<gr_complex> hs(h, h + N);
+    d_smoother.smooth(hs.data());
     phy::signal_field f;
-    const phy::signal_status st = phy::decode_signal(llr, d_max_len, f, d_vd);
+    phy::signal_status st = phy::signal_status::CRC;
+    for (const gr_complex* hh : { (const gr_complex*)hs.data(), h }) {
+        // common phase of each SIGNAL symbol from its pilots, then BPSK LLRs (|H|^2 weighted)
+        float llr[2 * phy::N_DATA];
+        for (int s = 0; s < 2; s++) {
+            gr_complex c(0, 0);
+            for (int p = 0; p < phy::N_PILOT; p++)
+                c += at(ys[s], pc[size_t(p)], offset) * std::conj(hh[pc[size_t(p)]]) *
+                     phy::pilot_value(s, p);
+            const gr_complex rot =
+                std::abs(c) > 0 ? std::conj(c) / std::abs(c) : gr_complex(1, 0);
+            gr_complex yd[phy::N_DATA], hd[phy::N_DATA];
+            for (int d = 0; d < phy::N_DATA; d++) {
+                yd[d] = at(ys[s], dc[size_t(d)], offset) * rot;
+                hd[d] = hh[dc[size_t(d)]];
+            }
+            phy::demap_llr(yd, hd, 1.0f, 1, phy::N_DATA, llr + s * phy::N_DATA);
+        }
+        st = phy::decode_signal(llr, d_max_len, f, d_vd);
+        if (st != phy::signal_status::CRC)
+            break;
+    }
     switch (st) {
     case phy::signal_status::OK:
         break;
@@ -168,6 +179,13 @@ void coded_signal_decoder_impl::decode(const gr_complex* y0,
     if (!(signal > 0))
         signal = power / n_occ;
     noise = std::max(noise, signal * 1e-6); // at most 60 dB
+    // Denoise the averaged estimate unless the channel is longer than the smoother's window:
+    // then what the projection removes is well above the noise it should remove.
+    std::vector<gr_complex> smooth(hbar);
+    const double resid = d_smoother.smooth(smooth.data());
+    const double expect = noise / 3.0 * (1.0 - double(d_smoother.taps()) / n_occ);
+    if (resid <= 2.0 * expect + 1e-4 * signal)
+        hbar.swap(smooth);
     const double snr_db = 10.0 * std::log10(signal / noise * phy::N_OCCUPIED / N);
 
     pmt::pmt_t v = pmt::make_dict();

@@ -22,6 +22,7 @@ private:
     const pmt::pmt_t d_port;
     const pmt::pmt_t d_report;
     phy::viterbi_decoder d_vd;
+    phy::channel_smoother d_smoother;
     ofdm_burst_demux::sptr d_demux;
     std::atomic<uint64_t> d_headers{ 0 }, d_passed{ 0 }, d_crc{ 0 }, d_version{ 0 },
         d_unknown{ 0 }, d_length{ 0 }, d_no_channel{ 0 };
@@ -29,6 +30,8 @@ private:
     void publish(const pmt::pmt_t& verdict);
     void reject(const char* reason);
     void decode(const gr_complex* y0, const gr_complex* y1, const std::vector<tag_t>& tags);
+
+    std::atomic<int> d_node{ -1 };
 
 public:
     coded_signal_decoder_impl(int max_psdu_len, const std::string& frame_len_key);
@@ -38,6 +41,7 @@ public:
              gr_vector_void_star& output_items) override;
 
     void set_demux(ofdm_burst_demux::sptr demux) override { d_demux = demux; }
+    void set_node_id(int node_id) override { d_node = node_id; }
     uint64_t headers() const override { return d_headers; }
     uint64_t passed() const override { return d_passed; }
     uint64_t crc_failed() const override { return d_crc; }

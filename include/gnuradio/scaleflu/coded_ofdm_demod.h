@@ -49,6 +49,8 @@ public:
                      const std::string& frame_len_key = "frame_len",
                      int symbols_out = 0);
 
+    //! Add "node" = \p node_id (the receiving node; -1: none) to every report dict.
+    virtual void set_node_id(int node_id) = 0;
     virtual uint64_t frames_ok() const = 0;    //!< PSDUs whose CRC32 matched
     virtual uint64_t crc_errors() const = 0;   //!< frames decoded with a CRC32 mismatch
     virtual uint64_t bad_frames() const = 0;   //!< inconsistent tags or cut-off frames

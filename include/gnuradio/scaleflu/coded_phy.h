@@ -156,6 +156,29 @@ SCALEFLU_API void demap_llr(const gr_complex* y,
                             size_t n,
                             float* llr);
 
+// -------------------------------------------------------------------- channel estimate
+/*!
+ * \brief Denoises a channel estimate over the 52 occupied subcarriers.
+ *
+ * The estimate's mean phase slope across subcarriers (the timing offset) is removed, the
+ * result is projected (least squares) onto channel impulse responses of \p taps samples
+ * centred on that delay, and the slope is put back: an unbiased estimate for any channel
+ * whose delay spread fits in \p taps samples, with \p taps / 52 of the noise.
+ */
+class SCALEFLU_API channel_smoother
+{
+public:
+    explicit channel_smoother(int taps = 9);
+    /*! Smooth \p h (64 values, shifted order; only occupied subcarriers are read and
+     *  written) in place. Returns the mean |h - smoothed h|^2 over the occupied ones. */
+    float smooth(gr_complex* h) const;
+    int taps() const { return d_taps; }
+
+private:
+    int d_taps;
+    std::vector<gr_complex> d_proj; // 52 x 52 projection, row-major
+};
+
 // ----------------------------------------------------------------------------- SIGNAL
 enum class signal_status : int {
     OK = 0,

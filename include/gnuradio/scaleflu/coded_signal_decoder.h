@@ -50,6 +50,8 @@ public:
     static sptr make(int max_psdu_len = 1500, const std::string& frame_len_key = "frame_len");
 
     virtual void set_demux(ofdm_burst_demux::sptr demux) = 0;
+    //! Add "node" = \p node_id (the receiving node; -1: none) to every report dict.
+    virtual void set_node_id(int node_id) = 0;
     virtual uint64_t headers() const = 0;          //!< SIGNAL fields examined
     virtual uint64_t passed() const = 0;           //!< valid ones
     virtual uint64_t crc_failed() const = 0;       //!< CRC-16 (or tail) mismatch

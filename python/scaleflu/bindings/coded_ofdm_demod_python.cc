@@ -35,6 +35,7 @@ void bind_coded_ofdm_demod(py::module& m)
              py::arg("frame_len_key") = "frame_len",
              py::arg("symbols_out") = 0,
              D(coded_ofdm_demod, make))
+        .def("set_node_id", &coded_ofdm_demod::set_node_id, py::arg("node_id"), D(coded_ofdm_demod, set_node_id))
         .def("frames_ok", &coded_ofdm_demod::frames_ok, D(coded_ofdm_demod, frames_ok))
         .def("crc_errors", &coded_ofdm_demod::crc_errors, D(coded_ofdm_demod, crc_errors))
         .def("bad_frames", &coded_ofdm_demod::bad_frames, D(coded_ofdm_demod, bad_frames))

@@ -39,6 +39,7 @@ void bind_coded_signal_decoder(py::module& m)
              &coded_signal_decoder::set_demux,
              py::arg("demux"),
              D(coded_signal_decoder, set_demux))
+        .def("set_node_id", &coded_signal_decoder::set_node_id, py::arg("node_id"), D(coded_signal_decoder, set_node_id))
         .def("headers", &coded_signal_decoder::headers, D(coded_signal_decoder, headers))
         .def("passed", &coded_signal_decoder::passed, D(coded_signal_decoder, passed))
         .def("crc_failed", &coded_signal_decoder::crc_failed, D(coded_signal_decoder, crc_failed))

@@ -97,9 +97,9 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
     """Stamps each PDU's metadata "mcs" with the policy's choice for its destination.
 
     Message ports: "in" PDUs -> "out" PDUs; "feedback" dicts with "snr_db" (a number) and
-    optionally "peer" (the node whose reception it describes; absent: the whole link) and
-    "crc_ok" (False: that frame was lost). ``coded_ofdm_rx``'s "report" dicts are such
-    feedback. Malformed feedback is ignored and counted.
+    optionally "peer" (or "node": the node whose reception it describes; absent: the whole
+    link) and "crc_ok" (False: that frame was lost). ``coded_ofdm_rx``'s "report" dicts are
+    such feedback. Malformed feedback is ignored and counted.
     """
 
     def __init__(self, policy: McsPolicy | None = None) -> None:
@@ -132,7 +132,7 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
             if not isinstance(d, dict) or "snr_db" not in d:
                 raise ValueError("no snr_db")
             snr = float(d["snr_db"])
-            peer = d.get("peer")
+            peer = d.get("peer", d.get("node"))
             peer = None if peer is None else int(peer)
             ok = d.get("crc_ok")
             ok = None if ok is None else bool(ok)
@@ -228,7 +228,9 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
     False: the PSDUs themselves. Either way the metadata carries "mcs" and "snr_db".
     ``symbols_out`` > 0 adds a complex stream output with that many equalised data
     subcarrier values of each frame (unit-power constellation), for a constellation display.
-    ``blocking_demux`` as in ``ofdm_link_rx`` (receivers fed bursts only).
+    ``blocking_demux`` as in ``ofdm_link_rx`` (receivers fed bursts only). With ``node_id`` >= 0
+    the reports carry "node" = node_id, so a transmitter's ``mcs_adapter`` fed with them knows
+    which destination they describe.
     """
 
     def __init__(
@@ -304,6 +306,9 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         _set_min_buffer(pay_fft, vec_buf)
         self.demod = _gr_scaleflu.coded_ofdm_demod(mtu, frame_key, int(symbols_out))
         self.connect((hpd, 1), pay_fft, self.demod)
+        if node_id >= 0:  # the reports say which receiver heard the frame
+            self.signal.set_node_id(int(node_id))
+            self.demod.set_node_id(int(node_id))
         self.msg_connect(self.signal, "report", self, "report")
         self.msg_connect(self.demod, "report", self, "report")
         self.parser = None

@@ -85,9 +85,23 @@ class PhyConfig:
     mtu: int = 1500
     post_padding: int = DEFAULT_POST_PADDING
     min_output_buffer: int | None = None
+    # None: the stock gr-digital chain above (uncoded, the paper's PHY); an MCS name, index or
+    # "adaptive": the coded PHY (scaleflu.radio.coded_ofdm; fft_len and bps_* do not apply)
+    mcs: int | str | None = None
 
     def tx(self, node_id: int, amplitude: float = 1.0) -> ofdm_link_tx:
         """A transmitter for ``node_id``."""
+        if self.mcs is not None:
+            from .coded_ofdm import coded_ofdm_tx
+
+            return coded_ofdm_tx(
+                mtu=self.mtu,
+                src=node_id,
+                mcs=self.mcs,
+                cp_len=self.cp_len,
+                post_padding=self.post_padding,
+                amplitude=amplitude,
+            )
         return ofdm_link_tx(
             mtu=self.mtu,
             src=node_id,
@@ -111,6 +125,17 @@ class PhyConfig:
         medium pass False)."""
         if blocking_demux is None:
             blocking_demux = burst_demux_available()
+        if self.mcs is not None:
+            from .coded_ofdm import coded_ofdm_rx
+
+            return coded_ofdm_rx(
+                node_id=node_id,
+                mtu=self.mtu,
+                cp_len=self.cp_len,
+                raw_frames=raw_frames,
+                blocking_demux=blocking_demux,
+                min_output_buffer=self.min_output_buffer,
+            )
         return ofdm_link_rx(
             node_id=node_id,
             fft_len=self.fft_len,
@@ -348,6 +373,8 @@ class OfdmLoopbackNetwork:
             self.rx_chains.append(
                 _attach_rx(self.tb, self.tx[a], self.arq[b], self.phy, ch, power, a, seed)
             )
+            if self.phy.mcs is not None:  # coded PHY: b's reports steer a's MCS towards b
+                self.tb.msg_connect(self.rx_chains[-1].rx, "report", self.tx[a], "feedback")
         self._links: dict[int, OfdmLoopbackLink] = {}
         self._open: set[int] = set()
         self._lock = threading.Lock()

@@ -23,3 +23,5 @@ static const char* __doc_gr_scaleflu_coded_ofdm_demod_frames_ok_per_mcs =
     R"doc(PSDUs whose CRC32 matched, per MCS index.)doc";
 static const char* __doc_gr_scaleflu_coded_ofdm_demod_last_snr_db =
     R"doc(SNR estimate of the last frame (dB).)doc";
+static const char* __doc_gr_scaleflu_coded_ofdm_demod_set_node_id =
+    R"doc(Add "node" = node_id (the receiving node; -1: none) to every report dict.)doc";

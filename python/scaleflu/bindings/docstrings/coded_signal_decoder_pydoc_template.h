@@ -28,3 +28,5 @@ static const char* __doc_gr_scaleflu_coded_signal_decoder_bad_length =
     R"doc(SIGNAL fields with length 0 or above max_psdu_len.)doc";
 static const char* __doc_gr_scaleflu_coded_signal_decoder_no_channel =
     R"doc(Inputs without a channel estimate tag.)doc";
+static const char* __doc_gr_scaleflu_coded_signal_decoder_set_node_id =
+    R"doc(Add "node" = node_id (the receiving node; -1: none) to every report dict.)doc";
