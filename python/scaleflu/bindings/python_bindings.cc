@@ -31,6 +31,7 @@ namespace py = pybind11;
     void bind_coded_ofdm_mod(py::module& m);
     void bind_coded_signal_decoder(py::module& m);
     void bind_coded_ofdm_demod(py::module& m);
+    void bind_ofdm_preamble_sync(py::module& m);
 // ) END BINDING_FUNCTION_PROTOTYPES
 
 
@@ -69,5 +70,6 @@ PYBIND11_MODULE(scaleflu_python, m)
     bind_coded_ofdm_mod(m);
     bind_coded_signal_decoder(m);
     bind_coded_ofdm_demod(m);
+    bind_ofdm_preamble_sync(m);
     // ) END BINDING_FUNCTION_CALLS
 }

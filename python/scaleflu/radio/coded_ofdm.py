@@ -5,20 +5,22 @@ or the link adaptation policy's choice with ``mcs="adaptive"``) -> C++ ``coded_o
 (link frame, SIGNAL field, 802.11a coding chain, one burst + ``post_padding`` zeros per PDU)
 -> complex samples out. Message port "feedback" takes SNR reports for the adaptive mode.
 
-``coded_ofdm_rx``: complex samples in -> Schmidl & Cox sync (gr-digital) -> header/payload demux
-(gr-digital's or ``ofdm_burst_demux``) -> FFT -> channel estimate -> ``coded_signal_decoder``
-(MCS and length of each frame from its SIGNAL field, so frames of any MCS follow each other
-without reconfiguration) -> FFT -> ``coded_ofdm_demod`` (pilot phase tracking, LLRs, Viterbi,
-CRC32) -> ``frame_parser`` -> frames out on "out", with "mcs" and "snr_db" in their metadata.
-Message port "report": one dict per frame ({"header_ok", "crc_ok", "mcs", "snr_db", ...}).
+``coded_ofdm_rx``: complex samples in -> ``ofdm_preamble_sync`` (Schmidl & Cox detection, timing
+from the cross-correlation with the second sync symbol) -> header/payload demux (gr-digital's or
+``ofdm_burst_demux``) -> FFT -> channel estimate -> ``coded_signal_decoder`` (MCS and length of
+each frame from its SIGNAL field, so frames of any MCS follow each other without
+reconfiguration) -> FFT -> ``coded_ofdm_demod`` (pilot phase tracking, LLRs, Viterbi, CRC32) ->
+``frame_parser`` -> frames out on "out", with "mcs" and "snr_db" in their metadata. Message port
+"report": one dict per frame ({"header_ok", "crc_ok", "mcs", "snr_db", ...}).
 
-The sync, padding and buffer choices of ``scaleflu.radio.ofdm`` apply (docs/link.md 8.3): zeros
-after every burst (abutting frames are missed and the last one is not flushed otherwise), a
-header verdict for every detected frame (an impossible SIGNAL is #f, never a stall), buffers
-sized for the longest frame of the lowest MCS. The detector threshold is lower than gr-digital's
-0.9 (``sync_threshold``): the normalised Schmidl & Cox metric of a frame at SNR s is about
-(s / (1 + s))^2, 0.64 at 6 dB, so 0.9 would miss every frame below about 12 dB, where the
-low-rate codes work; false triggers on noise cost a SIGNAL decode and are rejected by its CRC-16.
+The padding and buffer choices of ``scaleflu.radio.ofdm`` apply (docs/link.md 8.3): zeros after
+every burst (the last frame is flushed), a verdict for every detected frame (an impossible
+SIGNAL is #f, never a stall), buffers sized for the longest frame of the lowest MCS. The
+detector differs from gr-digital's ``ofdm_sync_sc_cfb``: its metric threshold is 0.2, not 0.9
+(the normalised metric of a frame at SNR s is about (s / (1 + s))^2, 0.64 at 6 dB, so 0.9 misses
+every frame below about 12 dB, where the low-rate codes work), noise crossing it is rejected by
+the cross-correlation, and the timing comes from that correlation peak instead of the middle of
+the metric's plateau (which wanders by several samples at low SNR: docs/link.md, "Coded OFDM PHY").
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 FFT_LEN = 64  # the coded PHY uses 802.11a's subcarrier layout
-DEFAULT_SYNC_THRESHOLD = 0.5
+DEFAULT_SYNC_THRESHOLD = 0.2
+DEFAULT_MIN_XCORR = 0.3
 HEADER_SYMBOLS = 4  # 2 sync + 2 SIGNAL
 
 
@@ -239,6 +242,7 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         mtu: int = 1500,
         cp_len: int = 16,
         sync_threshold: float = DEFAULT_SYNC_THRESHOLD,
+        min_xcorr: float = DEFAULT_MIN_XCORR,
         raw_frames: bool = False,
         framing: bool = True,
         blocking_demux: bool = False,
@@ -253,8 +257,10 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             if symbols_out
             else gr.io_signature(0, 0, 0),
         )
-        if not 0 < sync_threshold < 1:
-            raise ValueError(f"sync_threshold must be in (0, 1), got {sync_threshold}")
+        if not 0 < sync_threshold < 1 or not 0 < min_xcorr < 1:
+            raise ValueError(
+                f"sync_threshold and min_xcorr must be in (0, 1), got {sync_threshold}, {min_xcorr}"
+            )
         from scaleflu.phy_mcs import MCS_TABLE, payload_symbols
 
         sym_len = FFT_LEN + cp_len
@@ -269,8 +275,10 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         sw1, sw2 = sync_words()
 
         self.gate = blocks.tag_gate(gr.sizeof_gr_complex, False)
-        self.sync = _digital.ofdm_sync_sc_cfb(FFT_LEN, cp_len, False, float(sync_threshold))
-        delay = blocks.delay(gr.sizeof_gr_complex, sym_len)
+        self.sync = _gr_scaleflu.ofdm_preamble_sync(
+            FFT_LEN, cp_len, sw1, sw2, float(sync_threshold), float(min_xcorr), 4
+        )
+        delay = blocks.delay(gr.sizeof_gr_complex, self.sync.delay())
         osc = analog.frequency_modulator_fc(-2.0 / FFT_LEN)
         mixer = blocks.multiply_cc()
         if blocking_demux:
