@@ -22,6 +22,7 @@ namespace {
 constexpr int PEAK_SPAN = 48;       // samples after a metric crossing searched for its peak
 constexpr int SEARCH = 32;          // +- samples of the cross-correlation search
 constexpr uint64_t RECOMPUTE = 8192; // exact running sums every so many samples
+constexpr size_t MAX_CANDIDATES = 8;  // open candidates at most (noise bursts)
 } // namespace
 
 ofdm_preamble_sync::sptr ofdm_preamble_sync::make(int fft_len,
@@ -179,33 +180,32 @@ int ofdm_preamble_sync_impl::work(int noutput_items,
             d_r += -std::norm(y(d - 1 + uint64_t(d_half))) + std::norm(y(d + uint64_t(d_fft) - 1));
         }
         const double m = d_r > 1e-30 ? std::norm(d_p) / (d_r * d_r) : 0.0;
+        // Every crossing of the threshold opens a candidate whose metric peak is tracked for
+        // PEAK_SPAN samples; each is checked by cross-correlation once the second sync symbol
+        // it implies has arrived. Crossings keep opening candidates meanwhile, so noise just
+        // before a frame does not hide the frame.
         if (m > d_threshold && d >= d_holdoff) {
-            switch (d_state) {
-            case state::SEARCH:
-                d_state = state::PEAK;
-                d_peak_d = d;
-                d_peak_m = m;
-                d_peak_end = d + PEAK_SPAN;
-                break;
-            case state::PEAK:
-                if (m > d_peak_m) {
-                    d_peak_m = m;
-                    d_peak_d = d;
+            if (!d_cands.empty() && d < d_cands.back().first + PEAK_SPAN) {
+                if (m > d_cands.back().best_m) {
+                    d_cands.back().best_m = m;
+                    d_cands.back().best_d = d;
                 }
-                break;
-            case state::WAIT:
-                break;
+            } else if (d_cands.size() < MAX_CANDIDATES) {
+                d_cands.push_back({ d, d, m });
             }
         }
-        if (d_state == state::PEAK && d >= d_peak_end)
-            d_state = state::WAIT;
-        if (d_state == state::WAIT &&
-            j >= d_peak_d + uint64_t(d_sym + d_cp / 2 + SEARCH + d_fft)) {
-            if (!locate(in, base - off, d_peak_d)) {
-                d_rejected++;
-                d_holdoff = d_peak_d + uint64_t(d_cp); // search on after this plateau
+        const uint64_t need = uint64_t(d_sym + d_cp / 2 + SEARCH + d_fft);
+        while (!d_cands.empty()) {
+            const candidate c = d_cands.front();
+            if (c.best_d < d_holdoff) { // inside a frame found meanwhile
+                d_cands.pop_front();
+                continue;
             }
-            d_state = state::SEARCH;
+            if (d < c.first + PEAK_SPAN || j < c.best_d + need)
+                break;
+            d_cands.pop_front();
+            if (!locate(in, base - off, c.best_d))
+                d_rejected++;
         }
         const uint64_t out_pos = nw + uint64_t(i) + off; // events use shifted positions too
         trig[i] = 0;

@@ -19,7 +19,11 @@ namespace scaleflu {
 class ofdm_preamble_sync_impl : public ofdm_preamble_sync
 {
 private:
-    enum class state { SEARCH, PEAK, WAIT };
+    struct candidate {
+        uint64_t first;  // first metric sample above the threshold
+        uint64_t best_d; // where the metric peaked
+        double best_m;
+    };
     const int d_fft, d_cp, d_half, d_sym;
     const float d_threshold, d_min_xcorr;
     const int d_backoff;
@@ -33,9 +37,8 @@ private:
     double d_r = 0;
     bool d_primed = false;
     uint64_t d_since_recompute = 0;
-    state d_state = state::SEARCH;
-    uint64_t d_peak_d = 0, d_peak_end = 0, d_holdoff = 0;
-    double d_peak_m = 0;
+    std::deque<candidate> d_cands;
+    uint64_t d_holdoff = 0;
     std::deque<std::pair<uint64_t, float>> d_events; // (output index, frequency)
     float d_freq = 0;
     std::atomic<uint64_t> d_detections{ 0 }, d_rejected{ 0 };
