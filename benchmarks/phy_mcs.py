@@ -390,7 +390,7 @@ def part_fer(
                     if ch == "awgn":
                         x = awgn(bursts, snr, rng)
                     else:
-                        x = fading(bursts, snr, seed=int(snr * 10) + 7 * m.index)
+                        x = fading(bursts, snr, seed=int(round((snr + 50) * 10)) + 1000 * m.index)
                     got = rx.run(x)
                     ok = len({g for g in got if g in sent})
                     curve[snr] = 1.0 - ok / frames

@@ -112,6 +112,24 @@ void coded_ofdm_mod_impl::set_mcs(int mcs)
     d_mcs = mcs;
 }
 
+void coded_ofdm_mod_impl::set_dst_mcs(int dst, int mcs)
+{
+    if (mcs >= 0 && !phy::mcs_by_index(mcs))
+        throw std::invalid_argument("coded_ofdm_mod: unknown mcs " + std::to_string(mcs));
+    std::lock_guard<std::mutex> lk(d_dst_mutex);
+    if (mcs < 0)
+        d_dst_mcs.erase(dst);
+    else
+        d_dst_mcs[dst] = mcs;
+}
+
+int coded_ofdm_mod_impl::dst_mcs(int dst) const
+{
+    std::lock_guard<std::mutex> lk(d_dst_mutex);
+    const auto it = d_dst_mcs.find(dst);
+    return it == d_dst_mcs.end() ? int(d_mcs) : it->second;
+}
+
 std::vector<uint64_t> coded_ofdm_mod_impl::frames_per_mcs() const
 {
     std::vector<uint64_t> out;
@@ -179,7 +197,7 @@ bool coded_ofdm_mod_impl::take_next_pdu()
             continue;
         }
         const pmt::pmt_t meta = pmt::car(msg);
-        const phy::mcs_info* m = phy::mcs_by_index(d_mcs);
+        const phy::mcs_info* m = nullptr;
         if (pmt::is_dict(meta)) {
             const pmt::pmt_t v = pmt::dict_ref(meta, KEY_MCS, pmt::PMT_NIL);
             if (!pmt::is_null(v)) {
@@ -193,6 +211,7 @@ bool coded_ofdm_mod_impl::take_next_pdu()
             }
         }
         std::vector<uint8_t> psdu;
+        int dst = -1;
         if (d_framing) {
             std::string error;
             if (!detail::pdu_to_frame(msg, d_mtu, d_src, d_dst, d_next_msg_id, psdu, error)) {
@@ -200,6 +219,7 @@ bool coded_ofdm_mod_impl::take_next_pdu()
                 d_dropped++;
                 continue;
             }
+            dst = (int(psdu[6]) << 8) | psdu[7]; // the frame's dst field
         } else {
             size_t len = 0;
             const uint8_t* data = pmt::u8vector_elements(pmt::cdr(msg), len);
@@ -209,7 +229,14 @@ bool coded_ofdm_mod_impl::take_next_pdu()
                 continue;
             }
             psdu.assign(data, data + len);
+            if (pmt::is_dict(meta)) {
+                const pmt::pmt_t v = pmt::dict_ref(meta, pmt::mp("dst"), pmt::PMT_NIL);
+                if (pmt::is_integer(v))
+                    dst = int(pmt::to_long(v));
+            }
         }
+        if (!m)
+            m = phy::mcs_by_index(dst_mcs(dst));
         build_burst(*m, psdu);
         d_per_mcs[size_t(m->index)]++;
         return true;

@@ -12,6 +12,7 @@
 #include <gnuradio/scaleflu/coded_phy.h>
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace gr {
@@ -28,6 +29,8 @@ private:
     const uint16_t d_src, d_dst;
     uint32_t d_next_msg_id = 0;
     std::atomic<int> d_mcs;
+    mutable std::mutex d_dst_mutex;
+    std::unordered_map<int, int> d_dst_mcs; // destination -> MCS index
     std::atomic<float> d_amplitude{ 1.0f };
     std::vector<gr_complex> d_burst; // burst waiting for output space
     gr::fft::fft_complex_rev d_ifft;
@@ -62,6 +65,8 @@ public:
 
     void set_mcs(int mcs) override;
     int mcs() const override { return d_mcs; }
+    void set_dst_mcs(int dst, int mcs) override;
+    int dst_mcs(int dst) const override;
     void set_amplitude(float a) override { d_amplitude = a; }
     float amplitude() const override { return d_amplitude; }
     uint64_t frames_built() const override { return d_built; }

@@ -29,8 +29,10 @@ namespace scaleflu {
  * The burst has unit mean power (times the amplitude, set_amplitude()).
  *
  * The MCS of a PDU is its metadata "mcs" (an MCS index, or its name as a symbol/string,
- * e.g. "qpsk-3/4"); without it the block's MCS (set_mcs()). A PDU with an unknown MCS is
- * dropped, logged and counted.
+ * e.g. "qpsk-3/4"); without it the MCS set for its destination (set_dst_mcs(); the frame's
+ * dst field with \p framing, else metadata "dst"), else the block's MCS (set_mcs()). The
+ * choice is made when the PDU is modulated, so an MCS set meanwhile applies to PDUs already
+ * queued. A PDU with an unknown MCS is dropped, logged and counted.
  *
  * With \p framing the PDU is turned into a scaleflu link frame as the Frame Builder does
  * (header fields from the metadata, or metadata "raw" = #t for a whole frame); the PSDU is
@@ -67,6 +69,10 @@ public:
     //! Default MCS of PDUs without "mcs" metadata; throws std::invalid_argument if unknown.
     virtual void set_mcs(int mcs) = 0;
     virtual int mcs() const = 0;
+    //! MCS of PDUs to \p dst without "mcs" metadata (\p mcs -1: back to the default).
+    virtual void set_dst_mcs(int dst, int mcs) = 0;
+    //! The MCS a PDU to \p dst without "mcs" metadata gets now.
+    virtual int dst_mcs(int dst) const = 0;
     virtual void set_amplitude(float amplitude) = 0;
     virtual float amplitude() const = 0;
     virtual uint64_t frames_built() const = 0;   //!< bursts put out

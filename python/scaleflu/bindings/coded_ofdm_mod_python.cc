@@ -45,6 +45,12 @@ void bind_coded_ofdm_mod(py::module& m)
              D(coded_ofdm_mod, make))
         .def("set_mcs", &coded_ofdm_mod::set_mcs, py::arg("mcs"), D(coded_ofdm_mod, set_mcs))
         .def("mcs", &coded_ofdm_mod::mcs, D(coded_ofdm_mod, mcs))
+        .def("set_dst_mcs",
+             &coded_ofdm_mod::set_dst_mcs,
+             py::arg("dst"),
+             py::arg("mcs"),
+             D(coded_ofdm_mod, set_dst_mcs))
+        .def("dst_mcs", &coded_ofdm_mod::dst_mcs, py::arg("dst"), D(coded_ofdm_mod, dst_mcs))
         .def("set_amplitude",
              &coded_ofdm_mod::set_amplitude,
              py::arg("amplitude"),

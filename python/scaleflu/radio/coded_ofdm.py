@@ -97,17 +97,23 @@ def _frame_dst(meta: Any, data: Any) -> int | None:
 
 
 class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
-    """Stamps each PDU's metadata "mcs" with the policy's choice for its destination.
+    """Applies an ``McsPolicy`` to the PDUs on their way to a ``coded_ofdm_mod``.
 
     Message ports: "in" PDUs -> "out" PDUs; "feedback" dicts with "snr_db" (a number) and
     optionally "peer" (or "node": the node whose reception it describes; absent: the whole
     link) and "crc_ok" (False: that frame was lost). ``coded_ofdm_rx``'s "report" dicts are
     such feedback. Malformed feedback is ignored and counted.
+
+    With ``target`` (the modulator) the choice is made late: the policy's MCS for each
+    destination is written into the modulator's table (``set_dst_mcs``) after every report and
+    every PDU, and the PDU passes unchanged, so frames queued in the modulator when a report
+    arrives go out at the new MCS. Without it each PDU's metadata gets "mcs".
     """
 
-    def __init__(self, policy: McsPolicy | None = None) -> None:
+    def __init__(self, policy: McsPolicy | None = None, target: Any = None) -> None:
         gr.basic_block.__init__(self, "mcs_adapter", in_sig=None, out_sig=None)
         self.policy = policy or McsPolicy()
+        self.target = target
         self.stamped = 0
         self.feedback = 0
         self.bad_feedback = 0
@@ -116,6 +122,17 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
         self.message_port_register_out(pmt.intern("out"))
         self.set_msg_handler(pmt.intern("in"), self._on_pdu)
         self.set_msg_handler(pmt.intern("feedback"), self._on_feedback)
+        if target is not None:
+            target.set_mcs(self.policy.choose(None))
+
+    def _apply(self, peer: int | None) -> int:
+        mcs = self.policy.choose(peer)
+        if self.target is not None:
+            if peer is None:
+                self.target.set_mcs(mcs)
+            elif 0 <= peer <= 0xFFFF:
+                self.target.set_dst_mcs(peer, mcs)
+        return mcs
 
     def _on_pdu(self, msg: Any) -> None:
         if not pmt.is_pair(msg):
@@ -124,9 +141,10 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
         if not pmt.is_dict(meta):
             meta = pmt.make_dict()
         if pmt.is_null(pmt.dict_ref(meta, pmt.intern("mcs"), pmt.PMT_NIL)):
-            mcs = self.policy.choose(_frame_dst(meta, data))
-            meta = pmt.dict_add(meta, pmt.intern("mcs"), pmt.from_long(mcs))
-            self.stamped += 1
+            mcs = self._apply(_frame_dst(meta, data))
+            if self.target is None:
+                meta = pmt.dict_add(meta, pmt.intern("mcs"), pmt.from_long(mcs))
+                self.stamped += 1
         self.message_port_pub(pmt.intern("out"), pmt.cons(meta, data))
 
     def _on_feedback(self, msg: Any) -> None:
@@ -145,6 +163,7 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
             return
         self.feedback += 1
         self.policy.report(peer, snr, ok)
+        self._apply(peer)
 
 
 class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
@@ -188,7 +207,9 @@ class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         )
         self.framer.set_amplitude(float(amplitude))
         # the longest burst must fit the output buffer of the modulator and its readers
-        self.adapter = mcs_adapter(policy or McsPolicy(policy_config))
+        self.adapter = mcs_adapter(
+            policy or McsPolicy(policy_config), self.framer if self.adaptive else None
+        )
         self.message_port_register_hier_in("in")
         self.message_port_register_hier_in("feedback")
         self.msg_connect(self, "feedback", self.adapter, "feedback")

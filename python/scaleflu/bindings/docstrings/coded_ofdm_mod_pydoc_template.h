@@ -27,3 +27,7 @@ static const char* __doc_gr_scaleflu_coded_ofdm_mod_frames_per_mcs =
     R"doc(Bursts per MCS index.)doc";
 static const char* __doc_gr_scaleflu_coded_ofdm_mod_max_burst_len =
     R"doc(Samples of the longest burst (padding included).)doc";
+static const char* __doc_gr_scaleflu_coded_ofdm_mod_set_dst_mcs =
+    R"doc(MCS of PDUs to dst without "mcs" metadata (mcs -1: back to the default); applies to PDUs already queued.)doc";
+static const char* __doc_gr_scaleflu_coded_ofdm_mod_dst_mcs =
+    R"doc(The MCS a PDU to dst without "mcs" metadata gets now.)doc";
