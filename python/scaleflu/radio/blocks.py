@@ -27,9 +27,12 @@ from scaleflu.link.frame import (
     encode_frame,
 )
 
+from .coded_ofdm import coded_ofdm_rx, coded_ofdm_tx
 from .ofdm import ofdm_link_rx, ofdm_link_tx
 
 __all__ = [
+    "coded_ofdm_rx",
+    "coded_ofdm_tx",
     "frame_drop",
     "frame_to_pdu",
     "frame_to_raw_pdu",

@@ -226,7 +226,15 @@ class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         return self.adapter.policy
 
     def set_mcs(self, mcs: int | str) -> None:
-        """MCS of PDUs without "mcs" metadata (a fixed-MCS transmitter)."""
+        """MCS of PDUs without "mcs" metadata. An adaptive transmitter stays adaptive (a fixed
+        MCS is refused) and a fixed one stays fixed ("adaptive" is refused): the wiring differs.
+        """
+        if parse_mcs(mcs) == ADAPTIVE:
+            if not self.adaptive:
+                raise ValueError("this transmitter was built with a fixed MCS, not 'adaptive'")
+            return
+        if self.adaptive:
+            raise ValueError("this transmitter was built adaptive; give PDUs 'mcs' metadata")
         self.framer.set_mcs(_mcs_index(mcs))
 
     def set_amplitude(self, amplitude: float) -> None:
