@@ -7,11 +7,10 @@ from __future__ import annotations
 import hashlib
 import time
 
+import coded_reference as ref
 import numpy as np
 import pmt
 import pytest
-
-import coded_reference as ref
 
 gr = pytest.importorskip("gnuradio.gr")
 pytest.importorskip("gnuradio.scaleflu")
@@ -78,7 +77,10 @@ def _receive(x: np.ndarray, n_frames: int, **rx_opts) -> tuple[list, list, coded
     tb.stop()
     tb.wait()
     got = [
-        (pmt.to_python(pmt.car(out.get_message(i))), bytes(pmt.u8vector_elements(pmt.cdr(out.get_message(i)))))
+        (
+            pmt.to_python(pmt.car(out.get_message(i))),
+            bytes(pmt.u8vector_elements(pmt.cdr(out.get_message(i)))),
+        )
         for i in range(out.num_messages())
     ]
     reports = [pmt.to_python(rep.get_message(i)) for i in range(rep.num_messages())]
@@ -87,7 +89,10 @@ def _receive(x: np.ndarray, n_frames: int, **rx_opts) -> tuple[list, list, coded
 
 def test_bursts_are_the_reference_modulators():
     rng = np.random.default_rng(5)
-    items = [(m.name, rng.integers(0, 256, 40 + 17 * m.index, dtype=np.uint8).tobytes()) for m in MCS_TABLE]
+    items = [
+        (m.name, rng.integers(0, 256, 40 + 17 * m.index, dtype=np.uint8).tobytes())
+        for m in MCS_TABLE
+    ]
     bursts = _tx_bursts(items)
     sw = sync_words()
     for (name, psdu), b in zip(items, bursts, strict=True):
@@ -106,7 +111,7 @@ def test_every_mcs_back_to_back_without_reconfiguration():
     rng.shuffle(items)
     x = np.concatenate([np.zeros(500, np.complex64), *_tx_bursts(items)])
     x *= np.exp(2j * np.pi * 0.003 * np.arange(len(x))).astype(np.complex64)  # CFO
-    x += (rng.standard_normal(2 * len(x)).astype(np.float32).view(np.complex64) * 0.02)  # 31 dB
+    x += rng.standard_normal(2 * len(x)).astype(np.float32).view(np.complex64) * 0.02  # 31 dB
     got, reports, rx = _receive(x, len(items))
     assert [p for _, p in got] == [p for _, p in items]
     assert [meta["mcs"] for meta, _ in got] == [mcs_by_name(n).index for n, _ in items]

@@ -4,10 +4,10 @@ SIGNAL field, the MCS table shared with the pure-Python side."""
 
 from __future__ import annotations
 
+import coded_reference as ref
 import numpy as np
 import pytest
 
-import coded_reference as ref
 from scaleflu import phy_mcs
 
 S = pytest.importorskip("gnuradio.scaleflu")
@@ -41,7 +41,9 @@ def test_encoder_puncturing_interleaver_scrambler_match_the_reference():
     for rate in ((1, 2), (2, 3), (3, 4)):
         assert np.array_equal(S.phy_puncture(coded, *rate), ref.puncture(coded, rate))
     for bpsc in (1, 2, 4, 6):
-        assert S.phy_interleaver_map(48 * bpsc, bpsc) == ref.interleave_index(48 * bpsc, bpsc).tolist()
+        assert (
+            S.phy_interleaver_map(48 * bpsc, bpsc) == ref.interleave_index(48 * bpsc, bpsc).tolist()
+        )
     z = np.zeros(300, np.uint8)
     for seed in (0x7F, 0x5D, 1):
         assert np.array_equal(S.phy_scramble(z, seed), ref.scrambler_sequence(300, seed))

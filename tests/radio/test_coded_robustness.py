@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import time
 
+import coded_reference as ref
 import numpy as np
 import pmt
 import pytest
-
-import coded_reference as ref
 
 gr = pytest.importorskip("gnuradio.gr")
 S = pytest.importorskip("gnuradio.scaleflu")
@@ -42,7 +41,9 @@ def _run_rx(x: np.ndarray, expect_reports: int, **rx_opts):
     time.sleep(0.3)
     tb.stop()
     tb.wait()
-    got = [bytes(pmt.u8vector_elements(pmt.cdr(out.get_message(i)))) for i in range(out.num_messages())]
+    got = [
+        bytes(pmt.u8vector_elements(pmt.cdr(out.get_message(i)))) for i in range(out.num_messages())
+    ]
     reports = [pmt.to_python(rep.get_message(i)) for i in range(rep.num_messages())]
     return got, reports, rx
 
@@ -100,9 +101,7 @@ def test_garbage_and_non_finite_samples_then_frames_still_decode():
         np.tile(np.asarray(ref.burst("bpsk-1/2", good[0], sw)[:240]), 20),  # preambles only
         np.zeros(10000),
     ]
-    x = np.concatenate([*junk, *(ref.burst("qpsk-3/4", g, sw) for g in good)]).astype(
-        np.complex64
-    )
+    x = np.concatenate([*junk, *(ref.burst("qpsk-3/4", g, sw) for g in good)]).astype(np.complex64)
     got, reports, rx = _run_rx(x, 3)
     assert got == good
     assert rx.counters()["payload_ok"] == 3

@@ -249,7 +249,9 @@ class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         """Bursts put out per MCS name."""
         from scaleflu.phy_mcs import MCS_TABLE
 
-        return {m.name: int(n) for m, n in zip(MCS_TABLE, self.framer.frames_per_mcs())}
+        return {
+            m.name: int(n) for m, n in zip(MCS_TABLE, self.framer.frames_per_mcs(), strict=True)
+        }
 
 
 class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
@@ -315,9 +317,13 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
 
             if not burst_demux_available():
                 raise ValueError("blocking_demux needs the compiled ofdm_burst_demux")
-            hpd = _gr_scaleflu.ofdm_burst_demux(HEADER_SYMBOLS, FFT_LEN, cp_len, frame_key, max_syms)
+            hpd = _gr_scaleflu.ofdm_burst_demux(
+                HEADER_SYMBOLS, FFT_LEN, cp_len, frame_key, max_syms
+            )
         else:
-            hpd = _digital.header_payload_demux(HEADER_SYMBOLS, FFT_LEN, cp_len, frame_key, "", True)
+            hpd = _digital.header_payload_demux(
+                HEADER_SYMBOLS, FFT_LEN, cp_len, frame_key, "", True
+            )
         self.hpd = hpd
         self.blocking_demux = bool(blocking_demux)
         for b in (self.gate, delay, osc, mixer, self.sync):
@@ -402,6 +408,7 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             "malformed": self.malformed(),
             "last_snr_db": float(self.demod.last_snr_db()),
             "ok_per_mcs": {
-                m.name: int(n) for m, n in zip(MCS_TABLE, self.demod.frames_ok_per_mcs())
+                m.name: int(n)
+                for m, n in zip(MCS_TABLE, self.demod.frames_ok_per_mcs(), strict=True)
             },
         }
