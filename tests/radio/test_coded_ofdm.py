@@ -152,7 +152,7 @@ def _transfer(msg: bytes, **kw) -> tuple[bytes | None, object]:
 
 
 def test_tensor_message_bit_exact_at_every_mcs():
-    """A 24 kB tensor message through link_arq and the coded hier blocks at each MCS in turn
+    """A 12 kB tensor message through link_arq and the coded hier blocks at each MCS in turn
     (one network, 22 dB: above every MCS's 10 % FER SNR; the MCS set on both transmitters
     while the flowgraph runs)."""
     a = make_link("ofdm_loopback", 0, nodes=[0, 1], mcs="bpsk-1/2", snr_db=22.0, network="each")
@@ -162,7 +162,7 @@ def test_tensor_message_bit_exact_at_every_mcs():
     for mcs in MCS_TABLE:
         net.tx[0].set_mcs(mcs.name)
         net.tx[1].set_mcs(mcs.name)
-        msg = _tensor_message(6000, mcs.index)
+        msg = _tensor_message(3000, mcs.index)
         a.send_async(1, msg, timeout=60)
         got = b.recv(timeout=70)
         assert got is not None and hashlib.sha256(got[1]).digest() == hashlib.sha256(msg).digest()
