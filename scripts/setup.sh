@@ -1,44 +1,70 @@
 #!/usr/bin/env bash
 # Set up gr-scaleflu on Debian 12: apt packages, the virtual environment, the Python
-# package and the C++ module (built and installed into the virtual environment).
+# package and the C++ module (built and installed into the virtual environment), and the
+# same module installed the GNU Radio way under /usr/local for GNU Radio Companion.
 # Idempotent: a second run checks, finds everything in place, and changes nothing.
 #
-#   scripts/setup.sh            set up (installs apt packages when run as root or with sudo)
-#   SCALEFLU_VENV=/path ...     use another virtual environment location
+#   scripts/setup.sh              set up (apt packages and /usr/local: as root or with sudo)
+#   SCALEFLU_VENV=/path ...       use another virtual environment location
+#   SCALEFLU_BUILD=/path ...      use another build folder (the /usr/local build is its system/)
+#   SCALEFLU_SYSTEM_INSTALL=no    leave /usr/local alone (GRC's Run button then needs the venv)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${SCALEFLU_VENV:-$ROOT/.venv}"
 BUILD="${SCALEFLU_BUILD:-$ROOT/build}"
+SYS_PREFIX=/usr/local   # where GNU Radio Companion's interpreter finds the module (see below)
 STAMPS="$VENV/.scaleflu-stamps"
 JOBS="$(nproc 2>/dev/null || echo 2)"
 
 say() { printf '[setup] %s\n' "$*"; }
 
 # ---------------------------------------------------------------------------- apt
+# python3-numpy, -zmq, -yaml: what our Python blocks import when GNU Radio Companion runs a
+# flowgraph with the system interpreter (GNU Radio depends on them; listed because we rely on them).
 APT_PACKAGES=(
   gnuradio gnuradio-dev python3-uhd uhd-host libuhd-dev pybind11-dev
   cmake g++ make pkg-config git libboost-test-dev libzmq3-dev
   python3-venv python3-dev dataset-fashion-mnist
+  python3-numpy python3-zmq python3-yaml
 )
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-if ((${#missing[@]})); then
-  if [[ $EUID -eq 0 ]]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else
-    echo "[setup] missing Debian packages: ${missing[*]}" >&2
-    echo "[setup] install them with:" >&2
-    echo "    sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
-    echo "[setup] then run this again." >&2
-    exit 1
-  fi
-  say "installing Debian packages: ${missing[*]}"
+# GNU Radio Companion's window: GTK 3's introspection data (with Pango, PangoCairo, GdkPixbuf).
+# Debian's gnuradio does not depend on it; without it gnuradio-companion stops at start with
+# "Failed to initialize GTK ... (Namespace Gtk not available)". Not needed to build or test.
+APT_GUI_PACKAGES=(gir1.2-gtk-3.0)
+
+not_installed() {
+  local p
+  for p in "$@"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+      printf '%s\n' "$p"
+    fi
+  done
+}
+# SUDO: how this user runs a command as root ("" for root, "sudo -n" with password-less sudo);
+# unset when it cannot.
+if [[ $EUID -eq 0 ]]; then SUDO=""; elif sudo -n true 2>/dev/null; then SUDO="sudo -n"; else unset SUDO; fi
+
+mapfile -t missing < <(not_installed "${APT_PACKAGES[@]}")
+mapfile -t missing_gui < <(not_installed "${APT_GUI_PACKAGES[@]}")
+if ((${#missing[@]})) && [[ -z "${SUDO+set}" ]]; then
+  echo "[setup] missing Debian packages: ${missing[*]}" >&2
+  echo "[setup] install them with:" >&2
+  all=("${missing[@]}" "${missing_gui[@]}")
+  echo "    sudo apt-get update && sudo apt-get install -y ${all[*]}" >&2
+  echo "[setup] then run this again." >&2
+  exit 1
+fi
+if ((${#missing_gui[@]})) && [[ -z "${SUDO+set}" ]]; then
+  echo "[setup] gnuradio-companion's window needs: sudo apt-get install -y ${missing_gui[*]}" >&2
+  missing_gui=()
+fi
+if ((${#missing[@]} + ${#missing_gui[@]})); then
+  all=("${missing[@]}" "${missing_gui[@]}")
+  say "installing Debian packages: ${all[*]}"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
+    "${missing[@]}" "${missing_gui[@]}" >/dev/null
 fi
 
 # --------------------------------------------------------------------- virtualenv
@@ -66,8 +92,11 @@ SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
 if [[ ! -f "$BUILD/CMakeCache.txt" ]] || ! grep -q "CMAKE_INSTALL_PREFIX:PATH=$VENV\$" "$BUILD/CMakeCache.txt"; then
   say "configuring the C++ module (install prefix $VENV)"
   rm -rf "$BUILD"
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release \
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSCALEFLU_INSTALL_PTH=OFF \
     -DCMAKE_INSTALL_PREFIX="$VENV" -DPYTHON_EXECUTABLE="$PY" -DGR_PYTHON_DIR="$SITE" >/dev/null
+elif ! grep -q "^SCALEFLU_INSTALL_PTH:BOOL=OFF\$" "$BUILD/CMakeCache.txt"; then
+  # the editable install already puts python/ on the venv's path
+  cmake -DSCALEFLU_INSTALL_PTH=OFF "$BUILD" >/dev/null
 fi
 if ! cmake --build "$BUILD" -j "$JOBS" >"$BUILD/build.log" 2>&1; then
   tail -n 40 "$BUILD/build.log" >&2
@@ -82,14 +111,28 @@ fi
 grep "Installing:" "$BUILD/install.log" | sed 's/^-- /[setup] /' || true
 
 # ---------------------------------------------- environment for GRC and the apps
-# Sourcing .venv/bin/activate also tells GRC where our block YAML lives.
-if ! grep -q "scaleflu-env" "$VENV/bin/activate"; then
-  cat >>"$VENV/bin/activate" <<ACT
-# scaleflu-env: GRC finds the gr-scaleflu blocks, the loader finds libgnuradio-scaleflu
-export GRC_BLOCKS_PATH="$VENV/share/gnuradio/grc/blocks\${GRC_BLOCKS_PATH:+:\$GRC_BLOCKS_PATH}"
-export LD_LIBRARY_PATH="$VENV/lib/x86_64-linux-gnu\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-ACT
+# Sourcing .venv/bin/activate also tells GRC where the venv's block YAML lives, unless the
+# blocks are installed for GRC under /usr/local (below): GRC lets that copy replace the venv's
+# and warns about every block. An earlier version of this snippet is replaced.
+"$PY" - "$VENV" "$SYS_PREFIX" <<'PYACT'
+import re, sys
+venv, sys_prefix = sys.argv[1:]
+path = f"{venv}/bin/activate"
+snippet = f"""# scaleflu-env begin: GRC finds the gr-scaleflu blocks, the loader finds libgnuradio-scaleflu
+if [ ! -e {sys_prefix}/share/gnuradio/grc/blocks/scaleflu_link_arq.block.yml ]; then
+  export GRC_BLOCKS_PATH="{venv}/share/gnuradio/grc/blocks${{GRC_BLOCKS_PATH:+:$GRC_BLOCKS_PATH}}"
 fi
+export LD_LIBRARY_PATH="{venv}/lib/x86_64-linux-gnu${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"
+# scaleflu-env end
+"""
+with open(path, encoding="utf-8") as f:
+    text = f.read()
+new = re.sub(r"# scaleflu-env begin.*?# scaleflu-env end\n", "", text, flags=re.S)
+new = re.sub(r"# scaleflu-env:.*\n(export .*\n){2}", "", new) + snippet
+if new != text:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(new)
+PYACT
 
 "$PY" - <<'PYCHECK'
 import numpy, torch
@@ -97,3 +140,78 @@ from gnuradio import gr, scaleflu  # noqa: F401
 assert numpy.__version__.startswith("1."), numpy.__version__
 print(f"[setup] ok: GNU Radio {gr.version()}, numpy {numpy.__version__}, torch {torch.__version__}")
 PYCHECK
+
+# ------------------------------------------------ GNU Radio Companion's interpreter
+# GRC's Run button runs a flowgraph with GNU Radio's own interpreter, /usr/bin/python3, which
+# does not see the venv; nor does grcc see the venv's block YAML unless the venv is activated.
+# So the C++ module is built a second time, for that interpreter, and installed the GNU Radio
+# way under /usr/local: libgnuradio-scaleflu in /usr/local/lib/<arch>, `gnuradio.scaleflu` and
+# gr-scaleflu.pth (this checkout's python/, for the Python blocks) in /usr/local/lib/python3.X/
+# dist-packages, the block YAML in /usr/local/share/gnuradio/grc/blocks (on Debian's GRC block
+# path). What happened is recorded in $STAMPS/system-install for the tests.
+SYS_BUILD="$BUILD/system"
+record_system() {
+  [[ "$(cat "$STAMPS/system-install" 2>/dev/null)" == "$1" ]] ||
+    printf '%s\n' "$1" >"$STAMPS/system-install"
+}
+if [[ "$SYS_BUILD" == "$ROOT/build/system" ]]; then
+  install_cmd="sudo make install"
+else
+  install_cmd="sudo cmake --install $SYS_BUILD && sudo /sbin/ldconfig"
+fi
+grc_hint() {
+  echo "[setup] GNU Radio Companion runs flowgraphs with /usr/bin/python3, which cannot see $VENV;" >&2
+  echo "[setup]   install gr-scaleflu for it under $SYS_PREFIX (the GNU Radio way):  $install_cmd" >&2
+  echo "[setup]   or start GRC from the venv:  source $VENV/bin/activate && python -m gnuradio.grc" >&2
+}
+
+if [[ "${SCALEFLU_SYSTEM_INSTALL:-yes}" == no ]]; then
+  record_system "skipped: SCALEFLU_SYSTEM_INSTALL=no"
+  say "leaving $SYS_PREFIX alone (SCALEFLU_SYSTEM_INSTALL=no)"
+  grc_hint
+else
+  if [[ ! -f "$SYS_BUILD/CMakeCache.txt" ]]; then
+    say "configuring the C++ module for /usr/bin/python3 (install prefix $SYS_PREFIX)"
+    cmake -S "$ROOT" -B "$SYS_BUILD" -DCMAKE_BUILD_TYPE=Release -DSCALEFLU_INSTALL_PTH=ON \
+      -DCMAKE_INSTALL_PREFIX="$SYS_PREFIX" -DPYTHON_EXECUTABLE=/usr/bin/python3 >/dev/null
+  fi
+  if ! cmake --build "$SYS_BUILD" -j "$JOBS" >"$SYS_BUILD/build.log" 2>&1; then
+    tail -n 40 "$SYS_BUILD/build.log" >&2
+    echo "[setup] C++ build for /usr/bin/python3 failed (full log: $SYS_BUILD/build.log)" >&2
+    exit 1
+  fi
+  if [[ -z "${SUDO+set}" ]]; then
+    record_system "skipped: $(id -un) cannot write $SYS_PREFIX (no root, no password-less sudo)"
+    grc_hint
+  else
+    if ! $SUDO cmake --install "$SYS_BUILD" >"$SYS_BUILD/install.log" 2>&1; then
+      tail -n 20 "$SYS_BUILD/install.log" >&2
+      echo "[setup] install into $SYS_PREFIX failed (full log: $SYS_BUILD/install.log)" >&2
+      exit 1
+    fi
+    if grep "Installing:" "$SYS_BUILD/install.log" | sed 's/^-- /[setup] /'; then
+      $SUDO /sbin/ldconfig
+    fi
+    # What GRC sees: the system interpreter with nothing of the venv, GNU Radio's preferences.
+    if ! env -i PATH=/usr/bin:/bin HOME="${HOME:-/}" /usr/bin/python3 - "$SYS_PREFIX" <<'SYSCHECK'
+import os, sys
+from gnuradio import gr, scaleflu
+from gnuradio.grc.core.Config import Config
+from gnuradio.scaleflu import frame_builder, link_arq  # a C++ and a Python block
+import scaleflu as pkg
+yaml_dir = os.path.join(sys.argv[1], "share", "gnuradio", "grc", "blocks")
+print(f"[setup] ok: /usr/bin/python3 imports gnuradio.scaleflu ({os.path.dirname(scaleflu.__file__)})"
+      f" and scaleflu ({os.path.dirname(pkg.__file__)})")
+if yaml_dir in Config(gr.version(), prefs=gr.prefs()).block_paths:
+    print(f"[setup] ok: GNU Radio Companion loads our blocks from {yaml_dir}")
+else:
+    print(f"[setup] GNU Radio Companion's block path lacks {yaml_dir}: add it to "
+          "local_blocks_path in the [grc] section of ~/.gnuradio/config.conf", file=sys.stderr)
+SYSCHECK
+    then
+      echo "[setup] /usr/bin/python3 cannot import what was installed into $SYS_PREFIX (above)" >&2
+      exit 1
+    fi
+    record_system "installed: $SYS_PREFIX"
+  fi
+fi

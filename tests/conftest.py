@@ -9,6 +9,10 @@ import tempfile
 import pytest
 
 os.environ.setdefault("GR_DONT_LOAD_PREFS", "1")
+# GRC in the tests loads GNU Radio's own blocks plus the block YAML a test names (GRC_BLOCKS_PATH,
+# mostly the tree's grc/), never a copy of ours installed under /usr/local for GNU Radio
+# Companion: GRC lets a later block path replace an earlier one's blocks.
+os.environ.setdefault("GR_CONF_GRC_GLOBAL_BLOCKS_PATH", "/usr/share/gnuradio/grc/blocks")
 os.environ.setdefault("SCALEFLU_LOG", "WARNING")
 
 

@@ -38,11 +38,13 @@ def test_unprivileged_user_is_told_what_to_install():
     script.chmod(0o755)
     fake = tmp_path / "bin"
     fake.mkdir()
-    # A dpkg-query that reports two packages missing and the rest installed.
+    # A dpkg-query that reports two packages missing, GNU Radio Companion's GTK introspection
+    # data too, and the rest installed.
     (fake / "dpkg-query").write_text(
         "#!/bin/sh\n"
         'for a in "$@"; do last="$a"; done\n'
-        'case "$last" in dataset-fashion-mnist|uhd-host) echo "unknown ok not-installed";;\n'
+        'case "$last" in dataset-fashion-mnist|uhd-host|gir1.2-gtk-3.0)\n'
+        '  echo "unknown ok not-installed";;\n'
         '  *) echo "install ok installed";; esac\n'
     )
     (fake / "dpkg-query").chmod(0o755)
@@ -61,8 +63,8 @@ def test_unprivileged_user_is_told_what_to_install():
         timeout=60,
     )
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "missing Debian packages: uhd-host dataset-fashion-mnist" in out.stderr
-    assert "apt-get install -y uhd-host dataset-fashion-mnist" in out.stderr
+    assert "missing Debian packages: uhd-host dataset-fashion-mnist\n" in out.stderr
+    assert "apt-get install -y uhd-host dataset-fashion-mnist gir1.2-gtk-3.0\n" in out.stderr
     assert not venv.exists()
     assert not (tmp_path / "build").exists()
     shutil.rmtree(tmp_path)
