@@ -15,7 +15,7 @@ import pytest
 gr = pytest.importorskip("gnuradio.gr")
 pytest.importorskip("gnuradio.scaleflu")
 
-from gnuradio import blocks  # noqa: E402
+from gnuradio import blocks, pdu  # noqa: E402
 
 from scaleflu.link.wire import Message, MessageType, encode_message  # noqa: E402
 from scaleflu.phy_mcs import MCS_TABLE, frame_samples, mcs_by_name  # noqa: E402
@@ -65,13 +65,22 @@ def _tx_bursts(items: list[tuple[int | str, bytes]]) -> list[np.ndarray]:
 
 def _receive(x: np.ndarray, n_frames: int, **rx_opts) -> tuple[list, list, coded_ofdm_rx]:
     tb = gr.top_block()
-    src = blocks.vector_source_c(np.concatenate([x, np.zeros(4000, np.complex64)]).tolist())
+    # a source that never ends: a finished one lets GNU Radio stop the demux while it waits for
+    # the last header's verdict (a finite stream's artefact, not a receiver's)
+    src = pdu.pdu_to_tagged_stream(gr.types.complex_t, "chunk_len")
+    src.set_min_output_buffer(1 << 17)
     rx = coded_ofdm_rx(framing=False, **rx_opts)
     out, rep = blocks.message_debug(), blocks.message_debug()
     tb.connect(src, rx)
     tb.msg_connect(rx, "out", out, "store")
     tb.msg_connect(rx, "report", rep, "store")
     tb.start()
+    y = np.concatenate([x, np.zeros(4000, np.complex64)]).astype(np.complex64)
+    for i in range(0, len(y), 1 << 15):
+        c = y[i : i + (1 << 15)]
+        src.to_basic_block()._post(
+            pmt.intern("pdus"), pmt.cons(pmt.make_dict(), pmt.init_c32vector(len(c), c))
+        )
     _wait(lambda: rep.num_messages() >= n_frames)
     time.sleep(0.2)
     tb.stop()

@@ -14,7 +14,7 @@ import pytest
 gr = pytest.importorskip("gnuradio.gr")
 S = pytest.importorskip("gnuradio.scaleflu")
 
-from gnuradio import blocks  # noqa: E402
+from gnuradio import blocks, pdu  # noqa: E402
 
 from scaleflu.radio.coded_ofdm import coded_ofdm_rx, coded_ofdm_tx, sync_words  # noqa: E402
 
@@ -30,13 +30,22 @@ def _wait(cond, timeout=20.0):
 
 def _run_rx(x: np.ndarray, expect_reports: int, **rx_opts):
     tb = gr.top_block()
-    src = blocks.vector_source_c(np.concatenate([x, np.zeros(4000, np.complex64)]).tolist())
+    # a source that never ends: a finished one lets GNU Radio stop the demux while it waits for
+    # the last header's verdict (a finite stream's artefact, not a receiver's)
+    src = pdu.pdu_to_tagged_stream(gr.types.complex_t, "chunk_len")
+    src.set_min_output_buffer(1 << 17)
     rx = coded_ofdm_rx(framing=False, **rx_opts)
     out, rep = blocks.message_debug(), blocks.message_debug()
     tb.connect(src, rx)
     tb.msg_connect(rx, "out", out, "store")
     tb.msg_connect(rx, "report", rep, "store")
     tb.start()
+    y = np.concatenate([x, np.zeros(4000, np.complex64)]).astype(np.complex64)
+    for i in range(0, len(y), 1 << 15):
+        c = y[i : i + (1 << 15)]
+        src.to_basic_block()._post(
+            pmt.intern("pdus"), pmt.cons(pmt.make_dict(), pmt.init_c32vector(len(c), c))
+        )
     _wait(lambda: rep.num_messages() >= expect_reports)
     time.sleep(0.3)
     tb.stop()
