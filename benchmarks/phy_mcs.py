@@ -57,7 +57,7 @@ import pmt  # noqa: E402
 from gnuradio import blocks, gr, pdu  # noqa: E402
 from gnuradio import scaleflu as gr_scaleflu  # noqa: E402
 
-from scaleflu.phy_mcs import MCS_TABLE, frame_samples  # noqa: E402
+from scaleflu.link.mcs import MCS_TABLE, frame_samples  # noqa: E402
 from scaleflu.radio.coded_ofdm import coded_ofdm_rx, coded_ofdm_tx  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"

@@ -17,9 +17,9 @@ pytest.importorskip("gnuradio.scaleflu")
 
 from gnuradio import blocks, pdu  # noqa: E402
 
+from scaleflu.link.mcs import MCS_TABLE, frame_samples, mcs_by_name  # noqa: E402
 from scaleflu.link.wire import Message, MessageType, encode_message  # noqa: E402
 from scaleflu.linkkinds import open_link  # noqa: E402
-from scaleflu.phy_mcs import MCS_TABLE, frame_samples, mcs_by_name  # noqa: E402
 from scaleflu.radio.coded_ofdm import coded_ofdm_rx, coded_ofdm_tx, sync_words  # noqa: E402
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(180)]

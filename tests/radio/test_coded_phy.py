@@ -8,7 +8,7 @@ import coded_reference as ref
 import numpy as np
 import pytest
 
-from scaleflu import phy_mcs
+from scaleflu.link import mcs as phy_mcs
 
 S = pytest.importorskip("gnuradio.scaleflu")
 pytestmark = pytest.mark.gnuradio

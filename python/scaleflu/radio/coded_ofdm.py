@@ -33,7 +33,15 @@ from gnuradio import analog, blocks, fft, gr
 from gnuradio import digital as _digital
 from gnuradio.digital import ofdm_txrx as _ofdm_txrx
 
-from scaleflu.phy_mcs import ADAPTIVE, MCS, McsPolicy, McsPolicyConfig, parse_mcs
+from scaleflu.link.mcs import (
+    ADAPTIVE,
+    MCS,
+    MCS_TABLE,
+    McsPolicy,
+    McsPolicyConfig,
+    parse_mcs,
+    payload_symbols,
+)
 
 from .ofdm import DEFAULT_POST_PADDING, LEN_TAG_KEY, _cpp, _set_min_buffer, ofdm_carriers
 
@@ -241,8 +249,6 @@ class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
 
     def frames_per_mcs(self) -> dict[str, int]:
         """Bursts put out per MCS name."""
-        from scaleflu.phy_mcs import MCS_TABLE
-
         return {
             m.name: int(n) for m, n in zip(MCS_TABLE, self.framer.frames_per_mcs(), strict=True)
         }
@@ -286,8 +292,6 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             raise ValueError(
                 f"sync_threshold and min_xcorr must be in (0, 1), got {sync_threshold}, {min_xcorr}"
             )
-        from scaleflu.phy_mcs import MCS_TABLE, payload_symbols
-
         sym_len = FFT_LEN + cp_len
         max_syms = max(payload_symbols(m, mtu) for m in MCS_TABLE)
         stream_buf = min_output_buffer or max(
@@ -383,8 +387,6 @@ class coded_ofdm_rx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
 
     def counters(self) -> dict[str, Any]:
         """Every counter of the receiver, frames per MCS included."""
-        from scaleflu.phy_mcs import MCS_TABLE
-
         s = self.signal
         return {
             "headers": int(s.headers()),

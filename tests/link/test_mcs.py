@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaleflu.phy_mcs import (
+from scaleflu.link.mcs import (
     ADAPTIVE,
     MCS_TABLE,
     McsPolicy,
