@@ -113,6 +113,10 @@ def test_gpu_config_runs_at_toy_size(tmp_path: Path) -> None:
             "baselines.fused.rank=2",
             "experiment.seeds=[0]",
             f"experiment.methods={methods}",
+            # the config's per-model settings (10 rounds for MobileNetV3 and ResNet18) apply
+            # after the overrides above: keep their mechanism, at one round
+            "experiment.model_settings.mobilenetv3=[fl.local_epochs=1, fl.rounds=1]",
+            "experiment.model_settings.resnet18=[fl.local_epochs=1, fl.rounds=1]",
         ],
     )
     summary = run_table2(cfg, tmp_path / "out", progress=False)
