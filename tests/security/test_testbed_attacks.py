@@ -214,7 +214,7 @@ def test_model_not_signed_by_the_server_is_refused(cfg, robot_data, tmp_path):
         server, robot = _registered(cfg, robot_data, tmp_path, store, ch)
         before = robot.state_sha
         # a model sealed correctly for robot 2 (someone holding K_2) but not signed by the server
-        state = {k: v * 0 for k, v in server.global_np.items()}
+        state = {k: v.numpy() * 0 for k, v in server.global_state.items()}
         from scaleflu.testbed.protocol import state_sha256
 
         meta = {"purpose": "unlearned", "sha256": state_sha256(state), "base_sha256": None}

@@ -4,9 +4,8 @@ Round t: the server samples ``clients_per_round`` clients C[t] (seeded by ``(see
 starts from Theta[t] and runs E local epochs of minibatch SGD (learning rate eta, batch size B,
 optional momentum, fresh optimizer state every round; the client's samples are reshuffled every
 epoch from a generator seeded by ``(seed, t, n)``, the last batch of an epoch may be smaller).
-The server sets every floating-point state-dict entry (weights and BatchNorm running
-statistics alike) to ``sum_n M_n / sum_n' M_n' * Theta_{n,E}[t]``; integer buffers
-(``num_batches_tracked``) take the participants' maximum.
+The server aggregates the local models (:func:`scaleflu.fl.aggregation.aggregate`; the round
+around it is :mod:`scaleflu.fl.strategy`).
 
 Two interchangeable local trainers give the same models up to float rounding:
 
@@ -385,24 +384,6 @@ def make_trainer(
     if kind == "sequential":
         return SequentialTrainer(model, data, parts, local, seed, workers, dev)
     raise ValueError(f"unknown trainer {kind!r}; choose auto, vmap or sequential")
-
-
-def aggregate(states: Mapping[int, Mapping[str, torch.Tensor]], sizes: Mapping[int, int]) -> State:
-    """FedAvg: Theta[t+1] = sum_n M_n / sum_n' M_n' * Theta_{n,E}[t] over the participants."""
-    clients = list(states)
-    if not clients:
-        raise ValueError("cannot aggregate zero client models")
-    total = float(sum(sizes[n] for n in clients))
-    weights = torch.tensor([sizes[n] / total for n in clients], dtype=torch.float64)
-    out: State = {}
-    for key, ref in states[clients[0]].items():
-        if torch.is_floating_point(ref):
-            stacked = torch.stack([states[n][key].to(torch.float64) for n in clients])
-            w = weights.view(-1, *[1] * ref.dim())
-            out[key] = (stacked * w).sum(0).to(ref.dtype)
-        else:
-            out[key] = torch.stack([states[n][key] for n in clients]).max(0).values.clone()
-    return out
 
 
 def server_val_permutation(num_test: int, seed: int) -> np.ndarray:

@@ -72,6 +72,17 @@ def wait_on_clock(handle: Any, timeout: float, clock: Callable[[], float]) -> bo
     return True
 
 
+def arrays(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """The wire codec's view of a CPU state dict: numpy arrays sharing the tensors' memory."""
+    return {k: v.detach().numpy() for k, v in state.items()}
+
+
+def tensors(decoded: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Decoded wire arrays as a state dict sharing their memory (the decoder's arrays are its
+    own, writable copies)."""
+    return {k: torch.from_numpy(np.asarray(v)) for k, v in decoded.items()}
+
+
 def to_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
     """A torch state dict as numpy arrays (copies)."""
     return {k: v.detach().cpu().contiguous().numpy().copy() for k, v in state.items()}

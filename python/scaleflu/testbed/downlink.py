@@ -11,13 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from scaleflu.link.arq import SendHandle
-from scaleflu.testbed.common import (
-    cast_like,
-    decode_state,
-    encode_state,
-)
+from scaleflu.testbed.common import arrays, cast_like, decode_state, encode_state
 from scaleflu.testbed.keys import sign
 from scaleflu.testbed.protocol import (
     MsgType,
@@ -48,7 +45,7 @@ class Outgoing:
     started: float = field(default_factory=time.monotonic)
     # a broadcast send: the state and meta it was made from, for a unicast in its place when
     # the robot's broadcast repair stalls (_fall_back_to_unicast)
-    source: dict[str, np.ndarray] | None = None
+    source: dict[str, torch.Tensor] | None = None
     extra: dict[str, Any] | None = None
     send_id: int = 0
 
@@ -62,7 +59,7 @@ class DownlinkMixin:
     def _send_model(
         self,
         robot: RobotInfo,
-        state: dict[str, np.ndarray],
+        state: dict[str, torch.Tensor],
         purpose: str,
         t: int,
         extra: dict[str, Any] | None = None,
@@ -76,13 +73,14 @@ class DownlinkMixin:
         """
         tb = self.tb
         send_id = self._next_send_id() if send_id is None else send_id
-        src_sha = src_sha or state_sha256(state)
+        wire = arrays(state)
+        src_sha = src_sha or state_sha256(wire)
         ref = robot.held if tb.broadcast == "delta" and robot.held is not None else None
         enc = str(tb.broadcast_encoding)
         G = int(self.cfg.scale.groups_per_layer)
-        body = encode_state(state, enc, ref, G)
+        body = encode_state(wire, enc, ref, G)
         # What the robot will hold: decode our own bytes (lossy encodings included).
-        held = cast_like(decode_state(body, reference=ref), state)
+        held = cast_like(decode_state(body, reference=ref), wire)
         sha = state_sha256(held)
         base = robot.held_sha if ref is not None else None
         meta = self._model_meta(robot.robot_id, t, purpose, sha, base, extra, send_id=send_id)
@@ -114,7 +112,7 @@ class DownlinkMixin:
     def _send_model_many(
         self,
         robots: list[RobotInfo],
-        state: dict[str, np.ndarray],
+        state: dict[str, torch.Tensor],
         purpose: str,
         t: int,
         extra: dict[str, Any] | None = None,
@@ -134,7 +132,8 @@ class DownlinkMixin:
             if mode == "broadcast":
                 log.warning("testbed.downlink=broadcast but the link cannot broadcast: unicast")
             return [self._send_model(rb, state, purpose, t, extra, src_sha) for rb in robots]
-        src_sha = src_sha or state_sha256(state)
+        wire = arrays(state)
+        src_sha = src_sha or state_sha256(wire)
         enc = str(tb.broadcast_encoding)
         G = int(self.cfg.scale.groups_per_layer)
         groups: dict[str | None, list[RobotInfo]] = {}
@@ -149,8 +148,8 @@ class DownlinkMixin:
         outs: list[Outgoing] = []
         for base, members in groups.items():
             ref = members[0].held if base is not None else None
-            body = encode_state(state, enc, ref, G)
-            held = cast_like(decode_state(body, reference=ref), state)
+            body = encode_state(wire, enc, ref, G)
+            held = cast_like(decode_state(body, reference=ref), wire)
             sha = state_sha256(held)
             body_sha, packed = pack_broadcast_body(body)
             bh = bcast(packed, [rb.robot_id for rb in members], timeout=timeout)
@@ -229,13 +228,13 @@ class DownlinkMixin:
         return meta
 
     def _group_changed(
-        self, g: tuple[str, int], new: Mapping[str, np.ndarray], old: Mapping[str, np.ndarray]
+        self, g: tuple[str, int], new: Mapping[str, torch.Tensor], old: Mapping[str, torch.Tensor]
     ) -> bool:
         layer, j = g
         a, b = self.groups[layer][j]
-        x = new[layer].reshape(-1)[a:b]
-        y = old[layer].reshape(-1)[a:b]
-        return bool(np.max(np.abs(x.astype(np.float64) - y)) > float(self.history.update_tol))
+        x = new[layer].reshape(-1)[a:b].to(torch.float64)
+        y = old[layer].reshape(-1)[a:b].to(torch.float64)
+        return bool((x - y).abs().max() > float(self.history.update_tol))
 
     def _fall_back_to_unicast(self) -> None:
         """Send the model by unicast to every robot whose broadcast repair stalled.
@@ -321,13 +320,13 @@ class DownlinkMixin:
         return robot.held is None or robot.held_src != src_sha
 
     def deploy(
-        self, state: dict[str, np.ndarray], purpose: str, extra: dict[str, Any], timeout: float
+        self, state: dict[str, torch.Tensor], purpose: str, extra: dict[str, Any], timeout: float
     ) -> dict[int, dict[str, Any]]:
         """Send a model to every registered robot and collect their evaluation reports."""
         self.eval_reports[purpose] = {}
         targets = list(self.robots.values())
         t = self.history.last_completed_round()
-        src = state_sha256(state)
+        src = state_sha256(arrays(state))
         sends = self._send_model_many(targets, state, purpose, t, extra, src)
         self._prev_broadcast = state
         end = self.clock() + timeout

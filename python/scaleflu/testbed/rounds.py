@@ -9,15 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
-from scaleflu.fl.aggregation import NoUpdateAcceptedError, robust_aggregate
-from scaleflu.fl.run import append_jsonl, close_round
-from scaleflu.testbed.common import (
-    cast_like,
-    decode_state,
-    to_numpy,
-    to_torch,
-)
+from scaleflu.fl.aggregation import NoUpdateAcceptedError, norm, update_of
+from scaleflu.fl.run import append_jsonl
+from scaleflu.fl.strategy import RoundRejectedError, RoundResult, close_round
+from scaleflu.testbed.common import arrays, cast_like, decode_state, tensors
 from scaleflu.testbed.protocol import (
     MsgType,
     ProtocolError,
@@ -41,10 +38,10 @@ class RoundState:
     """The open round: scheduled robots and the uploads accepted so far."""
 
     t: int
-    global_np: dict[str, np.ndarray]
+    base: dict[str, torch.Tensor]  # Theta[t], the model the robots train from
     deadline: float
     scheduled: set[int] = field(default_factory=set)
-    updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    updates: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
     refused: dict[int, float] = field(default_factory=dict)  # robot -> when its upload was refused
 
     def not_awaited(
@@ -101,21 +98,22 @@ class RoundsMixin:
         except ProtocolError as exc:
             self._refuse_update(rs, r, t, exc.reason, exc.detail)
             return
+        base = arrays(rs.base)
         try:
-            ref = rs.global_np if um.delta else None
+            ref = base if um.delta else None
             state = decode_state(body, reference=ref)
             if ref is not None:  # a delta decodes in the reference's dtypes
-                state = cast_like(state, rs.global_np)
+                state = cast_like(state, base)
         except Exception as exc:
             self._refuse_update(rs, r, t, "malformed_tensors", repr(exc))
             return
         mn = self.tb.max_update_norm
         # dtypes are compared, not cast: a float64 upload of a float32 model is refused
-        reason = validate_update(state, rs.global_np, None if mn is None else float(mn))
+        reason = validate_update(state, base, None if mn is None else float(mn))
         if reason is not None:
             self._refuse_update(rs, r, t, reason.split(":")[0], reason)
             return
-        rs.updates[r] = state
+        rs.updates[r] = tensors(state)
         rs.reported[r] = {"num_samples": um.num_samples, "train_s": um.train_s}
         robot.link_bytes_tx = um.link_bytes_tx
         log.info(
@@ -144,12 +142,12 @@ class RoundsMixin:
         bytes0 = self._air_bytes()
         link0 = link_counters(self.link)
         fallbacks0 = self.unicast_fallbacks
-        rs = RoundState(t, self.global_np, self.clock() + float(tb.round_deadline_s))
+        rs = RoundState(t, self.global_state, self.clock() + float(tb.round_deadline_s))
         self.round = rs
-        src = state_sha256(self.global_np)
+        src = state_sha256(arrays(self.global_state))
         rs.scheduled.update(robot.robot_id for robot in self._active())
-        self._send_model_many(self._active(), self.global_np, "train", t, src_sha=src)
-        self._prev_broadcast = self.global_np
+        self._send_model_many(self._active(), self.global_state, "train", t, src_sha=src)
+        self._prev_broadcast = self.global_state
         self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while self.clock() < rs.deadline:
             grace = float(tb.refused_grace_s)
@@ -163,7 +161,7 @@ class RoundsMixin:
                 busy = robot.robot_id in rs.updates or robot.robot_id in rs.refused
                 if not busy and self._needs(robot, src):
                     rs.scheduled.add(robot.robot_id)
-                    self._send_model(robot, self.global_np, "train", t, src_sha=src)
+                    self._send_model(robot, self.global_state, "train", t, src_sha=src)
         self.round = None
         # a round that aggregates is closed to its robots; a failed attempt is retried with
         # the same robots (their second upload of round t is not a duplicate)
@@ -180,46 +178,31 @@ class RoundsMixin:
             log.warning("round %d: no update accepted", t)
             self._event("round_failed", round=t, reason="no valid update")
             return None
-        sizes_all = {r: self.setup.data_sizes[client_of(r)] for r in rs.updates}
-        prior = self.norm_prior(t, sorted(rs.updates))
+        # the robots' local models in robot order (the aggregate does not depend on arrival)
+        replies = {client_of(r): rs.updates[r] for r in sorted(rs.updates)}
         try:
-            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg, prior)
-        except NoUpdateAcceptedError as exc:
+            res = self.strategy.aggregate_train(t, rs.base, replies)
+        except (NoUpdateAcceptedError, RoundRejectedError) as exc:
             log.warning("round %d: %s", t, exc)
             self._event("round_failed", round=t, reason=str(exc)[:200])
-            for r, why in exc.refused.items():
-                self._refuse_update(rs, r, t, why.split(":")[0], why)
+            refused = exc.refused if isinstance(exc, NoUpdateAcceptedError) else {}
+            for c, why in refused.items():
+                self._refuse_update(rs, robot_of(c), t, why.split(":")[0], why)
             return None
-        for r, why in res.refused.items():
-            self._refuse_update(rs, r, t, why.split(":")[0], why)
+        for c, why in res.refused.items():
+            self._refuse_update(rs, robot_of(c), t, why.split(":")[0], why)
         self.closed_rounds[t] = set(rs.updates)
-        accepted = sorted(res.accepted)
-        clients = [client_of(r) for r in accepted]
-        sizes = {client_of(r): sizes_all[r] for r in accepted}
-        states = {client_of(r): to_torch(rs.updates[r]) for r in accepted}
-        new_global = self.bn_recal(to_torch(res.state))  # fl.bn_recalibration (0: as is)
-        metrics, wall, _ = close_round(
-            self.history,
-            self.setup,
-            self.model,
-            t,
-            clients,
-            sizes,
-            states,
-            new_global,
-            w0,
-            int(self.cfg.fl.eval_batch_size),
-        )
-        self.global_state = {k: v.clone() for k, v in new_global.items()}
-        self.global_np = to_numpy(self.global_state)
+        metrics = self.strategy.evaluate(t, res.state)
+        wall, _ = close_round(self.history, res, metrics, w0)
+        self.global_state = res.state
         row = {
             "round": t,
             **metrics,
-            "participants": [robot_of(c) for c in clients],
+            "participants": [robot_of(c) for c in res.clients],
             "missing": missing,
             "rejected": sum(1 for x in self.rejections if x["round"] == t),
             "aggregation": self.agg_cfg.strategy,
-            "update_norms": {r: round(v, 6) for r, v in res.norms.items()},
+            "update_norms": {robot_of(c): round(v, 6) for c, v in res.norms.items()},
             "air_bytes": self._air_bytes() - bytes0,
             "aoi_s": self.aoi_seconds(),
             "wall_s": wall,
@@ -240,15 +223,18 @@ class RoundsMixin:
         )
         return row
 
-    def norm_prior(self, t: int, robots: list[int]) -> list[float]:
+    def norm_prior(
+        self, t: int, base: Mapping[str, torch.Tensor], clients: list[int]
+    ) -> list[float]:
         """Trusted update norms for the norm bound's floor in a round with few updates.
 
         The norms accepted in the last ``aggregation.norm_history`` completed rounds; without
         any (round 1, or only failed rounds), the norm of the server's reference update
-        (:meth:`reference_norm`) with the SGD steps of the largest of ``robots`` (the round's
+        (:meth:`reference_norm`) with the SGD steps of the largest of ``clients`` (the round's
         uploads). Empty when the round has ``small_round`` updates or more.
         """
         cfg = self.agg_cfg
+        robots = [robot_of(c) for c in clients]
         if cfg.norm_factor is None or len(robots) >= int(cfg.small_round):
             return []
         hist: list[float] = []
@@ -275,7 +261,6 @@ class RoundsMixin:
         cache = self._ref_norms
         if (t, size) in cache:
             return cache[(t, size)]
-        from scaleflu.fl.aggregation import norm, update_of
         from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
 
         seed = int(self.cfg.seed)
@@ -289,7 +274,7 @@ class RoundsMixin:
             self.setup.new_model(), self.global_state, np.resize(val, max(size, 1)), test, local,
             seed, t, 1 << 20,
         )  # fmt: skip
-        value = norm(update_of(to_numpy(state), self.global_np))
+        value = norm(update_of(state, self.global_state))
         cache[(t, size)] = value
         self._event("reference_norm", round=t, samples=size, norm=round(value, 6))
         log.info(
@@ -311,18 +296,9 @@ class RoundsMixin:
         """
         w0 = time.perf_counter()
         reasons = [e.get("reason") for e in self.events if e["event"] == "round_failed"]
-        metrics, wall, _ = close_round(
-            self.history,
-            self.setup,
-            self.model,
-            t,
-            [],
-            {},
-            {},
-            {k: v.clone() for k, v in self.global_state.items()},
-            w0,
-            int(self.cfg.fl.eval_batch_size),
-        )
+        unchanged = RoundResult.unchanged(t, self.global_state)
+        metrics = self.strategy.evaluate(t, unchanged.state)
+        wall, _ = close_round(self.history, unchanged, metrics, w0)
         counters = link_counters(self.link)
         row = {
             "round": t,

@@ -34,13 +34,13 @@ from scaleflu.fl.aggregation import AggregationConfig
 from scaleflu.fl.fedavg import BNRecalibrator
 from scaleflu.fl.integrity import trust
 from scaleflu.fl.run import build_setup, open_history, write_training_outputs
+from scaleflu.fl.strategy import FedAvg
 from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
     federation_config,
     install_link_keys,
     link_clock,
-    to_numpy,
 )
 from scaleflu.testbed.downlink import DownlinkMixin, Outgoing
 from scaleflu.testbed.keys import history_key, public_bytes
@@ -180,10 +180,20 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         self._reload_requests()
         self.global_state = self.history.global_model(last + 1)
         self.model.load_state_dict(self.global_state)
-        self.global_np = to_numpy(self.global_state)
+        # the round: every registered robot trains; robust screening (testbed.aggregation),
+        # BatchNorm re-estimation, the server's evaluation on its test split
+        self.strategy = FedAvg(
+            self.setup.data_sizes,
+            int(self.cfg.seed),
+            None,
+            screening=self.agg_cfg,
+            recalibrate=self.bn_recal,
+            evaluator=self.setup.evaluator(self.model, int(self.cfg.fl.eval_batch_size)),
+            norm_prior=self.norm_prior,
+        )
         self.groups = self.history.groups
         self.group_time = {g: 0.0 for g in self._all_groups()}
-        self._prev_broadcast = self.global_np
+        self._prev_broadcast = self.global_state
 
     def _resolve_config(self, cfg: dict[str, Any]) -> Config:
         """Use the run's saved config when resuming; check robot ids against the clients.

@@ -15,11 +15,7 @@ import torch
 
 from scaleflu.fl.integrity import save_model
 from scaleflu.fl.run import append_jsonl
-from scaleflu.testbed.common import (
-    cast_like,
-    to_numpy,
-    to_torch,
-)
+from scaleflu.testbed.common import arrays
 from scaleflu.testbed.keys import sign
 from scaleflu.testbed.protocol import (
     MsgType,
@@ -207,8 +203,8 @@ class UnlearningMixin:
             "classes": req["classes"],
             "fraction": req["fraction"],
         }
-        before_sha = state_sha256(self.global_np)
-        before = self.deploy(self.global_np, "before", {"request": info}, timeout)
+        before_sha = state_sha256(arrays(self.global_state))
+        before = self.deploy(self.global_state, "before", {"request": info}, timeout)
         self._event("unlearn_start", request=req["text"])
         u = tb.unlearn
         t0 = time.perf_counter()
@@ -221,16 +217,15 @@ class UnlearningMixin:
             self.progress,
         )
         unlearn_s = time.perf_counter() - t0
-        new_np = cast_like(to_numpy(state), self.global_np)
-        sha = state_sha256(new_np)
+        # in the global model's dtypes, on the CPU
+        new = {k: v.detach().to("cpu", self.global_state[k].dtype) for k, v in state.items()}
+        sha = state_sha256(arrays(new))
         # the served model, with the server's authenticated digest (checked by load_model)
-        model_path = save_model(
-            to_torch(new_np), self.run_dir / "unlearned" / f"model-{sha[:16]}.safetensors"
-        )
+        model_path = save_model(new, self.run_dir / "unlearned" / f"model-{sha[:16]}.safetensors")
         self._event("unlearn_done", seconds=round(unlearn_s, 2))
         bytes0 = self._air_bytes()
         d0 = time.monotonic()
-        after = self.deploy(new_np, "unlearned", {"request": info}, timeout)
+        after = self.deploy(new, "unlearned", {"request": info}, timeout)
         deploy_s = time.monotonic() - d0
         self._check_sends()
         exact = {r: rep.get("sha256") == sha for r, rep in after.items()}
