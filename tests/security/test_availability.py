@@ -82,7 +82,7 @@ def test_failed_rounds_do_not_end_the_federation(tmp_path):
             ch.attach(SERVER_ID), store.robots, cfg, tmp_path, False, signing_key=store.signing_key
         )
         theta1 = server.history.global_model(1)
-        server.wait_for_robots = lambda n, timeout: True  # nobody uploads anything
+        server.sessions.wait_for_robots = lambda n, timeout: True  # nobody uploads anything
         report = server.run()
         server.link.close()
         failed = [e["round"] for e in report["events"] if e["event"] == "round_failed"]

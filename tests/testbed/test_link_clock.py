@@ -152,7 +152,7 @@ def test_server_waits_for_robots_on_the_link_clock(cfg, tmp_path):
     link = ClockedLink(ch.attach(SERVER_ID), rate=0.001)
     server = EdgeServer(link, generate_keys([1, 2, 3]), cfg, tmp_path, False)
     got: list[bool] = []
-    th = threading.Thread(target=lambda: got.append(server.wait_for_robots(3, 0.5)))
+    th = threading.Thread(target=lambda: got.append(server.sessions.wait_for_robots(3, 0.5)))
     th.start()
     time.sleep(1.0)
     assert th.is_alive() and not got

@@ -74,7 +74,7 @@ class UnlearnRequest:
             object.__setattr__(self, "text", self.canonical())
 
     def canonical(self) -> str:
-        """The text form: ``client:3,7``, ``class:3[@7]``, ``sample:7:0.1``, ``sample:7:poisoned``."""
+        """The text form: ``client:3,7``, ``class:3[@7]``, ``sample:7:0.1`` or ``:poisoned``."""
         clients = ",".join(map(str, self.clients))
         if self.kind == "client":
             return f"client:{clients}"
