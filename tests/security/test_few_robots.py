@@ -1,4 +1,4 @@
-"""Robust aggregation with one or two robots (issue 13, item 4): the round's median cannot
+"""Robust aggregation with one or two robots: the round's median cannot
 single out a scaled update there, so the norm bound takes a floor from trusted norms: the
 norms accepted in earlier rounds, or the server's own reference update on its validation
 slice. Each test asserts the scaled update is refused with its reason and that the round

@@ -17,22 +17,19 @@ Two interchangeable local trainers give the same models up to float rounding:
   are a prefix of the stack; short last batches are padded and masked out of the loss. Models
   with BatchNorm are refused (padding would leak into batch statistics).
 
-Measured on the 2-core CPU box (LeNet-5, batch 64, one torch thread): a vmapped step for 10
-clients costs about twice ten sequential steps, because vmap turns each convolution into a
-grouped convolution whose oneDNN kernels (backward above all) are slow for small groups, and
-at batch 64 the per-step Python overhead vmap saves is small. Hence ``auto`` means sequential
-on CPU; ``vmap`` stays available (and tested equal) for accelerators or tiny batches.
+On a CPU vmap turns each convolution into a grouped convolution whose kernels are slow for
+small groups, so ``auto`` means sequential there; ``vmap`` stays available (and tested equal)
+for accelerators or tiny batches (measurements of both: docs/reproducing.md).
 
 BatchNorm statistics (``fl.bn_recalibration``): averaging the clients' running statistics gives
 statistics of *their* models, each an exponential average (momentum 0.1) over a few local steps
-that lags its weights; early in training the averaged model's eval-mode forward pass then
-collapses onto one class (MobileNetV3 at the CPU size: 100 % of the validation images predicted
-as one class in rounds 1-4 while the same weights score 0.16-0.27 with re-estimated statistics,
-docs/reproducing.md "MobileNetV3 on the CPU"). With ``fl.bn_recalibration: k > 0`` the server
-re-estimates them after every aggregation from ``k`` of its own validation images
-(:func:`recalibrate_bn`, :func:`server_images`: unlabelled, the slice the unlearning methods
-validate on, never scored as test data); every FedAvg loop (training, Retrain, the controls,
-PGA's post rounds, FedEraser's calibration) does the same through :class:`BNRecalibrator`.
+that lags its weights; early in training the averaged model's eval-mode forward pass can then
+collapse onto one class (docs/reproducing.md, "MobileNetV3 on the CPU"). With
+``fl.bn_recalibration: k > 0`` the server re-estimates them after every aggregation from ``k``
+of its own validation images (:func:`recalibrate_bn`, :func:`server_images`: unlabelled, the
+slice the unlearning methods validate on, never scored as test data); the one FedAvg round
+(:class:`scaleflu.fl.strategy.FedAvg`) applies it wherever rounds run, through
+:class:`BNRecalibrator`.
 
 Every random choice derives from ``(seed, round, client)``, never from a running generator, so
 a run resumed at round k gives the same model as an uninterrupted one.
