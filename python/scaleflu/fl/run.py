@@ -14,6 +14,7 @@ an uninterrupted run reaches.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import logging
@@ -443,6 +444,23 @@ class LoadedRun:
     def parts(self) -> list[np.ndarray]:
         """Client partitions (global training-sample indices)."""
         return self.setup.parts
+
+    @classmethod
+    def held(
+        cls,
+        run_dir: str | Path,
+        setup: FLSetup,
+        history: HistoryStore,
+        state: Mapping[str, torch.Tensor],
+        model: nn.Module | None = None,
+    ) -> LoadedRun:
+        """A run a process holds in memory (the edge server), as :func:`load_run` rebuilds one
+        from its folder: ``state`` is the current global model, held in a copy of ``model`` (a
+        module of the run's architecture; None: a fresh one)."""
+        model = copy.deepcopy(model) if model is not None else setup.new_model()
+        model.load_state_dict(dict(state))
+        metrics = metrics_from_history(history)
+        return cls(Path(run_dir), setup.cfg, setup, model, history, metrics)
 
 
 def load_run(run_dir: str | Path) -> LoadedRun:

@@ -34,7 +34,6 @@ is authenticated once and handed to the part it concerns) and runs the federatio
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Mapping
@@ -52,7 +51,6 @@ from scaleflu.fl.integrity import trust
 from scaleflu.fl.run import (
     LoadedRun,
     build_setup,
-    metrics_from_history,
     open_history,
     write_training_outputs,
 )
@@ -235,10 +233,9 @@ class EdgeServer:
         """The run this server holds, as :func:`scaleflu.fl.run.load_run` rebuilds one from its
         folder: config, data and partitions, the history store and the current global model
         (what the unlearning methods run on, without reading the run folder again)."""
-        model = copy.deepcopy(self.model)
-        model.load_state_dict(self.rounds.global_state)
-        metrics = metrics_from_history(self.history)
-        return LoadedRun(self.run_dir, self.cfg, self.setup, model, self.history, metrics)
+        return LoadedRun.held(
+            self.run_dir, self.setup, self.history, self.rounds.global_state, self.model
+        )
 
     def _resolve_config(self, cfg: Mapping[str, Any], keys: Mapping[int, bytes]) -> Config:
         """Use the run's saved config when resuming; check robot ids against the clients.
