@@ -3,9 +3,10 @@
 A method is an object with a ``name`` and ``run(ctx) -> UnlearnResult``. The
 :class:`UnlearnContext` holds the trained run (config, data, partitions, history, final and
 initial models), the resolved request, the evaluation sets, and helpers: FedAvg rounds with the
-remaining clients (:meth:`UnlearnContext.fedavg_rounds`, the FL runtime's own trainer and
-aggregation) and :meth:`UnlearnContext.make_result`, which measures a model with every metric
-so a method only produces the model and its costs.
+remaining clients (:meth:`UnlearnContext.fedavg_rounds`: the run's round,
+:meth:`UnlearnContext.strategy`, the one of :mod:`scaleflu.fl.strategy`, with the FL runtime's
+trainer) and :meth:`UnlearnContext.make_result`, which measures a model with every metric so a
+method only produces the model and its costs.
 
 Result schema (``UnlearnResult.to_dict()``, ``schema: 1``) -- documented in docs/scale.md:
 ``method, mode, request{...}, protocol, run_dir, metrics{test_acc, ra, ra_clean, fa, fr,
