@@ -15,7 +15,7 @@ from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data, run_fe
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
-from scaleflu.testbed.common import to_numpy
+from scaleflu.testbed.common import arrays
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
@@ -110,7 +110,7 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
     h = server.history
     assert h.client_rounds(0) == [] and h.erased_clients() == {0}
     assert all(set(h.client_updates(t)) == {1, 2} for t in (1, 2))
-    assert state_sha256(to_numpy(h.final_model())) == un["model_sha256"]
+    assert state_sha256(arrays(h.final_model())) == un["model_sha256"]
     # the comparison ran on the history before the erasure (client 0 still in rounds 1, 2)
     assert [row["method"] for row in un["side_by_side"]] == [None, "retrain"]
     assert un["side_by_side"][1]["fl_rounds"] == 2 and un["side_by_side"][1]["asr"] == 0.1

@@ -83,16 +83,6 @@ def tensors(decoded: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(np.asarray(v)) for k, v in decoded.items()}
 
 
-def to_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """A torch state dict as numpy arrays (copies)."""
-    return {k: v.detach().cpu().contiguous().numpy().copy() for k, v in state.items()}
-
-
-def to_torch(arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """Numpy arrays as a torch state dict (copies)."""
-    return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in arrays.items()}
-
-
 def encode_state(
     state: Mapping[str, np.ndarray],
     encoding: str = "raw",
