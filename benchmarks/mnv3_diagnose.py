@@ -42,10 +42,10 @@ sys.path.insert(0, str(ROOT / "python"))
 from scaleflu.config import load_config  # noqa: E402
 from scaleflu.experiments.cells import RunKey  # noqa: E402
 from scaleflu.experiments.table2 import run_config  # noqa: E402
+from scaleflu.fl.aggregation import aggregate  # noqa: E402
 from scaleflu.fl.data import ImageData  # noqa: E402
 from scaleflu.fl.fedavg import (  # noqa: E402
     LocalConfig,
-    aggregate,
     client_batches,
     evaluate,
     make_trainer,

@@ -7,7 +7,7 @@ n in round t is ``Theta_{n,E}[t] - Theta[t]`` over every floating-point state-di
 (parameters and float buffers such as BatchNorm running statistics; integer buffers are left
 out), so its local model is ``global_model(t) + client_update(t, n)``.
 
-AoI bookkeeping (GUIDE 3.3): every sensitivity layer l is cut into groups j
+AoI bookkeeping (docs/scale.md, "AoI"): every sensitivity layer l is cut into groups j
 (:func:`scaleflu.fl.models.parameter_groups`). A group counts as updated in round t when
 ``max |Theta[t+1] - Theta[t]|`` over its entries exceeds the tolerance; its last-update time is
 then round t and, in seconds, the simulated link clock when the broadcast of Theta[t+1]
@@ -107,7 +107,7 @@ _DIGEST_TABLES = (
 class LinkModel:
     """Simulated link: a transfer of ``b`` bytes takes ``b / goodput + latency`` seconds."""
 
-    goodput: float = 5.7e6 / 8  # bytes per second (about 5.7 Mbit/s, GUIDE 5)
+    goodput: float = 5.7e6 / 8  # bytes per second (about 5.7 Mbit/s, the stock OFDM PHY)
     latency: float = 0.01  # seconds per transfer
     count_uplink: bool = True  # charge each participant's upload to the round
 
