@@ -39,10 +39,10 @@ from torch import nn
 from scaleflu.config import load_config
 from scaleflu.experiments.cells import RunKey
 from scaleflu.experiments.harness import run_config
+from scaleflu.fl.aggregation import aggregate
 from scaleflu.fl.data import ImageData
 from scaleflu.fl.fedavg import (
     LocalConfig,
-    aggregate,
     client_batches,
     evaluate,
     make_trainer,

@@ -5,6 +5,7 @@
  */
 
 #include "frame_builder_impl.h"
+#include "pdu_frame.h"
 #include <gnuradio/io_signature.h>
 #include <cstring>
 #include <stdexcept>
@@ -14,22 +15,6 @@ namespace scaleflu {
 
 namespace {
 const pmt::pmt_t PORT_IN = pmt::mp("in");
-const pmt::pmt_t KEY_RAW = pmt::mp("raw");
-
-// Read an integer metadata field; false when present but not an integer in [0, max].
-bool meta_uint(const pmt::pmt_t& meta, const char* key, uint64_t max, uint64_t& value)
-{
-    const pmt::pmt_t v = pmt::dict_ref(meta, pmt::mp(key), pmt::PMT_NIL);
-    if (pmt::is_null(v))
-        return true; // absent: keep the default
-    if (!pmt::is_integer(v) && !pmt::is_uint64(v))
-        return false;
-    const int64_t x = pmt::is_uint64(v) ? int64_t(pmt::to_uint64(v)) : pmt::to_long(v);
-    if (x < 0 || uint64_t(x) > max)
-        return false;
-    value = uint64_t(x);
-    return true;
-}
 } // namespace
 
 frame_builder::sptr frame_builder::make(int mtu, int src, int dst, const std::string& key)
@@ -62,67 +47,11 @@ bool frame_builder_impl::take_next_pdu()
         pmt::pmt_t msg(delete_head_nowait(PORT_IN));
         if (msg.get() == nullptr)
             return false;
-        if (!pmt::is_pdu(msg)) {
-            d_logger->error("dropping a message that is not a u8 PDU");
-            d_dropped++;
-            continue;
-        }
-        const pmt::pmt_t meta = pmt::car(msg);
-        const pmt::pmt_t vec = pmt::cdr(msg);
-        if (!pmt::is_u8vector(vec)) {
-            d_logger->error("dropping a PDU whose data is not a u8vector");
-            d_dropped++;
-            continue;
-        }
-        frame::header h;
-        if (pmt::is_dict(meta) && pmt::eq(pmt::dict_ref(meta, KEY_RAW, pmt::PMT_F), pmt::PMT_T)) {
-            // an encoded frame: check it as a receiver would and pass it on unchanged
-            size_t len = 0;
-            const uint8_t* data = pmt::u8vector_elements(vec, len);
-            const uint8_t* payload = nullptr;
-            size_t plen = 0;
-            const frame::parse_status st = frame::parse(data, len, h, payload, plen, d_mtu);
-            if (st != frame::parse_status::OK) {
-                d_logger->error("dropping raw frame PDU: {:s} ({:d} B)",
-                                frame::status_name(st),
-                                len);
-                d_dropped++;
-                continue;
-            }
-            d_frame.assign(data, data + len);
+        std::string error;
+        if (detail::pdu_to_frame(msg, d_mtu, d_src, d_dst, d_next_msg_id, d_frame, error))
             return true;
-        }
-        uint64_t type = 0, src = d_src, dst = d_dst, msg_id = d_next_msg_id, seq = 0,
-                 count = 1;
-        const bool is_dict = pmt::is_dict(meta);
-        if (is_dict && !(meta_uint(meta, "type", 255, type) &&
-                         meta_uint(meta, "src", 0xFFFF, src) &&
-                         meta_uint(meta, "dst", 0xFFFF, dst) &&
-                         meta_uint(meta, "msg_id", 0xFFFFFFFFu, msg_id) &&
-                         meta_uint(meta, "seq", 0xFFFFFFFFu, seq) &&
-                         meta_uint(meta, "count", 0xFFFFFFFFu, count))) {
-            d_logger->error("dropping a PDU with a malformed header field in its metadata");
-            d_dropped++;
-            continue;
-        }
-        h.type = uint8_t(type);
-        h.src = uint16_t(src);
-        h.dst = uint16_t(dst);
-        h.msg_id = uint32_t(msg_id);
-        h.seq = uint32_t(seq);
-        h.count = uint32_t(count);
-        size_t len = 0;
-        const uint8_t* data = pmt::u8vector_elements(vec, len);
-        try {
-            d_frame = frame::build(h, data, len, d_mtu);
-        } catch (const std::invalid_argument& e) {
-            d_logger->error("dropping PDU: {:s}", e.what());
-            d_dropped++;
-            continue;
-        }
-        if (!is_dict || pmt::is_null(pmt::dict_ref(meta, pmt::mp("msg_id"), pmt::PMT_NIL)))
-            d_next_msg_id++;
-        return true;
+        d_logger->error("{:s}", error);
+        d_dropped++;
     }
 }
 

@@ -1,10 +1,13 @@
 """Shared pytest set-up: quiet GNU Radio preferences, logging that cannot leak between tests."""
 
 import atexit
+import fcntl
 import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,26 @@ os.environ.setdefault("GR_DONT_LOAD_PREFS", "1")
 # Companion: GRC lets a later block path replace an earlier one's blocks.
 os.environ.setdefault("GR_CONF_GRC_GLOBAL_BLOCKS_PATH", "/usr/share/gnuradio/grc/blocks")
 os.environ.setdefault("SCALEFLU_LOG", "WARNING")
+
+
+def _posix_shm_buffers() -> None:
+    """GNU Radio's stream buffers in POSIX shared memory for this run (and its subprocesses).
+
+    Its default on Linux, System V shared memory, is limited to ``kernel.shmmni`` segments for
+    the whole machine (4096 on Debian); a pytest worker that builds hundreds of flowgraphs holds
+    thousands of segments until it exits, and a second worker then fails in ``shmget: No space
+    left on device``. The factory is a preference file under GR_PREFS_PATH (gr.userconf_path)."""
+    if os.environ.get("GR_PREFS_PATH"):
+        return
+    conf = tempfile.mkdtemp(prefix="scaleflu-grprefs-")
+    atexit.register(shutil.rmtree, conf, True)
+    os.makedirs(os.path.join(conf, "prefs"))
+    with open(os.path.join(conf, "prefs", "vmcircbuf_default_factory"), "w") as f:
+        f.write("gr::vmcircbuf_mmap_shm_open_factory")
+    os.environ["GR_PREFS_PATH"] = conf
+
+
+_posix_shm_buffers()
 
 
 def _writable_home() -> None:
@@ -49,3 +72,33 @@ def _restore_root_logging():
         if h not in root.handlers:
             root.addHandler(h)
     root.setLevel(level)
+
+
+@pytest.fixture(scope="session")
+def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """``build_once(name, build)``: a folder filled by ``build(folder)`` once for the whole run.
+
+    Under pytest-xdist every worker asks for the same folder in the run's common base temp; the
+    first builds it while the others wait on a lock (a trained run is then trained once, not
+    once per worker). A build that fails leaves no folder behind: the next ask builds again.
+    """
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+
+    def get(name: str, build: Callable[[Path], object]) -> Path:
+        target = root / name
+        with open(root / f"{name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (target / ".built").is_file():
+                shutil.rmtree(target, ignore_errors=True)
+                target.mkdir(parents=True)
+                try:
+                    build(target)
+                except BaseException:
+                    shutil.rmtree(target, ignore_errors=True)
+                    raise
+                (target / ".built").touch()
+        return target
+
+    return get

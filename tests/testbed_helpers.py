@@ -37,14 +37,17 @@ def robot_data(cfg: Config) -> dict[int, Any]:
 
 
 def halve_unlearn(
-    run_dir: Any, request: str, method: str, mode: str, overrides: Any, progress: bool
+    run: Any, request: Any, method: str, mode: str, overrides: Any, progress: bool
 ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Stand-in for SCALE (tested elsewhere): halve the final model, say which request ran."""
-    from scaleflu.fl.run import load_run
+    """Stand-in for SCALE (tested elsewhere): halve the server's final model (the run it holds,
+    which must be the one its history stores), say which request ran."""
+    import torch
 
-    run = load_run(run_dir)
-    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
-    return state, {"protocol": "backdoor", "request": request}
+    final = run.history.final_model()
+    held = run.model.state_dict()
+    assert all(torch.equal(held[k], v) for k, v in final.items()), "not the server's model"
+    state = {k: v * 0.5 if v.is_floating_point() else v for k, v in held.items()}
+    return state, {"protocol": "backdoor", "request": request.text}
 
 
 def three_robots(link: Any, keys: Any, cfg: Any, tmp_path: Any) -> tuple[Any, list[Any]]:

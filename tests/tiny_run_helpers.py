@@ -7,6 +7,7 @@ about 0.7), client 1 has 30 % flipped labels. Evaluation is kept small (no relea
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +57,16 @@ def tiny_config(*extra: str) -> dict[str, Any]:
     return load_config(None, [*TINY_OVERRIDES, *extra])
 
 
-def tiny_run_dir(base: Path) -> Path:
-    """Train the tiny run once under ``base`` (the session's pytest base temp) and return it."""
+def tiny_run_dir(build_once: Callable[..., Path]) -> Path:
+    """The tiny run, trained once for the whole test run (``build_once``: tests/conftest.py)."""
     from scaleflu.experiments.cells import RunKey
     from scaleflu.experiments.harness import ensure_run
 
     cfg = tiny_config()
     key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
-    torch.set_num_threads(1)
-    out = base / "tiny-shared"
-    return ensure_run(cfg, key, out, progress=False)
+
+    def build(out: Path) -> None:
+        torch.set_num_threads(1)
+        ensure_run(cfg, key, out, progress=False)
+
+    return build_once("tiny-shared", build) / "runs" / key.slug

@@ -7,18 +7,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tiny_run_helpers import HAVE_FMNIST, tiny_config, tiny_run_dir
 
 
 @pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def tiny_run(build_once: Callable[..., Path]) -> Any:
     """The shared tiny trained run, loaded."""
     if not HAVE_FMNIST:
         pytest.skip("FashionMNIST not installed")
     from scaleflu.fl.run import load_run
 
-    base = tmp_path_factory.getbasetemp()
-    return load_run(tiny_run_dir(Path(base)))
+    return load_run(tiny_run_dir(build_once))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_run_helpers import needs_fmnist, tiny_config
 
 from scaleflu.config import ConfigError
 from scaleflu.unlearn import registry
@@ -20,6 +19,7 @@ from scaleflu.unlearn.registry import (
     register,
     run_unlearning,
 )
+from tiny_run_helpers import needs_fmnist, tiny_config
 
 
 def test_names_aliases_and_unknown_method() -> None:
@@ -94,7 +94,8 @@ def test_retrain_is_one_class_in_cli_table2_and_testbed(tiny_run: Any, tmp_path:
     """`unlearn --method retrain`, table2 and the testbed run one Retrain (bit-exact)."""
     from scaleflu.cli.unlearn import run_unlearn
     from scaleflu.experiments.harness import default_factory, make_context
-    from scaleflu.testbed.server import default_unlearn
+    from scaleflu.testbed.unlearn_service import compare_unlearn, default_unlearn
+    from scaleflu.unlearn.request import parse_request
 
     run_dir = Path(tiny_run.run_dir)
     req = "client:0"
@@ -115,7 +116,9 @@ def test_retrain_is_one_class_in_cli_table2_and_testbed(tiny_run: Any, tmp_path:
     for k, v in unl.state.items():
         assert torch.equal(v, cli_state[k]), k
     before = sorted(p.name for p in run_dir.iterdir())
-    state, result = default_unlearn(run_dir, req, "retrain", "default", over, False)
+    # the testbed: the typed request on the run the server holds in memory
+    typed = parse_request(req)
+    state, result = default_unlearn(tiny_run, typed, "retrain", "default", over, False)
     assert sorted(p.name for p in run_dir.iterdir()) == before  # nothing read back from disk
     assert result["method"] == "retrain" and result["details"]["rounds"] == 2
     for k, v in unl.state.items():
@@ -125,11 +128,9 @@ def test_retrain_is_one_class_in_cli_table2_and_testbed(tiny_run: Any, tmp_path:
         done.state["fc3.weight"], unl.state["fc3.weight"]
     )
     # the testbed's comparison: the same in-memory run, its outputs written beside the run
-    from scaleflu.testbed.server import compare_unlearn
-
-    row = compare_unlearn(run_dir, req, "retrain", over, False)
+    row = compare_unlearn(tiny_run, typed, "retrain", over, False)
     on_disk = json.loads((run_dir / "unlearn_compare" / "retrain" / "result.json").read_text())
     assert row["method"] == "retrain" and row["details"]["rounds"] == 2
     assert row["metrics"] == on_disk["metrics"] and row["cost"]["fl_rounds"] == 2
-    bad = compare_unlearn(run_dir, req, "retrian", over, False)
+    bad = compare_unlearn(tiny_run, typed, "retrian", over, False)
     assert bad["method"] == "retrian" and "did you mean 'retrain'" in bad["error"]

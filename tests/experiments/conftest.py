@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -10,8 +11,8 @@ from tiny_run_helpers import HAVE_FMNIST, tiny_run_dir
 
 
 @pytest.fixture(scope="session")
-def tiny_run_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def tiny_run_path(build_once: Callable[..., Path]) -> Path:
     """Directory of the shared tiny trained run."""
     if not HAVE_FMNIST:
         pytest.skip("FashionMNIST not installed")
-    return tiny_run_dir(Path(tmp_path_factory.getbasetemp()))
+    return tiny_run_dir(build_once)

@@ -19,8 +19,8 @@ def test_training_view_sees_what_shapes_the_run():
 
 
 def test_runs_saved_before_the_schedule_and_canaries_still_match():
-    """A run config without fl.lr_*, fl.bn_recalibration / data.poison.canar* keys (saved before
-    they existed)."""
+    """A run config without fl.lr_*, fl.bn_recalibration, fl.aggregation / data.poison.canar*
+    keys (saved before they existed)."""
     import copy
 
     cfg = load_config("table2_cpu", ["data.poison.canaries=0"])
@@ -30,8 +30,10 @@ def test_runs_saved_before_the_schedule_and_canaries_still_match():
     for k in ("canary_clients", "canaries", "canary_copies"):
         del old["data"]["poison"][k]
     del old["fl"]["bn_recalibration"]
+    del old["fl"]["aggregation"]
     assert training_view(old) == training_view(cfg)
     # switched on, they shape the run
-    for override in ("fl.lr_schedule=cosine", "data.poison.canaries=5", "fl.bn_recalibration=9"):
+    on = ("fl.lr_schedule=cosine", "data.poison.canaries=5", "fl.bn_recalibration=9")
+    for override in (*on, "fl.aggregation={strategy: median}"):
         on = load_config("table2_cpu", ["data.poison.canaries=0", override])
         assert training_view(on) != training_view(cfg)

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_run_helpers import needs_fmnist
 
 from scaleflu.config import ConfigError, load_config, resolve_config_path
 from scaleflu.experiments.cells import RunKey, plan_cells
@@ -13,6 +12,7 @@ from scaleflu.experiments.harness import run_config
 from scaleflu.experiments.table2 import run_table2
 from scaleflu.fl.run import validate_config
 from scaleflu.unlearn.registry import method_names
+from tiny_run_helpers import needs_fmnist
 
 
 def test_gpu_config_plans_three_models_seven_methods() -> None:
@@ -115,6 +115,10 @@ def test_gpu_config_runs_at_toy_size(tmp_path: Path) -> None:
             "baselines.fused.rank=2",
             "experiment.seeds=[0]",
             f"experiment.methods={methods}",
+            # the config's per-model settings (10 rounds for MobileNetV3 and ResNet18) apply
+            # after the overrides above: keep their mechanism, at one round
+            "experiment.model_settings.mobilenetv3=[fl.local_epochs=1, fl.rounds=1]",
+            "experiment.model_settings.resnet18=[fl.local_epochs=1, fl.rounds=1]",
         ],
     )
     summary = run_table2(cfg, tmp_path / "out", progress=False)

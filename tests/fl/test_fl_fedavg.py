@@ -7,12 +7,12 @@ import pytest
 import torch
 from fl_helpers import toy_data
 
+from scaleflu.fl.aggregation import aggregate
 from scaleflu.fl.data import partition_dirichlet
 from scaleflu.fl.fedavg import (
     LocalConfig,
     SequentialTrainer,
     VmapTrainer,
-    aggregate,
     client_batches,
     evaluate,
     make_trainer,

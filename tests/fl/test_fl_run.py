@@ -215,13 +215,13 @@ def test_resume_after_crash_inside_a_round(
     tmp_path: Path, small_cfg: CfgFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A crash between local training and the history write: the round is redone on resume."""
-    import scaleflu.fl.run as run_mod
+    import scaleflu.fl.aggregation as agg_mod
 
     cfg = small_cfg(
         "fl.rounds=3", "fl.clients_per_round=2", "data.train_subset=400", "data.test_subset=100"
     )
     full = train(cfg, tmp_path / "full", progress=False)
-    real = run_mod.aggregate
+    real = agg_mod.aggregate
     calls = {"n": 0}
 
     def flaky(states: Any, sizes: Any) -> Any:
@@ -230,10 +230,10 @@ def test_resume_after_crash_inside_a_round(
             raise _CrashError("killed during round 2")
         return real(states, sizes)
 
-    monkeypatch.setattr(run_mod, "aggregate", flaky)
+    monkeypatch.setattr(agg_mod, "aggregate", flaky)
     with pytest.raises(_CrashError):
         train(cfg, tmp_path / "crash", progress=False)
-    monkeypatch.setattr(run_mod, "aggregate", real)
+    monkeypatch.setattr(agg_mod, "aggregate", real)
     assert load_run(tmp_path / "crash").history.last_completed_round() == 1
     resumed = train(cfg, tmp_path / "crash", resume=True, progress=False)
     for k, v in full.model.state_dict().items():

@@ -333,6 +333,8 @@ GRC_RUNS = {
     "loopback": "runs",
     "loopback_null": "runs",
     "loopback_qt": "runs",
+    "loopback_coded": "runs",
+    "loopback_coded_qt": "runs",
     "robot_uhd": "no radio",
     "edge_server_uhd": "no radio",
     "robot_shared_medium": "medium",

@@ -82,7 +82,7 @@ def test_failed_rounds_do_not_end_the_federation(tmp_path):
             ch.attach(SERVER_ID), store.robots, cfg, tmp_path, False, signing_key=store.signing_key
         )
         theta1 = server.history.global_model(1)
-        server.wait_for_robots = lambda n, timeout: True  # nobody uploads anything
+        server.sessions.wait_for_robots = lambda n, timeout: True  # nobody uploads anything
         report = server.run()
         server.link.close()
         failed = [e["round"] for e in report["events"] if e["event"] == "round_failed"]
@@ -103,7 +103,7 @@ def test_failed_rounds_do_not_end_the_federation(tmp_path):
         )
         again.link.close()
         assert again.history.last_completed_round() == 2
-        assert [r.get("failed") for r in again.rounds_log] == [True, True]
+        assert [r.get("failed") for r in again.rounds.log] == [True, True]
 
 
 def test_a_failed_round_is_skipped_and_the_next_completes_with_the_robot(tmp_path):
@@ -239,5 +239,5 @@ def test_disk_fault_mid_run_ends_the_real_server_in_one_line_and_it_resumes(
                            signing_key=store.signing_key)  # fmt: skip
         again.link.close()
     assert again.history.last_completed_round() == 1
-    assert [r["round"] for r in again.rounds_log] == [1]
+    assert [r["round"] for r in again.rounds.log] == [1]
     assert again.history.participants(1) == [0, 1]

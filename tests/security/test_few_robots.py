@@ -1,4 +1,4 @@
-"""Robust aggregation with one or two robots (issue 13, item 4): the round's median cannot
+"""Robust aggregation with one or two robots: the round's median cannot
 single out a scaled update there, so the norm bound takes a floor from trusted norms: the
 norms accepted in earlier rounds, or the server's own reference update on its validation
 slice. Each test asserts the scaled update is refused with its reason and that the round
@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from testbed_helpers import run_federation
 
 from scaleflu.config import load_config
 from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, robust_aggregate
@@ -18,6 +17,7 @@ from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID
 from scaleflu.testbed.robot import RobotClient
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import run_federation
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,7 +28,11 @@ def _two(scale: float = 100.0, seed: int = 0):
     d = rng.normal(size=(8, 16)) * 0.1
     honest = {"w": (base["w"] + d + rng.normal(size=d.shape) * 0.02).astype(np.float32)}
     bad = {"w": (base["w"] + scale * d).astype(np.float32)}
-    return base, {1: honest, 2: bad}, float(np.linalg.norm(d))
+    t = {k: torch.from_numpy(v) for k, v in base.items()}
+    locals_ = {
+        n: {k: torch.from_numpy(v) for k, v in s.items()} for n, s in ((1, honest), (2, bad))
+    }
+    return t, locals_, float(np.linalg.norm(d))
 
 
 def test_two_robots_round_median_alone_lets_a_scaled_update_through():
@@ -43,7 +47,7 @@ def test_two_robots_floor_from_prior_norms_refuses_the_scaled_update():
     cfg = AggregationConfig()
     res = robust_aggregate(base, locals_, {1: 100, 2: 100}, cfg, prior=[h, 1.1 * h, 0.9 * h])
     assert res.accepted == [1] and res.refused[2].startswith("norm:")
-    np.testing.assert_array_equal(res.state["w"], locals_[1]["w"])  # the honest model, exact
+    assert torch.equal(res.state["w"], locals_[1]["w"])  # the honest model, exact
     # one robot alone, scaled: refused too (the round fails with the reason)
     with pytest.raises(NoUpdateAcceptedError, match="norm"):
         robust_aggregate(base, {2: locals_[2]}, {2: 100}, cfg, prior=[h])

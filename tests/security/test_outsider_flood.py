@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from scaleflu.fl.history import HistoryStore
-from scaleflu.testbed.common import to_numpy
+from scaleflu.testbed.common import arrays
 from scaleflu.testbed.protocol import state_sha256
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def test_rounds_complete_with_every_robot_under_the_flood(run):
 def test_every_robot_trained_from_the_servers_model_bit_exact(run):
     out, _, robots, _ = run
     with HistoryStore(out) as h:  # the key stayed with the server; the digests are not checked
-        want = {t: state_sha256(to_numpy(h.global_model(t))) for t in (1, 2)}
+        want = {t: state_sha256(arrays(h.global_model(t))) for t in (1, 2)}
     for r, s in robots.items():
         assert {x["round"]: x["model_sha256"] for x in s["rounds"]} == want, r
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from testbed_helpers import TESTBED_OVERRIDES, robot_data, run_federation
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
@@ -20,6 +19,7 @@ from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID, MsgType
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import TESTBED_OVERRIDES, robot_data, run_federation
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -43,16 +43,13 @@ def _robot_data(cfg) -> dict[int, RobotData]:
 SERVED: list[str] = []
 
 
-def failing_first_unlearn(run_dir, request, method, mode, overrides, progress):
+def failing_first_unlearn(run, request, method, mode, overrides, progress):
     """Stand-in for SCALE: the first request (client:0) fails, the others halve the model."""
-    from scaleflu.fl.run import load_run
-
-    SERVED.append(request)
-    if request == "client:0":
+    SERVED.append(request.text)
+    if request.text == "client:0":
         raise RuntimeError("unlearning of client:0 failed on purpose")
-    run = load_run(run_dir)
     state = {k: v * 0.5 if v.is_floating_point() else v for k, v in run.model.state_dict().items()}
-    return state, {"protocol": "clean", "request": request}
+    return state, {"protocol": "clean", "request": request.text}
 
 
 def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict]):
@@ -126,7 +123,7 @@ def test_poisoning_free_riding_type_confusion_and_requests(cfg, robot_data, tmp_
     assert ack3 is not None and not ack3["accepted"] and "class:99" in ack3["reason"]
     assert "bad_request" in reasons(3)
     # both accepted requests served in order; the failing first does not block the second
-    received = [q["text"] for q in server.requests]  # in the order they arrived
+    received = [q.text for q in server.unlearning.requests]  # in the order they arrived
     assert sorted(received) == ["client:0", "sample:1:0.5"]
     assert SERVED == received, report["unlearning_all"]
     served = {u["request"]["text"]: u for u in report["unlearning_all"]}
@@ -169,10 +166,10 @@ def _registered(cfg, robot_data, tmp_path, store, ch):
     )
     th = threading.Thread(target=robot.register, args=(15.0,))
     th.start()
-    server.announce()
-    server.wait_for_robots(1, 15.0)
+    server.sessions.announce()
+    server.sessions.wait_for_robots(1, 15.0)
     th.join()
-    assert 2 in server.robots and robot.session == server.session
+    assert 2 in server.sessions.robots and robot.session == server.session
     return server, robot
 
 
@@ -192,7 +189,7 @@ def test_recorded_register_useless_after_restart_and_resync_rate_limited(cfg, ro
             robot.ep.send(MsgType.RESYNC, SERVER_ID, robot.key, robot.session, 0, {})
         for _ in range(20):
             server.poll(0.05)
-        limited = [x for x in server.rejections if x["reason"] == "rate_limited"]
+        limited = [x for x in server.records.rejections if x["reason"] == "rate_limited"]
         assert len(limited) >= 8
         server.link.close()
         # the server restarts (new session): the recorded REGISTER is refused
@@ -204,8 +201,8 @@ def test_recorded_register_useless_after_restart_and_resync_rate_limited(cfg, ro
         assert ep.link.send(SERVER_ID, recorded, timeout=5).ok
         for _ in range(5):
             server2.poll(0.1)
-        assert 3 not in server2.robots
-        assert server2.rejections[-1]["reason"] == "bad_session"
+        assert 3 not in server2.sessions.robots
+        assert server2.records.rejections[-1]["reason"] == "bad_session"
 
 
 def test_model_not_signed_by_the_server_is_refused(cfg, robot_data, tmp_path):
@@ -214,7 +211,7 @@ def test_model_not_signed_by_the_server_is_refused(cfg, robot_data, tmp_path):
         server, robot = _registered(cfg, robot_data, tmp_path, store, ch)
         before = robot.state_sha
         # a model sealed correctly for robot 2 (someone holding K_2) but not signed by the server
-        state = {k: v * 0 for k, v in server.global_np.items()}
+        state = {k: v.numpy() * 0 for k, v in server.global_state.items()}
         from scaleflu.testbed.protocol import state_sha256
 
         meta = {"purpose": "unlearned", "sha256": state_sha256(state), "base_sha256": None}
@@ -251,7 +248,7 @@ def test_robot_enrolled_with_another_server_key_does_not_register(cfg, robot_dat
             ch.attach(2), 2, store.robots[2], cfg, data=robot_data[2],
             server_public_key=impostor.public_key,
         )  # fmt: skip
-        th = threading.Thread(target=server.wait_for_robots, args=(1, 6.0))
+        th = threading.Thread(target=server.sessions.wait_for_robots, args=(1, 6.0))
         th.start()
         assert not robot.register(timeout=5.0)  # the grant's signature does not verify
         th.join()

@@ -9,19 +9,19 @@ from typing import Any
 
 import numpy as np
 import pytest
-from testbed_helpers import base_config
 
 from scaleflu.link import MemoryChannel
 from scaleflu.testbed.common import (
     LinkDeadline,
+    arrays,
     encode_state,
     install_link_keys,
-    to_numpy,
     wait_on_clock,
 )
 from scaleflu.testbed.protocol import SERVER_ID, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import base_config
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -122,7 +122,7 @@ def test_the_same_model_again_does_not_train_the_round_twice(cfg, data1):
     install_link_keys(server_link, keys, SERVER_ID)
     robot = RobotClient(ch.attach(1), 1, keys[1], cfg, data=data1)
     robot.session = 9
-    state = to_numpy(robot.model.state_dict())
+    state = arrays(robot.model.state_dict())
 
     def model(st: dict[str, np.ndarray]) -> tuple[dict[str, Any], bytes]:
         meta = {"purpose": "train", "sha256": state_sha256(st), "deadline_s": 30.0, "send_id": 4}
@@ -152,7 +152,7 @@ def test_server_waits_for_robots_on_the_link_clock(cfg, tmp_path):
     link = ClockedLink(ch.attach(SERVER_ID), rate=0.001)
     server = EdgeServer(link, generate_keys([1, 2, 3]), cfg, tmp_path, False)
     got: list[bool] = []
-    th = threading.Thread(target=lambda: got.append(server.wait_for_robots(3, 0.5)))
+    th = threading.Thread(target=lambda: got.append(server.sessions.wait_for_robots(3, 0.5)))
     th.start()
     time.sleep(1.0)
     assert th.is_alive() and not got

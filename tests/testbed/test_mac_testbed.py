@@ -6,13 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testbed_helpers import (
-    TESTBED_OVERRIDES,
-    closer,
-    drop_broadcast_bodies,
-    run_federation,
-    three_robots,
-)
 
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
@@ -22,6 +15,13 @@ from scaleflu.testbed.protocol import SERVER_ID, generate_keys, state_sha256
 from scaleflu.testbed.transport import (
     pack_broadcast_body,
     unpack_broadcast_body,
+)
+from testbed_helpers import (
+    TESTBED_OVERRIDES,
+    closer,
+    drop_broadcast_bodies,
+    run_federation,
+    three_robots,
 )
 
 pytestmark = pytest.mark.timeout(300)
@@ -70,14 +70,14 @@ def test_three_robots_on_one_frequency_bit_exact_no_collision(tmp_path: Path):
     server, robots = three_robots(link, keys, cfg, tmp_path)
     # collisions once every robot is registered (scheduled traffic only; joining contends)
     at_first_round: list[int] = []
-    run_round = server.run_round
+    run_round = server.rounds.run_round
 
     def counting_round(t: int):
         if not at_first_round:
             at_first_round.append(hub.collided_frames)
         return run_round(t)
 
-    server.run_round = counting_round
+    server.rounds.run_round = counting_round
 
     report, outs = run_federation(server, robots, 150, closer(server, robots, hub))
     assert [row["participants"] for row in report["rounds"]] == [[1, 2, 3], [1, 2, 3]]

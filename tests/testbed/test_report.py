@@ -6,7 +6,7 @@ import io
 from pathlib import Path
 
 from scaleflu.testbed.report import plot_report, print_summary
-from scaleflu.testbed.server import side_by_side_row
+from scaleflu.testbed.unlearn_service import side_by_side_row
 
 
 def _result(method: str, asr: float, acc: float, wall: float) -> dict:

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data, run_federation
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
-from scaleflu.testbed.common import to_numpy
+from scaleflu.testbed.common import arrays
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data, run_federation
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,12 +35,9 @@ SIGNING_KEY = Ed25519PrivateKey.generate()
 fake_unlearn = halve_unlearn
 
 
-def fake_compare(run_dir, request, method, overrides, progress):
+def fake_compare(run, request, method, overrides, progress):
     """Stand-in for a comparison method: it sees the history before the erasure."""
-    from scaleflu.fl.history import HistoryStore
-
-    with HistoryStore(run_dir) as h:
-        seen = h.client_rounds(0)
+    seen = run.history.client_rounds(0)
     return {
         "method": method,
         "metrics": {"backdoor_asr": 0.1, "test_acc": 0.5, "ra": 0.5},
@@ -65,7 +62,7 @@ def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], chann
     server = EdgeServer(
         ch.attach(SERVER_ID), keys, cfg, run_dir, False, fake_unlearn, signing_key=SIGNING_KEY
     )
-    server.compare_fn = fake_compare
+    server.unlearning.compare_fn = fake_compare
     robots = [
         RobotClient(ch.attach(r), r, keys[r], cfg, data=robot_data[r], **robot_kw.get(r, {}))
         for r in (1, 2, 3)
@@ -113,7 +110,7 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
     h = server.history
     assert h.client_rounds(0) == [] and h.erased_clients() == {0}
     assert all(set(h.client_updates(t)) == {1, 2} for t in (1, 2))
-    assert state_sha256(to_numpy(h.final_model())) == un["model_sha256"]
+    assert state_sha256(arrays(h.final_model())) == un["model_sha256"]
     # the comparison ran on the history before the erasure (client 0 still in rounds 1, 2)
     assert [row["method"] for row in un["side_by_side"]] == [None, "retrain"]
     assert un["side_by_side"][1]["fl_rounds"] == 2 and un["side_by_side"][1]["asr"] == 0.1
@@ -126,7 +123,7 @@ def test_request_for_another_robot_refused(cfg, robot_data, tmp_path):
         robot = RobotClient(ch.attach(2), 2, keys[2], cfg, data=robot_data[2])
         th = threading.Thread(target=robot.register, args=(10.0,))
         th.start()
-        server.wait_for_robots(1, 10.0)
+        server.sessions.wait_for_robots(1, 10.0)
         th.join()
         robot.unlearn = {"kind": "client"}
         robot.ep.send(
@@ -143,8 +140,8 @@ def test_request_for_another_robot_refused(cfg, robot_data, tmp_path):
             if robot.unlearn_ack:
                 break
         assert robot.unlearn_ack and not robot.unlearn_ack["accepted"]
-        assert server.rejections[-1]["reason"] == "not_own_request"
-        assert not server.requests
+        assert server.records.rejections[-1]["reason"] == "not_own_request"
+        assert not server.unlearning.requests
 
 
 def test_killed_robot_closes_round_at_deadline_and_server_resumes(cfg, robot_data, tmp_path):
@@ -223,10 +220,10 @@ def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
             assert evil.send(SERVER_ID, data, timeout=10).ok
         for _ in range(len(junk) + 5):
             server.poll(0.2)
-        reasons = {x["reason"] for x in server.rejections}
+        reasons = {x["reason"] for x in server.records.rejections}
         assert "malformed" in reasons and "not_registered" in reasons
-        assert len(server.rejections) >= len(junk) - 1  # the good REGISTER is accepted
-        assert 2 in server.robots
+        assert len(server.records.rejections) >= len(junk) - 1  # the good REGISTER is accepted
+        assert 2 in server.sessions.robots
 
 
 def test_robot_client_id_mapping():
@@ -236,15 +233,25 @@ def test_robot_client_id_mapping():
     assert all(robot_of(client_of(r)) == r for r in range(1, 50))
 
 
-def test_unlearn_request_texts():
-    from scaleflu.testbed.server import unlearn_request_text
+def test_a_robots_request_is_typed_for_its_client():
+    """A robot's request becomes an UnlearnRequest for its own FL client, checked once; its
+    text form is the one the command line takes; a row of requests.jsonl comes back equal."""
+    from scaleflu.testbed.unlearn_service import RobotRequest
+    from scaleflu.testbed.validation import UnlearnMeta
+    from scaleflu.unlearn.request import RequestError, parse_request
 
-    assert unlearn_request_text({"kind": "client"}, 3) == "client:2"
-    assert unlearn_request_text({"kind": "class", "classes": [1, 4]}, 1) == "class:1,4@0"
-    assert unlearn_request_text({"kind": "sample", "fraction": 0.25}, 2) == "sample:1:0.25"
+    def of(meta):
+        return RobotRequest.of(UnlearnMeta.parse(meta, 10))
+
+    assert of({"robot": 3, "kind": "client"}).text == "client:2"
+    cls = of({"robot": 1, "kind": "class", "classes": [4, 1, 4]})
+    assert cls.text == "class:1,4@0" and cls.request.classes == (1, 4)
+    assert cls.request == parse_request("class:1,4@0")
+    assert of({"robot": 2, "kind": "sample", "fraction": 0.25}).text == "sample:1:0.25"
+    assert RobotRequest.from_json(cls.to_json()) == cls
     for bad in ({"kind": "class"}, {"kind": "sample", "fraction": 0}, {"kind": "all"}):
-        with pytest.raises(ValueError):
-            unlearn_request_text(bad, 1)
+        with pytest.raises(RequestError):
+            RobotRequest.from_json({"robot": 1, **bad})
 
 
 def test_robot_metrics_per_request_kind(robot_data):
@@ -265,7 +272,7 @@ def test_robot_metrics_per_request_kind(robot_data):
 
 
 def test_accepted_request_survives_a_server_restart(cfg, tmp_path):
-    from scaleflu.testbed.server import RobotInfo
+    from scaleflu.testbed.sessions import RobotInfo
 
     keys = generate_keys([1, 2, 3])
     with MemoryChannel(seed=4) as ch:
@@ -273,15 +280,17 @@ def test_accepted_request_survives_a_server_restart(cfg, tmp_path):
         a = EdgeServer(
             ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn, signing_key=SIGNING_KEY
         )
-        a.robots[3] = RobotInfo(3)
-        a._on_unlearn_request(a.robots[3], {"robot": 3, "kind": "client"})
-        assert a._forgotten_ids() == {3}
+        a.sessions.robots[3] = RobotInfo(3)
+        a.unlearning.on_request(a.sessions.robots[3], {"robot": 3, "kind": "client"})
+        assert a.sessions.forgotten_ids() == {3}
         a.link.close()
+        with (tmp_path / "requests.jsonl").open("a") as fh:  # a damaged line is skipped
+            fh.write('{"robot": 2, "kind": "class", "classes": "x"}\n')
         b = EdgeServer(
             ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn, signing_key=SIGNING_KEY
         )
-        assert [q["text"] for q in b.requests] == ["client:2"]
-        assert b._forgotten_ids() == {3}
+        assert [q.text for q in b.unlearning.requests] == ["client:2"]
+        assert b.sessions.forgotten_ids() == {3}
 
 
 def test_unlearning_waits_for_a_robot_silent_since_the_last_round(cfg, tmp_path):
@@ -295,17 +304,19 @@ def test_unlearning_waits_for_a_robot_silent_since_the_last_round(cfg, tmp_path)
     with MemoryChannel(seed=4) as ch:
         server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
         since = time.monotonic()
-        server.robots = {
+        server.sessions.robots = {
             1: RobotInfo(1, registered_at=since - 9, last_heard=since + 1),  # uploaded this round
             2: RobotInfo(2, registered_at=since - 9, last_heard=since - 5),  # silent: died
             3: RobotInfo(3, registered_at=since - 9, last_heard=since - 5, forgotten=True),
         }
         t0 = time.monotonic()
-        assert server.wait_for_rejoin(since, 0.6) == [2]
+        assert server.sessions.wait_for_rejoin(since, 0.6) == [2]
         assert time.monotonic() - t0 >= 0.6  # it waited the whole bound
-        server.robots[2].registered_at = since + 2  # registered again (a restarted process)
+        server.sessions.robots[2].registered_at = (
+            since + 2
+        )  # registered again (a restarted process)
         t0 = time.monotonic()
-        assert server.wait_for_rejoin(since, 30.0) == []
+        assert server.sessions.wait_for_rejoin(since, 30.0) == []
         assert time.monotonic() - t0 < 1.0
         server.link.close()
 

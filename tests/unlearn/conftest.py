@@ -7,6 +7,7 @@ the trigger and label 0); client 4 has 20 % flipped labels (sample unlearning).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,16 +43,19 @@ def _one_thread() -> None:
 
 
 @pytest.fixture(scope="session")
-def trained_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def trained_run(build_once: Callable[..., Path]) -> Path:
     """Directory of the shared trained run."""
     if (
         not (FASHION_MNIST_DIR / "train-images-idx3-ubyte.gz").exists()
         and not (FASHION_MNIST_DIR / "train-images-idx3-ubyte").exists()
     ):
         pytest.skip("FashionMNIST not installed in /usr/share/datasets/fashion-mnist")
-    run_dir = tmp_path_factory.mktemp("unlearn") / "run"
-    train(load_config(None, RUN_OVERRIDES), run_dir, progress=False)
-    return run_dir
+
+    def build(out: Path) -> None:
+        torch.set_num_threads(1)
+        train(load_config(None, RUN_OVERRIDES), out / "run", progress=False)
+
+    return build_once("unlearn-run", build) / "run"
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,11 @@ namespace py = pybind11;
     void bind_header_guard(py::module& m);
     void bind_header_parser_guard(py::module& m);
     void bind_ofdm_burst_demux(py::module& m);
+    void bind_coded_phy(py::module& m);
+    void bind_coded_ofdm_mod(py::module& m);
+    void bind_coded_signal_decoder(py::module& m);
+    void bind_coded_ofdm_demod(py::module& m);
+    void bind_ofdm_preamble_sync(py::module& m);
 // ) END BINDING_FUNCTION_PROTOTYPES
 
 
@@ -61,5 +66,10 @@ PYBIND11_MODULE(scaleflu_python, m)
     bind_header_guard(m);
     bind_ofdm_burst_demux(m);
     bind_header_parser_guard(m);
+    bind_coded_phy(m);
+    bind_coded_ofdm_mod(m);
+    bind_coded_signal_decoder(m);
+    bind_coded_ofdm_demod(m);
+    bind_ofdm_preamble_sync(m);
     // ) END BINDING_FUNCTION_CALLS
 }

@@ -82,7 +82,9 @@ def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
     if isinstance(fl, Mapping) and str(fl.get("lr_schedule") or "constant") == "constant":
         view["fl"] = fl = {k: v for k, v in fl.items() if k not in _LR_KEYS}
     if isinstance(fl, Mapping) and not int(fl.get("bn_recalibration") or 0):
-        view["fl"] = {k: v for k, v in fl.items() if k != "bn_recalibration"}
+        view["fl"] = fl = {k: v for k, v in fl.items() if k != "bn_recalibration"}
+    if isinstance(fl, Mapping) and fl.get("aggregation") is None:
+        view["fl"] = {k: v for k, v in fl.items() if k != "aggregation"}
     data = view.get("data")
     poison = data.get("poison") if isinstance(data, Mapping) else None
     if isinstance(poison, Mapping) and not int(poison.get("canaries") or 0):

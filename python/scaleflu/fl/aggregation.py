@@ -1,9 +1,19 @@
-"""Robust aggregation strategies for the edge server (FedAvg, median, trimmed mean, Krum).
+"""Aggregation of a round's local models: plain FedAvg, and robust screening and strategies.
 
-The strategies follow Flower's (``flwr.server.strategy``: FedAvg, FedMedian, FedTrimmedAvg,
-Krum) and work on client *updates* ``Delta_n = Theta_n - Theta_global``; the new global model
-is ``Theta_global + agg(Delta)``. Before a strategy runs, :func:`screen` applies two checks to
-every update and returns the ones refused with their reason:
+Every FedAvg round of the project aggregates here, in torch (the simulation, the unlearning
+methods and the edge server alike; :mod:`scaleflu.fl.strategy` is the round around it).
+
+:func:`aggregate` is FedAvg (McMahan et al.): every floating-point state-dict entry (weights
+and BatchNorm running statistics alike) becomes ``sum_n M_n / sum_n' M_n' * Theta_{n,E}[t]``,
+computed in float64 in the order the local models are given and cast back to the entry's
+dtype; integer buffers (``num_batches_tracked``) take the participants' maximum.
+
+:func:`robust_aggregate` adds the edge server's defences (``testbed.aggregation`` in
+default.yaml). The strategies follow Flower's (``flwr.server.strategy``: FedAvg, FedMedian,
+FedTrimmedAvg, Krum) and work on client *updates* ``Delta_n = Theta_n - Theta_global``; the
+new global model is ``Theta_global + agg(Delta)`` (FedAvg: :func:`aggregate` of the accepted
+local models itself, bit for bit). Before a strategy runs, :func:`screen` applies two checks
+to every update and returns the ones refused with their reason:
 
 * **norm bound**: ``||Delta_n||_2`` above ``max_norm`` (a fixed bound) or above
   ``norm_factor x median_n ||Delta_n||`` (the adaptive bound, on by default; the median of a
@@ -19,11 +29,8 @@ last ``norm_history`` rounds, or in a round without such history the norm of its
 reference update, trained from the same global model on its validation slice with as many SGD
 steps as the round's largest robot). The bound is the smaller of the two. ``floor_factor``
 (default 10) is wider than ``norm_factor``: the trusted norms come from other rounds, robots or
-data (non-IID robots move further than the server's balanced validation data); the scaled
-updates of issue 13 were 13-100x the honest ones.
-
-Integer buffers (e.g. BatchNorm's ``num_batches_tracked``) are not averaged: the largest value
-among the accepted clients is kept, as :func:`scaleflu.fl.fedavg.aggregate` does.
+data (non-IID robots move further than the server's balanced validation data); the measured
+norms are in docs/testbed.md ("Robust aggregation").
 """
 
 from __future__ import annotations
@@ -33,10 +40,29 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 log = logging.getLogger(__name__)
 
-State = dict[str, np.ndarray]
+State = dict[str, torch.Tensor]
+
+
+def aggregate(states: Mapping[int, Mapping[str, torch.Tensor]], sizes: Mapping[int, int]) -> State:
+    """FedAvg: Theta[t+1] = sum_n M_n / sum_n' M_n' * Theta_{n,E}[t] over the participants."""
+    clients = list(states)
+    if not clients:
+        raise ValueError("cannot aggregate zero client models")
+    total = float(sum(sizes[n] for n in clients))
+    weights = torch.tensor([sizes[n] / total for n in clients], dtype=torch.float64)
+    out: State = {}
+    for key, ref in states[clients[0]].items():
+        if torch.is_floating_point(ref):
+            stacked = torch.stack([states[n][key].to(torch.float64) for n in clients])
+            w = weights.view(-1, *[1] * ref.dim())
+            out[key] = (stacked * w).sum(0).to(ref.dtype)
+        else:
+            out[key] = torch.stack([states[n][key] for n in clients]).max(0).values.clone()
+    return out
 
 
 @dataclass(frozen=True)
@@ -55,48 +81,56 @@ class AggregationConfig:
     reference_samples: int = 512  # server's reference update: validation samples (0: none)
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, object]) -> AggregationConfig:
-        """Parse and check ``testbed.aggregation`` (ValueError with the bad field)."""
+    def from_dict(
+        cls, d: Mapping[str, object], where: str = "testbed.aggregation"
+    ) -> AggregationConfig:
+        """Parse and check a config section (``where``: its name in the errors; ValueError with
+        the bad field)."""
         known = set(cls.__dataclass_fields__)
         extra = set(d) - known
         if extra:
-            raise ValueError(f"testbed.aggregation: unknown keys {sorted(extra)}")
+            raise ValueError(f"{where}: unknown keys {sorted(extra)}")
         c = cls(**{k: d[k] for k in d})  # type: ignore[arg-type]
         if c.strategy not in STRATEGIES:
-            raise ValueError(
-                f"testbed.aggregation.strategy {c.strategy!r}: choose from {sorted(STRATEGIES)}"
-            )
+            raise ValueError(f"{where}.strategy {c.strategy!r}: choose from {sorted(STRATEGIES)}")
         if not isinstance(c.floor_factor, (int, float)) or not c.floor_factor > 0:
-            raise ValueError(
-                f"testbed.aggregation.floor_factor must be > 0, got {c.floor_factor!r}"
-            )
+            raise ValueError(f"{where}.floor_factor must be > 0, got {c.floor_factor!r}")
         for name in ("norm_factor", "max_norm"):
             v = getattr(c, name)
             if v is not None and (not isinstance(v, (int, float)) or not v > 0):
-                raise ValueError(f"testbed.aggregation.{name} must be > 0 or null, got {v!r}")
+                raise ValueError(f"{where}.{name} must be > 0 or null, got {v!r}")
         if not 0.0 <= float(c.trim_fraction) < 0.5:
-            raise ValueError("testbed.aggregation.trim_fraction must be in [0, 0.5)")
+            raise ValueError(f"{where}.trim_fraction must be in [0, 0.5)")
         if int(c.krum_f) < 0:
-            raise ValueError("testbed.aggregation.krum_f must be >= 0")
+            raise ValueError(f"{where}.krum_f must be >= 0")
         for name in ("small_round", "norm_history", "reference_samples"):
             v = getattr(c, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"testbed.aggregation.{name} must be an int >= 0, got {v!r}")
+                raise ValueError(f"{where}.{name} must be an int >= 0, got {v!r}")
         return c
 
 
-def update_of(local: Mapping[str, np.ndarray], base: Mapping[str, np.ndarray]) -> State:
+def screening_config(raw: object, where: str) -> AggregationConfig | None:
+    """The robust-aggregation settings of a config section (null: None, plain FedAvg)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where} must be a mapping of aggregation settings or null")
+    return AggregationConfig.from_dict(dict(raw), where)
+
+
+def update_of(local: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor]) -> State:
     """``local - base`` in float64 for the floating tensors (integer buffers are skipped)."""
     return {
-        k: local[k].astype(np.float64) - base[k].astype(np.float64)
+        k: local[k].to(torch.float64) - base[k].to(torch.float64)
         for k in base
-        if base[k].dtype.kind == "f"
+        if torch.is_floating_point(base[k])
     }
 
 
-def norm(delta: Mapping[str, np.ndarray]) -> float:
+def norm(delta: Mapping[str, torch.Tensor]) -> float:
     """L2 norm of an update over all its tensors."""
-    return float(np.sqrt(sum(float(np.sum(v * v)) for v in delta.values())))
+    return float(sum(float((v.to(torch.float64) ** 2).sum()) for v in delta.values()) ** 0.5)
 
 
 def screen(
@@ -128,26 +162,31 @@ def screen(
     return refused, norms
 
 
-def _stack(deltas: Mapping[int, State], key: str, clients: list[int]) -> np.ndarray:
-    return np.stack([deltas[n][key] for n in clients])
+def _stack(deltas: Mapping[int, State], key: str, clients: list[int]) -> torch.Tensor:
+    return torch.stack([deltas[n][key] for n in clients])
 
 
 def fedavg(deltas: Mapping[int, State], sizes: Mapping[int, int], cfg: AggregationConfig) -> State:
     """Data-size weighted mean of the updates (McMahan et al.)."""
     clients = list(deltas)
-    w = np.array([sizes[n] for n in clients], dtype=np.float64)
-    w = w / w.sum()
+    total = float(sum(sizes[n] for n in clients))
+    w = torch.tensor([sizes[n] / total for n in clients], dtype=torch.float64)
     out = {}
-    for k in deltas[clients[0]]:
-        s = _stack(deltas, k, clients)
-        out[k] = np.tensordot(w, s, axes=1)
+    for k, ref in deltas[clients[0]].items():
+        out[k] = (_stack(deltas, k, clients) * w.view(-1, *[1] * ref.dim())).sum(0)
     return out
 
 
 def median(deltas: Mapping[int, State], sizes: Mapping[int, int], cfg: AggregationConfig) -> State:
-    """Coordinate-wise median (Yin et al. 2018; Flower's FedMedian)."""
+    """Coordinate-wise median (Yin et al. 2018; Flower's FedMedian); an even count takes the
+    mean of the two middle values."""
     clients = list(deltas)
-    return {k: np.median(_stack(deltas, k, clients), axis=0) for k in deltas[clients[0]]}
+    m = len(clients)
+    out = {}
+    for k in deltas[clients[0]]:
+        s = torch.sort(_stack(deltas, k, clients), dim=0).values
+        out[k] = s[m // 2] if m % 2 else (s[m // 2 - 1] + s[m // 2]) / 2
+    return out
 
 
 def trimmed_mean(
@@ -164,8 +203,8 @@ def trimmed_mean(
         cut = max(cut, 1)
     out = {}
     for k in deltas[clients[0]]:
-        s = np.sort(_stack(deltas, k, clients), axis=0)
-        out[k] = s[cut : m - cut].mean(axis=0)
+        s = torch.sort(_stack(deltas, k, clients), dim=0).values
+        out[k] = s[cut : m - cut].sum(0) / (m - 2 * cut)
     return out
 
 
@@ -173,16 +212,16 @@ def krum(deltas: Mapping[int, State], sizes: Mapping[int, int], cfg: Aggregation
     """Krum (Blanchard et al. 2017): the update closest to its ``m - f - 2`` nearest others."""
     clients = list(deltas)
     m = len(clients)
-    flat = np.stack([np.concatenate([d[k].ravel() for k in sorted(d)]) for d in deltas.values()])
+    flat = torch.stack([torch.cat([d[k].reshape(-1) for k in sorted(d)]) for d in deltas.values()])
     d2 = ((flat[:, None, :] - flat[None, :, :]) ** 2).sum(-1)
     k_near = max(1, m - int(cfg.krum_f) - 2)
     scores = []
     for i in range(m):
-        others = np.sort(np.delete(d2[i], i))
+        others = torch.sort(torch.cat([d2[i, :i], d2[i, i + 1 :]])).values
         scores.append(float(others[:k_near].sum()) if len(others) else 0.0)
     best = clients[int(np.argmin(scores))]
     log.debug("krum picked client %d (scores %s)", best, scores)
-    return {k: v.copy() for k, v in deltas[best].items()}
+    return {k: v.clone() for k, v in deltas[best].items()}
 
 
 STRATEGIES: dict[str, Callable[[Mapping[int, State], Mapping[int, int], AggregationConfig], State]]
@@ -199,7 +238,10 @@ class NoUpdateAcceptedError(ValueError):
 
 @dataclass
 class AggregationResult:
-    """The new global model, the accepted clients and the refused ones with their reasons."""
+    """The new global model, the accepted clients and the refused ones with their reasons.
+
+    ``norms``: every update's norm (empty when no screening ran).
+    """
 
     state: State
     accepted: list[int]
@@ -208,33 +250,32 @@ class AggregationResult:
 
 
 def robust_aggregate(
-    base: Mapping[str, np.ndarray],
-    locals_: Mapping[int, Mapping[str, np.ndarray]],
+    base: Mapping[str, torch.Tensor],
+    locals_: Mapping[int, Mapping[str, torch.Tensor]],
     sizes: Mapping[int, int],
-    cfg: AggregationConfig,
+    cfg: AggregationConfig | None,
     prior: Sequence[float] = (),
 ) -> AggregationResult:
     """Screen the local models' updates against ``base``, aggregate the rest with the strategy.
 
-    ``prior``: trusted norms for the floor of small rounds (:func:`screen`). Raises
+    ``cfg`` None: no screening, plain :func:`aggregate` of every local model. ``prior``:
+    trusted norms for the floor of small rounds (:func:`screen`). Raises
     NoUpdateAcceptedError (a ValueError) when no update survives the screening.
     """
+    if cfg is None:
+        return AggregationResult(aggregate(locals_, sizes), list(locals_), {}, {})
     deltas = {n: update_of(s, base) for n, s in locals_.items()}
     refused, norms = screen(deltas, cfg, prior)
     ok = [n for n in deltas if n not in refused]
     if not ok:
         raise NoUpdateAcceptedError(refused)
+    if cfg.strategy == "fedavg":  # the weighted mean of the local models themselves
+        return AggregationResult(aggregate({n: locals_[n] for n in ok}, sizes), ok, refused, norms)
     agg = STRATEGIES[cfg.strategy]({n: deltas[n] for n in ok}, sizes, cfg)
     out: State = {}
-    w = np.array([sizes[n] for n in ok], dtype=np.float64)
-    w = w / w.sum()
     for k, ref in base.items():
-        if ref.dtype.kind == "f" and cfg.strategy == "fedavg":
-            # the weighted mean of the local models themselves, as fedavg.aggregate computes it
-            s = np.stack([np.asarray(locals_[n][k], dtype=np.float64) for n in ok])
-            out[k] = np.tensordot(w, s, axes=1).astype(ref.dtype)
-        elif ref.dtype.kind == "f":
-            out[k] = (ref.astype(np.float64) + agg[k]).astype(ref.dtype)
+        if torch.is_floating_point(ref):
+            out[k] = (ref.to(torch.float64) + agg[k]).to(ref.dtype)
         else:
-            out[k] = np.max(np.stack([np.asarray(locals_[n][k]) for n in ok]), axis=0)
+            out[k] = torch.stack([locals_[n][k] for n in ok]).max(0).values.clone()
     return AggregationResult(out, ok, refused, norms)

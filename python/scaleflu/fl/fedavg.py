@@ -4,9 +4,8 @@ Round t: the server samples ``clients_per_round`` clients C[t] (seeded by ``(see
 starts from Theta[t] and runs E local epochs of minibatch SGD (learning rate eta, batch size B,
 optional momentum, fresh optimizer state every round; the client's samples are reshuffled every
 epoch from a generator seeded by ``(seed, t, n)``, the last batch of an epoch may be smaller).
-The server sets every floating-point state-dict entry (weights and BatchNorm running
-statistics alike) to ``sum_n M_n / sum_n' M_n' * Theta_{n,E}[t]``; integer buffers
-(``num_batches_tracked``) take the participants' maximum.
+The server aggregates the local models (:func:`scaleflu.fl.aggregation.aggregate`; the round
+around it is :mod:`scaleflu.fl.strategy`).
 
 Two interchangeable local trainers give the same models up to float rounding:
 
@@ -18,22 +17,19 @@ Two interchangeable local trainers give the same models up to float rounding:
   are a prefix of the stack; short last batches are padded and masked out of the loss. Models
   with BatchNorm are refused (padding would leak into batch statistics).
 
-Measured on the 2-core CPU box (LeNet-5, batch 64, one torch thread): a vmapped step for 10
-clients costs about twice ten sequential steps, because vmap turns each convolution into a
-grouped convolution whose oneDNN kernels (backward above all) are slow for small groups, and
-at batch 64 the per-step Python overhead vmap saves is small. Hence ``auto`` means sequential
-on CPU; ``vmap`` stays available (and tested equal) for accelerators or tiny batches.
+On a CPU vmap turns each convolution into a grouped convolution whose kernels are slow for
+small groups, so ``auto`` means sequential there; ``vmap`` stays available (and tested equal)
+for accelerators or tiny batches (measurements of both: docs/reproducing.md).
 
 BatchNorm statistics (``fl.bn_recalibration``): averaging the clients' running statistics gives
 statistics of *their* models, each an exponential average (momentum 0.1) over a few local steps
-that lags its weights; early in training the averaged model's eval-mode forward pass then
-collapses onto one class (MobileNetV3 at the CPU size: 100 % of the validation images predicted
-as one class in rounds 1-4 while the same weights score 0.16-0.27 with re-estimated statistics,
-docs/reproducing.md "MobileNetV3 on the CPU"). With ``fl.bn_recalibration: k > 0`` the server
-re-estimates them after every aggregation from ``k`` of its own validation images
-(:func:`recalibrate_bn`, :func:`server_images`: unlabelled, the slice the unlearning methods
-validate on, never scored as test data); every FedAvg loop (training, Retrain, the controls,
-PGA's post rounds, FedEraser's calibration) does the same through :class:`BNRecalibrator`.
+that lags its weights; early in training the averaged model's eval-mode forward pass can then
+collapse onto one class (docs/reproducing.md, "MobileNetV3 on the CPU"). With
+``fl.bn_recalibration: k > 0`` the server re-estimates them after every aggregation from ``k``
+of its own validation images (:func:`recalibrate_bn`, :func:`server_images`: unlabelled, the
+slice the unlearning methods validate on, never scored as test data); the one FedAvg round
+(:class:`scaleflu.fl.strategy.FedAvg`) applies it wherever rounds run, through
+:class:`BNRecalibrator`.
 
 Every random choice derives from ``(seed, round, client)``, never from a running generator, so
 a run resumed at round k gives the same model as an uninterrupted one.
@@ -385,24 +381,6 @@ def make_trainer(
     if kind == "sequential":
         return SequentialTrainer(model, data, parts, local, seed, workers, dev)
     raise ValueError(f"unknown trainer {kind!r}; choose auto, vmap or sequential")
-
-
-def aggregate(states: Mapping[int, Mapping[str, torch.Tensor]], sizes: Mapping[int, int]) -> State:
-    """FedAvg: Theta[t+1] = sum_n M_n / sum_n' M_n' * Theta_{n,E}[t] over the participants."""
-    clients = list(states)
-    if not clients:
-        raise ValueError("cannot aggregate zero client models")
-    total = float(sum(sizes[n] for n in clients))
-    weights = torch.tensor([sizes[n] / total for n in clients], dtype=torch.float64)
-    out: State = {}
-    for key, ref in states[clients[0]].items():
-        if torch.is_floating_point(ref):
-            stacked = torch.stack([states[n][key].to(torch.float64) for n in clients])
-            w = weights.view(-1, *[1] * ref.dim())
-            out[key] = (stacked * w).sum(0).to(ref.dtype)
-        else:
-            out[key] = torch.stack([states[n][key] for n in clients]).max(0).values.clone()
-    return out
 
 
 def server_val_permutation(num_test: int, seed: int) -> np.ndarray:

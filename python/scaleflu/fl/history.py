@@ -107,7 +107,7 @@ _DIGEST_TABLES = (
 class LinkModel:
     """Simulated link: a transfer of ``b`` bytes takes ``b / goodput + latency`` seconds."""
 
-    goodput: float = 5.7e6 / 8  # bytes per second (the stock OFDM PHY's 5.7 Mbit/s, docs/link.md)
+    goodput: float = 5.7e6 / 8  # bytes per second (about 5.7 Mbit/s, the stock OFDM PHY)
     latency: float = 0.01  # seconds per transfer
     count_uplink: bool = True  # charge each participant's upload to the round
 

@@ -14,6 +14,7 @@ an uninterrupted run reaches.
 
 from __future__ import annotations
 
+import copy
 import csv
 import json
 import logging
@@ -30,6 +31,7 @@ from torch import nn
 from tqdm import tqdm
 
 from scaleflu.config import Config, ConfigError, as_config, save_config
+from scaleflu.fl.aggregation import screening_config
 from scaleflu.fl.data import (
     ImageData,
     PoisonInfo,
@@ -40,19 +42,11 @@ from scaleflu.fl.data import (
     triggered_test_set,
 )
 from scaleflu.fl.device import config_device
-from scaleflu.fl.fedavg import (
-    BNRecalibrator,
-    LocalConfig,
-    aggregate,
-    attack_success_rate,
-    derive_seed,
-    evaluate,
-    make_trainer,
-    select_clients,
-)
+from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, derive_seed, make_trainer
 from scaleflu.fl.history import HistoryStore, LinkModel
 from scaleflu.fl.integrity import load_model, save_model
 from scaleflu.fl.models import build_model, layer_groups
+from scaleflu.fl.strategy import NOT_EVALUATED, CentralEvaluator, FedAvg, close_round
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +76,10 @@ def validate_config(cfg: Mapping[str, Any]) -> Config:
     types, ranges, choices, cross-key rules), and ``fl.device`` available on this machine."""
     cfg = as_config(cfg)
     config_device(cfg)  # auto | cpu | cuda[:k], and CUDA present when asked for
+    try:
+        screening_config(cfg.fl.get("aggregation"), "fl.aggregation")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return cfg
 
 
@@ -120,6 +118,12 @@ class FLSetup:
         model = build_model(*self.model_args())
         model.load_state_dict(self.model.state_dict())
         return model
+
+    def evaluator(self, model: nn.Module, batch_size: int) -> CentralEvaluator:
+        """The server's evaluation of a global model on this run's test (and triggered) set,
+        computed on ``model``."""
+        target = self.poison.target_label if self.triggered_test is not None else None
+        return CentralEvaluator(model, self.test, batch_size, self.triggered_test, target)
 
 
 def build_data(
@@ -216,41 +220,6 @@ def metrics_from_history(history: HistoryStore, up_to: int | None = None) -> lis
     return rows
 
 
-def close_round(
-    history: HistoryStore,
-    setup: FLSetup,
-    eval_model: nn.Module,
-    t: int,
-    clients: list[int],
-    sizes: Mapping[int, int],
-    states: Mapping[int, dict[str, torch.Tensor]],
-    new_global: dict[str, torch.Tensor],
-    started: float,
-    eval_batch_size: int,
-    evaluate_now: bool = True,
-) -> tuple[dict[str, Any], float, dict[str, Any]]:
-    """Close round t once aggregated: evaluate, ASR, record. Shared by :func:`train` and the
-    testbed's edge server (``scaleflu.testbed.rounds``).
-
-    When ``evaluate_now``: ``eval_model`` is loaded with ``new_global`` and scored on the test
-    set (test_acc, test_loss) and, with a backdoor configured, on the triggered set (asr).
-    The round is then recorded in ``history`` with ``wall_s`` measured from ``started``
-    (``time.perf_counter``). Returns (metrics, wall_s, the history's link accounting).
-    """
-    metrics: dict[str, Any] = {"test_acc": None, "test_loss": None}
-    if evaluate_now:
-        eval_model.load_state_dict(new_global)
-        ev = evaluate(eval_model, setup.test, int(eval_batch_size))
-        metrics["test_acc"], metrics["test_loss"] = ev["acc"], ev["loss"]
-        if setup.triggered_test is not None:
-            metrics["asr"] = attack_success_rate(
-                eval_model, setup.triggered_test, setup.poison.target_label
-            )
-    wall = time.perf_counter() - started
-    link = history.record_round(t, clients, dict(sizes), dict(states), new_global, metrics, wall)
-    return metrics, wall, link
-
-
 def append_jsonl(path: Path, row: Mapping[str, Any]) -> None:
     """Append one JSON line (the runs' metrics.jsonl, the testbed's rounds/rejections logs)."""
     with Path(path).open("a") as fh:
@@ -314,7 +283,6 @@ def train(
     save_config(cfg, saved_cfg_path)
 
     setup = build_setup(cfg)
-    seed = int(cfg.seed)
     fl = cfg.fl
     model = setup.model
     history = open_history(cfg, run_dir, model)
@@ -333,7 +301,12 @@ def train(
     trainer = _make_trainer(setup, setup.new_model(), local)
     eval_model = setup.new_model().to(config_device(cfg))  # fl.device; the states stay on CPU
     bn_recal = BNRecalibrator.from_config(cfg, setup.new_model().to(config_device(cfg)), setup.test)
-    sizes = setup.data_sizes
+    strategy = FedAvg.from_config(
+        cfg,
+        setup.data_sizes,
+        recalibrate=bn_recal,
+        evaluator=setup.evaluator(eval_model, int(fl.eval_batch_size)),
+    )
     T = int(fl.rounds)
     bar = tqdm(
         range(last + 1, T + 1),
@@ -349,27 +322,17 @@ def train(
     try:
         for t in bar:
             t0 = time.perf_counter()
-            clients = select_clients(seed, t, len(setup.parts), int(fl.clients_per_round))
-            states = trainer.train(global_state, clients, t)
-            clients = [n for n in clients if n in states]  # a backend may drop failed clients
-            global_state = bn_recal(aggregate(states, {n: sizes[n] for n in clients}))
+            result = strategy.fit_round(t, global_state, trainer)
+            if result is None:
+                raise RuntimeError(f"round {t}: no client selected")
+            global_state = result.state
             model.load_state_dict(global_state)
-            metrics_t, wall, link = close_round(
-                history,
-                setup,
-                eval_model,
-                t,
-                clients,
-                {n: sizes[n] for n in clients},
-                states,
-                global_state,
-                t0,
-                int(fl.eval_batch_size),
-                evaluate_now=t % int(fl.eval_every) == 0 or t == T,
-            )
+            evaluate_now = t % int(fl.eval_every) == 0 or t == T
+            metrics_t = strategy.evaluate(t, global_state) if evaluate_now else dict(NOT_EVALUATED)
+            wall, link = close_round(history, result, metrics_t, t0)
             row: dict[str, Any] = {"round": t, **metrics_t}
             row.update(
-                participants=clients,
+                participants=result.clients,
                 wall_s=wall,
                 link_s=link["link_s"],
                 cum_link_s=link["cum_link_s"],
@@ -481,6 +444,23 @@ class LoadedRun:
     def parts(self) -> list[np.ndarray]:
         """Client partitions (global training-sample indices)."""
         return self.setup.parts
+
+    @classmethod
+    def held(
+        cls,
+        run_dir: str | Path,
+        setup: FLSetup,
+        history: HistoryStore,
+        state: Mapping[str, torch.Tensor],
+        model: nn.Module | None = None,
+    ) -> LoadedRun:
+        """A run a process holds in memory (the edge server), as :func:`load_run` rebuilds one
+        from its folder: ``state`` is the current global model, held in a copy of ``model`` (a
+        module of the run's architecture; None: a fresh one)."""
+        model = copy.deepcopy(model) if model is not None else setup.new_model()
+        model.load_state_dict(dict(state))
+        metrics = metrics_from_history(history)
+        return cls(Path(run_dir), setup.cfg, setup, model, history, metrics)
 
 
 def load_run(run_dir: str | Path) -> LoadedRun:

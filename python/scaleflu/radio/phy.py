@@ -21,6 +21,7 @@ from gnuradio import blocks, channels, gr
 
 from scaleflu.link.frame import BROADCAST
 
+from .coded_ofdm import coded_ofdm_rx, coded_ofdm_tx
 from .ofdm import (
     DEFAULT_POST_PADDING,
     burst_demux_available,
@@ -42,9 +43,22 @@ class PhyConfig:
     mtu: int = 1500
     post_padding: int = DEFAULT_POST_PADDING
     min_output_buffer: int | None = None
+    # None: the stock gr-digital chain above (uncoded, the paper's PHY); an MCS name, index or
+    # "adaptive": the coded PHY (scaleflu.radio.coded_ofdm; fft_len and bps_* do not apply)
+    mcs: int | str | None = None
 
     def tx(self, node_id: int, amplitude: float = 1.0, dst: int = BROADCAST) -> ofdm_link_tx:
         """A transmitter for ``node_id`` (``dst``: the address of frames given without one)."""
+        if self.mcs is not None:
+            return coded_ofdm_tx(
+                mtu=self.mtu,
+                src=node_id,
+                dst=dst,
+                mcs=self.mcs,
+                cp_len=self.cp_len,
+                post_padding=self.post_padding,
+                amplitude=amplitude,
+            )
         return ofdm_link_tx(
             mtu=self.mtu,
             src=node_id,
@@ -69,6 +83,15 @@ class PhyConfig:
         medium pass False)."""
         if blocking_demux is None:
             blocking_demux = burst_demux_available()
+        if self.mcs is not None:
+            return coded_ofdm_rx(
+                node_id=node_id,
+                mtu=self.mtu,
+                cp_len=self.cp_len,
+                raw_frames=raw_frames,
+                blocking_demux=blocking_demux,
+                min_output_buffer=self.min_output_buffer,
+            )
         return ofdm_link_rx(
             node_id=node_id,
             fft_len=self.fft_len,

@@ -72,14 +72,15 @@ def wait_on_clock(handle: Any, timeout: float, clock: Callable[[], float]) -> bo
     return True
 
 
-def to_numpy(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
-    """A torch state dict as numpy arrays (copies)."""
-    return {k: v.detach().cpu().contiguous().numpy().copy() for k, v in state.items()}
+def arrays(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """The wire codec's view of a CPU state dict: numpy arrays sharing the tensors' memory."""
+    return {k: v.detach().numpy() for k, v in state.items()}
 
 
-def to_torch(arrays: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
-    """Numpy arrays as a torch state dict (copies)."""
-    return {k: torch.from_numpy(np.array(v, copy=True)) for k, v in arrays.items()}
+def tensors(decoded: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Decoded wire arrays as a state dict sharing their memory (the decoder's arrays are its
+    own, writable copies)."""
+    return {k: torch.from_numpy(np.asarray(v)) for k, v in decoded.items()}
 
 
 def encode_state(

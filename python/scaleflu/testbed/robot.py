@@ -10,19 +10,14 @@ left) runs on the link's clock (``common.link_clock``: the shared medium's virtu
 ``ofdm-shared``), so a medium that runs slower than the wall does not make a robot give up on a
 live server.
 
-``faults`` makes the robot misbehave on purpose, for tests and demos of the server's defences:
-``nan`` and ``shape`` (a NaN / wrong-shape upload before the real one), ``duplicate`` and
-``replay`` (the real upload sent again re-sealed / byte-identical), ``forged`` (an upload
-claiming to be another robot, sealed with this robot's key), ``garbage`` (random bytes) and
-``crash`` (the process exits after receiving the model of ``fault_round``, before uploading),
-``bad_meta`` and ``float64`` (type-confused uploads before the real one), ``scaled`` (the real
-upload is replaced by a x100 scaled update) and ``free_ride`` (it uploads the model it got).
+``faults`` makes the robot misbehave on purpose, for tests and demos of the server's
+defences: a hook object (:class:`~scaleflu.testbed.faults.RobotFaults`) consulted before
+training and around the upload; the robot's own path below is the honest one.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import secrets
 import time
 from collections.abc import Mapping
@@ -39,15 +34,17 @@ from scaleflu.link import Link
 from scaleflu.testbed.common import (
     Endpoint,
     LinkDeadline,
+    arrays,
     cast_like,
     decode_state,
     encode_state,
     federation_config,
     install_link_keys,
     link_clock,
-    to_numpy,
+    tensors,
     wait_on_clock,
 )
+from scaleflu.testbed.faults import NO_FAULTS, RobotFaults
 from scaleflu.testbed.keys import verify
 from scaleflu.testbed.protocol import (
     SERVER_ID,
@@ -62,20 +59,6 @@ from scaleflu.testbed.protocol import (
 from scaleflu.testbed.transport import BodyCache, link_stats, unpack_broadcast_body
 
 log = logging.getLogger(__name__)
-
-FAULTS = (
-    "nan",
-    "shape",
-    "duplicate",
-    "replay",
-    "forged",
-    "garbage",
-    "crash",
-    "bad_meta",  # an upload whose meta has "x" where an int belongs, before the real one
-    "float64",  # the real upload in float64, before the real one
-    "scaled",  # model poisoning: the real upload is global + 100 x (local - global)
-    "free_ride",  # the real upload is the model it was sent, untouched
-)
 
 
 class RobotData:
@@ -178,7 +161,7 @@ class RobotClient:
         cfg: Mapping[str, Any],
         unlearn: Mapping[str, Any] | None = None,
         unlearn_after_round: int | None = None,
-        faults: tuple[str, ...] = (),
+        faults: tuple[str, ...] | RobotFaults = (),
         fault_round: int = 1,
         forge_as: int | None = None,
         data: RobotData | None = None,
@@ -186,12 +169,15 @@ class RobotClient:
     ) -> None:
         """``unlearn``: request meta (kind, classes, fraction), sent after that round.
 
-        ``server_public_key``: the server's Ed25519 key from the robot's enrolment file; models
-        and grants without the server's signature are then refused (None: not checked).
+        ``faults``: names of :data:`~scaleflu.testbed.faults.FAULTS` (striking in round
+        ``fault_round``; ``forge_as``: the robot a forged upload claims to be) or a
+        :class:`~scaleflu.testbed.faults.RobotFaults`. ``server_public_key``: the server's
+        Ed25519 key from the robot's enrolment file; models and grants without the server's
+        signature are then refused (None: not checked).
         """
-        bad = [f for f in faults if f not in FAULTS]
-        if bad:
-            raise ValueError(f"unknown faults {bad}; choose from {', '.join(FAULTS)}")
+        if not isinstance(faults, RobotFaults):
+            faults = RobotFaults(tuple(faults), fault_round, forge_as) if faults else NO_FAULTS
+        self.faults = faults
         self.link = link
         self.clock = link_clock(link)  # every wait on the server runs on the link's clock
         self.robot_id = robot_id
@@ -200,9 +186,6 @@ class RobotClient:
         self.tb = cfg.testbed
         self.unlearn = dict(unlearn) if unlearn else None
         self.unlearn_after_round = unlearn_after_round
-        self.faults = tuple(faults)
-        self.fault_round = fault_round
-        self.forge_as = forge_as
         self.ep = Endpoint(link, robot_id)
         self._bodies = BodyCache()  # model bodies from the broadcast downlink, by SHA-256
         self._waiting_body: dict[str, tuple[int, Mapping[str, Any], bytes]] = {}
@@ -467,7 +450,7 @@ class RobotClient:
             )
             return
         self.state, self.state_sha = state, sha
-        self.model.load_state_dict({k: torch.from_numpy(v.copy()) for k, v in state.items()})
+        self.model.load_state_dict(tensors(state))  # copied into the model
         if purpose == "train":
             if self._requested and (self.unlearn or {}).get("kind") == "client":
                 log.info("robot %d: asked to be forgotten; not training round %d", self.robot_id, t)
@@ -490,21 +473,12 @@ class RobotClient:
     def _train_and_upload(self, t: int, meta: Mapping[str, Any]) -> None:
         """Train round t from the model just loaded and upload the update."""
         assert self.state is not None and self.session is not None
-        fault_now = t == self.fault_round
-        if fault_now and "crash" in self.faults:
-            log.warning("robot %d: fault 'crash': exiting in round %d", self.robot_id, t)
-            for h in logging.getLogger().handlers:
-                try:
-                    h.flush()
-                except (OSError, ValueError):  # a closed stream must not stop the exit
-                    pass
-            os._exit(3)
+        self.faults.before_training(self, t)
         t0 = time.perf_counter()
         c0 = self.clock()  # the round's time left counts on the server's (the link's) clock
-        global_state = {k: torch.from_numpy(v.copy()) for k, v in self.state.items()}
         local = train_client(
             self.model,
-            global_state,
+            tensors(self.state),
             np.arange(len(self.data)),
             self.data.train,
             self.local,
@@ -513,14 +487,7 @@ class RobotClient:
             client_of(self.robot_id),
         )
         train_s = time.perf_counter() - t0
-        local_np = to_numpy(local)
-        if fault_now and "scaled" in self.faults:
-            local_np = {
-                k: (g + 100.0 * (v - g)).astype(v.dtype) if v.dtype.kind == "f" else v
-                for (k, v), g in ((kv, self.state[kv[0]]) for kv in local_np.items())
-            }
-        if fault_now and "free_ride" in self.faults:
-            local_np = {k: v.copy() for k, v in self.state.items()}
+        upload = self.faults.replace_upload(t, arrays(local), self.state)
         stats = link_stats(self.link).get("arq", {})
         up_meta = {
             "num_samples": len(self.data),
@@ -528,15 +495,14 @@ class RobotClient:
             "model_sha256": self.state_sha,
             "link_bytes_tx": int(stats.get("bytes_tx", self.ep.sent_bytes)),
         }
-        body = encode_state(local_np, str(self.tb.upload_encoding))
+        body = encode_state(upload, str(self.tb.upload_encoding))
         # No point uploading past the round deadline (the server would refuse it as late);
         # deadline_s is on the server's clock, the link's (virtual s on ofdm-shared)
         left = float(meta.get("deadline_s") or 0.0) - (self.clock() - c0)
         timeout = float(self.tb.send_timeout_s)
         if left > 0:
             timeout = min(timeout, left + 2.0)
-        if fault_now:
-            self._fault_uploads_before(t, local_np, up_meta, timeout)
+        self.faults.before_upload(self, t, upload, up_meta, timeout)
         sealed = self.ep.build(MsgType.UPDATE, SERVER_ID, self.key, self.session, t, up_meta, body)
         res = self.ep.send_raw(SERVER_ID, sealed, timeout)
         self._uploads = {t: (self.state_sha or "", meta.get("send_id"), res)}  # this round's
@@ -558,8 +524,7 @@ class RobotClient:
             res.status.value,
             len(sealed),
         )
-        if fault_now:
-            self._fault_uploads_after(t, local_np, up_meta, body, sealed, timeout)
+        self.faults.after_upload(self, t, up_meta, body, sealed, timeout)
         if (
             self.unlearn is not None
             and not self._requested
@@ -581,7 +546,7 @@ class RobotClient:
         m = robot_metrics(self.model, self.data, meta.get("request"), self.robot_id)
         stats = link_stats(self.link).get("arq", {})
         # the bit-exact claim: a digest of the tensors the evaluated model actually holds
-        loaded_sha = state_sha256(to_numpy(self.model.state_dict()))
+        loaded_sha = state_sha256(arrays(self.model.state_dict()))
         rep = {
             "purpose": purpose,
             "sha256": loaded_sha,
@@ -594,92 +559,6 @@ class RobotClient:
         from scaleflu.log import fmt
 
         log.info("robot %d: %s model: %s", self.robot_id, purpose, fmt(m))
-
-    # -- faults ----------------------------------------------------------------------------
-
-    def _await(self, handle: Any, timeout: float) -> None:
-        wait_on_clock(handle, timeout, self.clock)  # a send's verdict, on the link's clock
-
-    def _fault_uploads_before(
-        self, t: int, local: dict[str, np.ndarray], meta: dict[str, Any], timeout: float
-    ) -> None:
-        s = self.session or 0
-        if "nan" in self.faults:
-            bad = {k: v.copy() for k, v in local.items()}
-            first = next(k for k, v in bad.items() if v.dtype.kind == "f")
-            bad[first].reshape(-1)[0] = np.nan
-            h = self.ep.send(
-                MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(bad), timeout=timeout
-            )
-            self._await(h, timeout)
-        if "bad_meta" in self.faults:
-            h = self.ep.send(
-                MsgType.UPDATE,
-                SERVER_ID,
-                self.key,
-                s,
-                t,
-                {**meta, "num_samples": "x"},
-                encode_state(local),
-                timeout=timeout,
-            )
-            self._await(h, timeout)
-        if "float64" in self.faults:
-            wide = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in local.items()}
-            h = self.ep.send(
-                MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(wide), timeout=timeout
-            )
-            self._await(h, timeout)
-        if "shape" in self.faults:
-            bad = {k: v.copy() for k, v in local.items()}
-            first = next(iter(bad))
-            bad[first] = np.zeros((*bad[first].shape, 2), dtype=bad[first].dtype)
-            h = self.ep.send(
-                MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, encode_state(bad), timeout=timeout
-            )
-            self._await(h, timeout)
-
-    def _fault_uploads_after(
-        self,
-        t: int,
-        local: dict[str, np.ndarray],
-        meta: dict[str, Any],
-        body: bytes,
-        sealed: bytes,
-        timeout: float,
-    ) -> None:
-        s = self.session or 0
-        hs = []
-        if "duplicate" in self.faults:
-            hs.append(
-                self.ep.send(MsgType.UPDATE, SERVER_ID, self.key, s, t, meta, body, timeout=timeout)
-            )
-        if "replay" in self.faults:
-            hs.append(self.ep.send_raw(SERVER_ID, sealed, timeout))
-        if "forged" in self.faults:
-            victim = self.forge_as or (self.robot_id % 3) + 1
-            env_bytes = self._forge(victim, t, meta, body)
-            hs.append(self.ep.send_raw(SERVER_ID, env_bytes, timeout))
-        if "garbage" in self.faults:
-            hs.append(self.ep.send_raw(SERVER_ID, secrets.token_bytes(300), timeout))
-        for h in hs:
-            self._await(h, timeout)
-
-    def _forge(self, victim: int, t: int, meta: dict[str, Any], body: bytes) -> bytes:
-        """An UPDATE that claims to come from ``victim`` but is sealed with our own key."""
-        from scaleflu.testbed.protocol import Envelope, seal
-
-        env = Envelope(
-            MsgType.UPDATE,
-            self.session or 0,
-            t,
-            victim,
-            SERVER_ID,
-            self.ep.counter.next(),
-            meta,
-            body,
-        )
-        return seal(env, self.key)
 
     # -- main loop -------------------------------------------------------------------------
 

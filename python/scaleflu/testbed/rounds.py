@@ -1,23 +1,32 @@
-"""The edge server's round scheduler: uploads of the open round, their checks, and round closing."""
+"""The edge server's round scheduler: uploads of the open round, their checks, and round closing.
+
+A round over the link is the one FedAvg round of :mod:`scaleflu.fl.strategy`, delivered by
+radio: every active robot is sent Theta[t] (:class:`~scaleflu.testbed.downlink.Downlink`),
+its upload is decoded once into tensors and checked on arrival (:meth:`Rounds.on_update`),
+and when all are in or the deadline passes the strategy screens and aggregates them, the
+server evaluates the new model and the round is recorded in the history store. A robot's
+local model is aggregated in robot order, whatever the order of arrival.
+"""
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
-from scaleflu.fl.aggregation import NoUpdateAcceptedError, robust_aggregate
-from scaleflu.fl.run import append_jsonl, close_round
-from scaleflu.testbed.common import (
-    cast_like,
-    decode_state,
-    to_numpy,
-    to_torch,
-)
+from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, norm, update_of
+from scaleflu.fl.run import append_jsonl
+from scaleflu.fl.strategy import FedAvg, RoundRejectedError, RoundResult, close_round
+from scaleflu.link import Link
+from scaleflu.testbed.common import arrays, cast_like, decode_state, tensors
+from scaleflu.testbed.downlink import Downlink
 from scaleflu.testbed.protocol import (
     MsgType,
     ProtocolError,
@@ -26,14 +35,14 @@ from scaleflu.testbed.protocol import (
     state_sha256,
     validate_update,
 )
-from scaleflu.testbed.sessions import RobotInfo
-from scaleflu.testbed.transport import (
-    link_counters,
-    round_link_row,
-)
+from scaleflu.testbed.records import Records
+from scaleflu.testbed.sessions import RobotInfo, Sessions
+from scaleflu.testbed.transport import link_counters, round_link_row
 from scaleflu.testbed.validation import UpdateMeta
 
 log = logging.getLogger(__name__)
+
+State = dict[str, torch.Tensor]
 
 
 @dataclass
@@ -41,11 +50,12 @@ class RoundState:
     """The open round: scheduled robots and the uploads accepted so far."""
 
     t: int
-    global_np: dict[str, np.ndarray]
+    base: State  # Theta[t], the model the robots train from
     deadline: float
     scheduled: set[int] = field(default_factory=set)
-    updates: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+    updates: dict[int, State] = field(default_factory=dict)
     refused: dict[int, float] = field(default_factory=dict)  # robot -> when its upload was refused
+    reported: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def not_awaited(
         self,
@@ -69,53 +79,207 @@ class RoundState:
             out.add(r)
         return out
 
-    reported: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+class TrustedNorms:
+    """The edge server's trusted update norms: the norm bound's floor in a round with few
+    updates (the strategy's ``norm_prior``).
+
+    The norms it accepted in the last ``norm_history`` rounds (:meth:`record`); without any
+    (round 1, or only failed rounds), the norm of its own reference update
+    (:meth:`reference_norm`) with the SGD steps of the round's largest robot. ``setup``: the
+    run's data (the test split's validation samples, the partition sizes); ``cfg``: the run's
+    config (seed, local settings).
+    """
+
+    def __init__(self, cfg: AggregationConfig, setup: Any, run_cfg: Any, records: Records) -> None:
+        self.cfg = cfg
+        self.setup = setup
+        self.run_cfg = run_cfg
+        self.records = records
+        self.rounds: list[list[float]] = []  # per completed round: its accepted norms
+        self._ref_norms: dict[tuple[int, int], float] = {}  # (round, size) -> reference norm
+
+    def record(self, row: Mapping[str, Any]) -> None:
+        """Keep the accepted norms of a round's row (``participants``, ``update_norms``: robot
+        ids as ints in memory, as strings after a restart)."""
+        norms = row.get("update_norms") or {}
+        kept = []
+        for r in row.get("participants") or []:
+            v = norms.get(r, norms.get(str(r)))
+            if isinstance(v, (int, float)):
+                kept.append(float(v))
+        self.rounds.append(kept)
+
+    def __call__(self, t: int, base: Mapping[str, torch.Tensor], clients: list[int]) -> list[float]:
+        """Trusted norms for round ``t``'s uploads of ``clients`` (empty with ``small_round``
+        updates or more)."""
+        cfg = self.cfg
+        if cfg.norm_factor is None or len(clients) >= int(cfg.small_round):
+            return []
+        recent = self.rounds[-int(cfg.norm_history) :] if int(cfg.norm_history) else []
+        hist = [v for kept in recent for v in kept]
+        if hist:
+            return hist
+        if int(cfg.reference_samples) > 0 and clients:
+            size = max(self.setup.data_sizes[n] for n in clients)
+            return [self.reference_norm(t, base, size)]
+        return []
+
+    def reference_norm(self, t: int, base: Mapping[str, torch.Tensor], size: int) -> float:
+        """Norm of the server's own update of round t: ``base`` trained with the robots' local
+        settings on the server's validation slice of the test split
+        (``aggregation.reference_samples``, seeded), cycled to ``size`` samples (a robot's data
+        size, known to the server, not claimed by the robot) so it takes as many SGD steps as
+        that robot. Cached per (round, size)."""
+        cache = self._ref_norms
+        if (t, size) in cache:
+            return cache[(t, size)]
+        from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
+
+        seed = int(self.run_cfg.seed)
+        test = self.setup.test
+        rng = np.random.default_rng(derive_seed(seed, 91))
+        n_val = max(1, min(int(self.cfg.reference_samples), len(test)))
+        val = rng.permutation(len(test))[:n_val]
+        local = LocalConfig.from_config(self.run_cfg.fl)
+        w0 = time.perf_counter()
+        state = train_client(
+            self.setup.new_model(), base, np.resize(val, max(size, 1)), test, local, seed, t,
+            1 << 20,
+        )  # fmt: skip
+        value = norm(update_of(state, base))
+        cache[(t, size)] = value
+        self.records.event("reference_norm", round=t, samples=size, norm=round(value, 6))
+        log.info(
+            "round %d: reference update norm %.4g (%d samples, %.1fs)",
+            t,
+            value,
+            size,
+            time.perf_counter() - w0,
+        )
+        return value
 
 
-class RoundsMixin:
-    """Rounds of an :class:`EdgeServer`: schedule, collect, check, aggregate, record."""
+class Rounds:
+    """The federation's rounds over the link: schedule, collect, check, aggregate, record.
 
-    def _on_update(self, robot: RobotInfo, t: int, meta: Mapping[str, Any], body: bytes) -> None:
+    Owns the global model (:attr:`global_state`), the open round, the rounds' log
+    (``rounds.jsonl``) and which robots' uploads closed each round. ``strategy``: the FedAvg
+    round (screening, BatchNorm re-estimation, the server's evaluation); ``trusted``: its
+    norm prior, told every round's accepted norms; ``poll``: the server's message loop.
+    """
+
+    def __init__(
+        self,
+        strategy: FedAvg,
+        trusted: TrustedNorms | None,
+        history: Any,
+        sessions: Sessions,
+        downlink: Downlink,
+        records: Records,
+        link: Link,
+        tb: Any,
+        run_dir: Path,
+        clock: Callable[[], float],
+        poll: Callable[[float], None],
+        global_state: State,
+    ) -> None:
+        self.strategy = strategy
+        self.trusted = trusted
+        self.history = history
+        self.sessions = sessions
+        self.downlink = downlink
+        self.records = records
+        self.link = link
+        self.tb = tb
+        self.run_dir = Path(run_dir)
+        self.clock = clock
+        self.poll = poll
+        self.global_state = global_state
+        self.open: RoundState | None = None
+        self.log: list[dict[str, Any]] = []
+        self.closed: dict[int, set[int]] = {}
+
+    @property
+    def current(self) -> int | None:
+        """The open round's number (None between rounds)."""
+        return self.open.t if self.open is not None else None
+
+    def deadline(self) -> float | None:
+        """The open round's deadline on the server's clock (None between rounds)."""
+        return self.open.deadline if self.open is not None else None
+
+    @property
+    def aggregation(self) -> str:
+        """The aggregation strategy's name (the rounds' ``aggregation`` column)."""
+        sc = self.strategy.screening
+        return sc.strategy if sc is not None else "fedavg"
+
+    def reload(self, last: int) -> None:
+        """The rounds logged before a restart, up to the last completed one."""
+        rows: dict[int, dict[str, Any]] = {}
+        path = self.run_dir / "rounds.jsonl"
+        if path.is_file():
+            for line in path.read_text().splitlines():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by the crash
+                    continue
+                if isinstance(row, dict) and int(row.get("round", 0)) <= last:
+                    rows[int(row["round"])] = row
+        self.log = [rows[t] for t in sorted(rows)]
+        if self.trusted is not None:
+            for row in self.log:
+                self.trusted.record(row)
+
+    # -- uploads ---------------------------------------------------------------------------
+
+    def on_update(self, robot: RobotInfo, t: int, meta: Mapping[str, Any], body: bytes) -> None:
+        """An UPDATE of ``robot`` for round ``t``: checked, decoded once into tensors, kept."""
         r = robot.robot_id
-        rs = self.round
-        if t in self.closed_rounds and r in self.closed_rounds[t]:
-            self._reject("duplicate", r, f"UPDATE r{t}", "round already closed with its update")
+        rs = self.open
+        if t in self.closed and r in self.closed[t]:
+            self.records.reject(
+                "duplicate", r, f"UPDATE r{t}", "round already closed with its update"
+            )
             self._notify_reject(r, t, "duplicate")
             return
         if rs is None or t != rs.t:
-            self._reject("late" if rs is None or t < rs.t else "wrong_round", r, f"UPDATE r{t}")
+            late = rs is None or t < rs.t
+            self.records.reject("late" if late else "wrong_round", r, f"UPDATE r{t}")
             self._notify_reject(r, t, "late or wrong round")
             return
         if robot.forgotten:
-            self._reject("forgotten", r, f"UPDATE r{t}")
+            self.records.reject("forgotten", r, f"UPDATE r{t}")
             return
         if r not in rs.scheduled:
-            self._reject("not_scheduled", r, f"UPDATE r{t}")
+            self.records.reject("not_scheduled", r, f"UPDATE r{t}")
             return
         if r in rs.updates:
-            self._reject("duplicate", r, f"UPDATE r{t}")
+            self.records.reject("duplicate", r, f"UPDATE r{t}")
             self._notify_reject(r, t, "duplicate")
             return
         try:  # typed meta first: nothing is decoded or stored before it parses
             um = UpdateMeta.parse(meta)
         except ProtocolError as exc:
-            self._refuse_update(rs, r, t, exc.reason, exc.detail)
+            self._refuse(rs, r, t, exc.reason, exc.detail)
             return
+        base = arrays(rs.base)
         try:
-            ref = rs.global_np if um.delta else None
+            ref = base if um.delta else None
             state = decode_state(body, reference=ref)
             if ref is not None:  # a delta decodes in the reference's dtypes
-                state = cast_like(state, rs.global_np)
+                state = cast_like(state, base)
         except Exception as exc:
-            self._refuse_update(rs, r, t, "malformed_tensors", repr(exc))
+            self._refuse(rs, r, t, "malformed_tensors", repr(exc))
             return
         mn = self.tb.max_update_norm
         # dtypes are compared, not cast: a float64 upload of a float32 model is refused
-        reason = validate_update(state, rs.global_np, None if mn is None else float(mn))
+        reason = validate_update(state, base, None if mn is None else float(mn))
         if reason is not None:
-            self._refuse_update(rs, r, t, reason.split(":")[0], reason)
+            self._refuse(rs, r, t, reason.split(":")[0], reason)
             return
-        rs.updates[r] = state
+        rs.updates[r] = tensors(state)
         rs.reported[r] = {"num_samples": um.num_samples, "train_s": um.train_s}
         robot.link_bytes_tx = um.link_bytes_tx
         log.info(
@@ -126,48 +290,55 @@ class RoundsMixin:
             len(rs.scheduled),
         )
 
-    def _refuse_update(self, rs: RoundState, r: int, t: int, reason: str, detail: str) -> None:
+    def _refuse(self, rs: RoundState, r: int, t: int, reason: str, detail: str) -> None:
         """Refuse a robot's upload of the open round; the round stops waiting for it."""
         rs.refused.setdefault(r, self.clock())
-        self._reject(reason, r, f"UPDATE r{t}", detail, round_=t)
+        self.records.reject(reason, r, f"UPDATE r{t}", detail, round_=t)
         self._notify_reject(r, t, f"{reason}: {detail}"[:200])
 
     def _notify_reject(self, r: int, t: int, reason: str) -> None:
-        self.ep.send(
-            MsgType.REJECT, r, self.keys[r], self.session, t, {"reason": reason}, timeout=10.0
-        )
+        self.sessions.send(MsgType.REJECT, r, t, {"reason": reason}, timeout=10.0)
+
+    # -- a round ---------------------------------------------------------------------------
 
     def run_round(self, t: int) -> dict[str, Any] | None:
-        """Round t: send, collect until all are in or the deadline, aggregate, record."""
+        """Round t: send, collect until all are in or the deadline, aggregate, record.
+
+        Returns the round's row, or None when it failed (no update accepted, or the aggregate
+        refused): the caller retries it.
+        """
         tb = self.tb
         w0 = time.perf_counter()
-        bytes0 = self._air_bytes()
+        bytes0 = self.downlink.air_bytes()
         link0 = link_counters(self.link)
-        fallbacks0 = self.unicast_fallbacks
-        rs = RoundState(t, self.global_np, self.clock() + float(tb.round_deadline_s))
-        self.round = rs
-        src = state_sha256(self.global_np)
-        rs.scheduled.update(robot.robot_id for robot in self._active())
-        self._send_model_many(self._active(), self.global_np, "train", t, src_sha=src)
-        self._prev_broadcast = self.global_np
-        self._event("round_start", round=t, scheduled=sorted(rs.scheduled))
+        fallbacks0 = self.downlink.unicast_fallbacks
+        base = self.global_state
+        rs = RoundState(t, base, self.clock() + float(tb.round_deadline_s))
+        self.open = rs
+        src = state_sha256(arrays(base))
+        chosen = self._configure(t, [robot.robot_id for robot in self.sessions.active()])
+        rs.scheduled.update(chosen)
+        self.downlink.send_many(chosen, base, "train", t, src_sha=src)
+        self.records.event("round_start", round=t, scheduled=sorted(rs.scheduled))
         while self.clock() < rs.deadline:
             grace = float(tb.refused_grace_s)
             gone = rs.not_awaited(grace, self.link.receiving_from, self.clock())
-            waiting = rs.scheduled - self._forgotten_ids() - gone
+            waiting = rs.scheduled - self.sessions.forgotten_ids() - gone
             if rs.scheduled and set(rs.updates) >= waiting:
                 break
             self.poll(0.2)
             # robots that joined, re-registered or lost their model get it (again)
-            for robot in self._active():
-                busy = robot.robot_id in rs.updates or robot.robot_id in rs.refused
-                if not busy and self._needs(robot, src):
-                    rs.scheduled.add(robot.robot_id)
-                    self._send_model(robot, self.global_np, "train", t, src_sha=src)
-        self.round = None
+            active = [robot.robot_id for robot in self.sessions.active()]
+            for r in self._configure(t, active):
+                busy = r in rs.updates or r in rs.refused
+                if not busy and self.downlink.needs(r, src):
+                    rs.scheduled.add(r)
+                    self.downlink.send(r, base, "train", t, src_sha=src)
+        self.open = None
         # a round that aggregates is closed to its robots; a failed attempt is retried with
         # the same robots (their second upload of round t is not a duplicate)
-        missing = sorted(rs.scheduled - set(rs.updates) - self._forgotten_ids() - set(rs.refused))
+        forgotten = self.sessions.forgotten_ids()
+        missing = sorted(rs.scheduled - set(rs.updates) - forgotten - set(rs.refused))
         if missing:
             log.warning(
                 "round %d closed with robots %s missing (deadline %.0fs)",
@@ -175,62 +346,49 @@ class RoundsMixin:
                 missing,
                 float(tb.round_deadline_s),
             )
-            self._event("round_missing", round=t, robots=missing)
+            self.records.event("round_missing", round=t, robots=missing)
         if not rs.updates:
             log.warning("round %d: no update accepted", t)
-            self._event("round_failed", round=t, reason="no valid update")
+            self.records.event("round_failed", round=t, reason="no valid update")
             return None
-        sizes_all = {r: self.setup.data_sizes[client_of(r)] for r in rs.updates}
-        prior = self.norm_prior(t, sorted(rs.updates))
+        # the robots' local models in robot order (the aggregate does not depend on arrival)
+        replies = {client_of(r): rs.updates[r] for r in sorted(rs.updates)}
         try:
-            res = robust_aggregate(rs.global_np, rs.updates, sizes_all, self.agg_cfg, prior)
-        except NoUpdateAcceptedError as exc:
+            res = self.strategy.aggregate_train(t, base, replies)
+        except (NoUpdateAcceptedError, RoundRejectedError) as exc:
             log.warning("round %d: %s", t, exc)
-            self._event("round_failed", round=t, reason=str(exc)[:200])
-            for r, why in exc.refused.items():
-                self._refuse_update(rs, r, t, why.split(":")[0], why)
+            self.records.event("round_failed", round=t, reason=str(exc)[:200])
+            refused = exc.refused if isinstance(exc, NoUpdateAcceptedError) else {}
+            for c, why in refused.items():
+                self._refuse(rs, robot_of(c), t, why.split(":")[0], why)
             return None
-        for r, why in res.refused.items():
-            self._refuse_update(rs, r, t, why.split(":")[0], why)
-        self.closed_rounds[t] = set(rs.updates)
-        accepted = sorted(res.accepted)
-        clients = [client_of(r) for r in accepted]
-        sizes = {client_of(r): sizes_all[r] for r in accepted}
-        states = {client_of(r): to_torch(rs.updates[r]) for r in accepted}
-        new_global = self.bn_recal(to_torch(res.state))  # fl.bn_recalibration (0: as is)
-        metrics, wall, _ = close_round(
-            self.history,
-            self.setup,
-            self.model,
-            t,
-            clients,
-            sizes,
-            states,
-            new_global,
-            w0,
-            int(self.cfg.fl.eval_batch_size),
-        )
-        self.global_state = {k: v.clone() for k, v in new_global.items()}
-        self.global_np = to_numpy(self.global_state)
+        for c, why in res.refused.items():
+            self._refuse(rs, robot_of(c), t, why.split(":")[0], why)
+        self.closed[t] = set(rs.updates)
+        metrics = self.strategy.evaluate(t, res.state)
+        wall, _ = close_round(self.history, res, metrics, w0)
+        self.global_state = res.state
+        air = self.downlink.air_bytes() - bytes0
         row = {
             "round": t,
             **metrics,
-            "participants": [robot_of(c) for c in clients],
+            "participants": [robot_of(c) for c in res.clients],
             "missing": missing,
-            "rejected": sum(1 for x in self.rejections if x["round"] == t),
-            "aggregation": self.agg_cfg.strategy,
-            "update_norms": {r: round(v, 6) for r, v in res.norms.items()},
-            "air_bytes": self._air_bytes() - bytes0,
-            "aoi_s": self.aoi_seconds(),
+            "rejected": self.records.rejected_in(t),
+            "aggregation": self.aggregation,
+            "update_norms": {robot_of(c): round(v, 6) for c, v in res.norms.items()},
+            "air_bytes": air,
+            "aoi_s": self.downlink.aoi_seconds(),
             "wall_s": wall,
             "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
         }
-        row["link"] = round_link_row(link0, link_counters(self.link), row["air_bytes"])
+        row["link"] = round_link_row(link0, link_counters(self.link), air)
         if hasattr(self.link, "broadcast"):  # a MAC link: model sends moved off the broadcast
-            row["link"]["unicast_fallbacks"] = self.unicast_fallbacks - fallbacks0
-        self.rounds_log.append(row)
-        append_jsonl(self.run_dir / "rounds.jsonl", row)
-        self._event("round_end", **{k: row[k] for k in ("round", "test_acc", "participants")})
+            row["link"]["unicast_fallbacks"] = self.downlink.unicast_fallbacks - fallbacks0
+        self._log(row)
+        self.records.event(
+            "round_end", **{k: row[k] for k in ("round", "test_acc", "participants")}
+        )
         log.info(
             "round %d done: acc %.3f, robots %s, %.1fs",
             t,
@@ -240,69 +398,19 @@ class RoundsMixin:
         )
         return row
 
-    def norm_prior(self, t: int, robots: list[int]) -> list[float]:
-        """Trusted update norms for the norm bound's floor in a round with few updates.
+    def _configure(self, t: int, active: list[int]) -> list[int]:
+        """The robots the strategy has train round ``t`` among the ``active`` ones."""
+        chosen = set(self.strategy.configure_train(t, [client_of(r) for r in active]))
+        return [r for r in active if client_of(r) in chosen]
 
-        The norms accepted in the last ``aggregation.norm_history`` completed rounds; without
-        any (round 1, or only failed rounds), the norm of the server's reference update
-        (:meth:`reference_norm`) with the SGD steps of the largest of ``robots`` (the round's
-        uploads). Empty when the round has ``small_round`` updates or more.
-        """
-        cfg = self.agg_cfg
-        if cfg.norm_factor is None or len(robots) >= int(cfg.small_round):
-            return []
-        hist: list[float] = []
-        rows = self.rounds_log[-int(cfg.norm_history) :] if int(cfg.norm_history) else []
-        for row in rows:
-            norms = row.get("update_norms") or {}
-            for r in row.get("participants") or []:
-                v = norms.get(r, norms.get(str(r)))  # int keys in memory, str after a restart
-                if isinstance(v, (int, float)):
-                    hist.append(float(v))
-        if hist:
-            return hist
-        if int(cfg.reference_samples) > 0 and robots:
-            size = max(self.setup.data_sizes[client_of(r)] for r in robots)
-            return [self.reference_norm(t, size)]
-        return []
-
-    def reference_norm(self, t: int, size: int) -> float:
-        """Norm of the server's own update of round t: the global model trained with the robots'
-        local settings on the server's validation slice of the test split
-        (``aggregation.reference_samples``, seeded), cycled to ``size`` samples (a robot's data
-        size, known to the server, not claimed by the robot) so it takes as many SGD steps as
-        that robot. Cached per (round, size)."""
-        cache = self._ref_norms
-        if (t, size) in cache:
-            return cache[(t, size)]
-        from scaleflu.fl.aggregation import norm, update_of
-        from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
-
-        seed = int(self.cfg.seed)
-        test = self.setup.test
-        rng = np.random.default_rng(derive_seed(seed, 91))
-        n_val = max(1, min(int(self.agg_cfg.reference_samples), len(test)))
-        val = rng.permutation(len(test))[:n_val]
-        local = LocalConfig.from_config(self.cfg.fl)
-        w0 = time.perf_counter()
-        state = train_client(
-            self.setup.new_model(), self.global_state, np.resize(val, max(size, 1)), test, local,
-            seed, t, 1 << 20,
-        )  # fmt: skip
-        value = norm(update_of(to_numpy(state), self.global_np))
-        cache[(t, size)] = value
-        self._event("reference_norm", round=t, samples=size, norm=round(value, 6))
-        log.info(
-            "round %d: reference update norm %.4g (%d samples, %.1fs)",
-            t,
-            value,
-            size,
-            time.perf_counter() - w0,
-        )
-        return value
+    def _log(self, row: dict[str, Any]) -> None:
+        self.log.append(row)
+        if self.trusted is not None:
+            self.trusted.record(row)
+        append_jsonl(self.run_dir / "rounds.jsonl", row)
 
     def record_failed_round(self, t: int, failures: int) -> dict[str, Any]:
-        """Record round t as failed: no participant, Theta[t+1] = Theta[t] (issue 13, item 6).
+        """Record round t as failed: no participant, Theta[t+1] = Theta[t].
 
         Called after ``max_round_retries`` retries of a round without a valid update. The
         history keeps its round numbering (the round's broadcast is charged to the link, no
@@ -310,19 +418,10 @@ class RoundsMixin:
         round t + 1: one robot or one outsider cannot end the federation.
         """
         w0 = time.perf_counter()
-        reasons = [e.get("reason") for e in self.events if e["event"] == "round_failed"]
-        metrics, wall, _ = close_round(
-            self.history,
-            self.setup,
-            self.model,
-            t,
-            [],
-            {},
-            {},
-            {k: v.clone() for k, v in self.global_state.items()},
-            w0,
-            int(self.cfg.fl.eval_batch_size),
-        )
+        reasons = [e.get("reason") for e in self.records.events_of("round_failed")]
+        unchanged = RoundResult.unchanged(t, self.global_state)
+        metrics = self.strategy.evaluate(t, unchanged.state)
+        wall, _ = close_round(self.history, unchanged, metrics, w0)
         counters = link_counters(self.link)
         row = {
             "round": t,
@@ -332,18 +431,17 @@ class RoundsMixin:
             "reason": reasons[-1] if reasons else None,
             "participants": [],
             "missing": [],
-            "rejected": sum(1 for x in self.rejections if x["round"] == t),
-            "aggregation": self.agg_cfg.strategy,
+            "rejected": self.records.rejected_in(t),
+            "aggregation": self.aggregation,
             "update_norms": {},
             "air_bytes": 0,
-            "aoi_s": self.aoi_seconds(),
+            "aoi_s": self.downlink.aoi_seconds(),
             "wall_s": wall,
             "train_s": {},
             "link": round_link_row(counters, counters, 0),
         }
-        self.rounds_log.append(row)
-        append_jsonl(self.run_dir / "rounds.jsonl", row)
-        self._event("round_skipped", round=t, failures=failures, reason=row["reason"])
+        self._log(row)
+        self.records.event("round_skipped", round=t, failures=failures, reason=row["reason"])
         log.error(
             "round %d failed %d times (%s): recorded with no participant, model unchanged; "
             "the federation goes on with round %d",

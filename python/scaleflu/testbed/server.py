@@ -3,8 +3,9 @@
 One thread drives everything (Flower's ServerApp in spirit): it sends the global model to the
 registered robots, collects their uploads until all are in or the round deadline passes,
 validates each upload (authenticated sender, current round, scheduled robot, first accepted
-upload, decodable, same names/shapes/dtypes, finite, optional norm bound), aggregates with
-FedAvg (``scaleflu.fl.fedavg.aggregate``) and records the round in the history store
+upload, decodable, same names/shapes/dtypes, finite, optional norm bound), screens and
+aggregates them with the one FedAvg round (:class:`scaleflu.fl.strategy.FedAvg`, robust
+screening per ``testbed.aggregation``) and records the round in the history store
 (``scaleflu.fl.history``), so a restarted server resumes after its last completed round and
 SCALE can run on the history. A rejected message is logged with its reason and counted; it is
 never aggregated, and no malformed packet escapes the handler.
@@ -12,16 +13,30 @@ never aggregated, and no malformed packet escapes the handler.
 Unlearning: a robot may ask to forget itself (``client``), one of its classes (``class``) or a
 fraction of its samples (``sample``); the request is refused unless the authenticated sender is
 the robot it concerns. After the last round the server runs the configured method
-(``scaleflu.unlearn``, SCALE by default) on its history, deploys the unlearned model, collects
-every robot's RA/FA on its own data and writes the report.
+(``scaleflu.unlearn``, SCALE by default) on the history and model it holds, deploys the
+unlearned model, collects every robot's RA/FA on its own data and writes the report.
+
+The server is composed of parts that own their state and talk through small interfaces:
+
+* :class:`~scaleflu.testbed.records.Records`: events and refused messages;
+* :class:`~scaleflu.testbed.sessions.Sessions`: the allow-list, the session challenge, the
+  registered robots, and the one way to send a robot an envelope (``send``, ``sign``);
+* :class:`~scaleflu.testbed.downlink.Downlink`: model sends, what each robot holds, AoI;
+* :class:`~scaleflu.testbed.rounds.Rounds`: the global model, the open round, its uploads,
+  aggregation (the strategy) and the rounds' log;
+* :class:`~scaleflu.testbed.unlearn_service.UnlearningService`: requests, their service,
+  deployment of the unlearned model, comparison and erasure.
+
+:class:`EdgeServer` builds them, owns the message loop (:meth:`EdgeServer.poll`: each message
+is authenticated once and handed to the part it concerns) and runs the federation
+(:meth:`EdgeServer.run`).
 """
 
 from __future__ import annotations
 
 import logging
-import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +48,17 @@ from scaleflu.config import Config, ConfigError, save_config
 from scaleflu.fl.aggregation import AggregationConfig
 from scaleflu.fl.fedavg import BNRecalibrator
 from scaleflu.fl.integrity import trust
-from scaleflu.fl.run import build_setup, open_history, write_training_outputs
-from scaleflu.keys import history_key, public_bytes
-from scaleflu.link import Link
-from scaleflu.testbed.common import (
-    Endpoint,
-    federation_config,
-    install_link_keys,
-    link_clock,
-    to_numpy,
+from scaleflu.fl.run import (
+    LoadedRun,
+    build_setup,
+    open_history,
+    write_training_outputs,
 )
-from scaleflu.testbed.downlink import DownlinkMixin, Outgoing
+from scaleflu.fl.strategy import FedAvg
+from scaleflu.keys import history_key
+from scaleflu.link import Link
+from scaleflu.testbed.common import federation_config, link_clock
+from scaleflu.testbed.downlink import Downlink
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
@@ -52,19 +67,12 @@ from scaleflu.testbed.protocol import (
     client_of,
     open_envelope,
 )
-from scaleflu.testbed.records import RecordsMixin
-from scaleflu.testbed.rounds import RoundsMixin, RoundState
-from scaleflu.testbed.sessions import RobotInfo, SessionsMixin
-from scaleflu.testbed.unlearn_service import (
-    UNLEARN_KINDS,
-    UnlearnFn,
-    UnlearningMixin,
-    compare_unlearn,
-    default_unlearn,
-    side_by_side_row,
-    unlearn_request_text,
-)
-from scaleflu.testbed.validation import EvalMeta, RateLimiter
+from scaleflu.testbed.records import EventHook, Records
+from scaleflu.testbed.rounds import Rounds, TrustedNorms
+from scaleflu.testbed.sessions import Sessions
+from scaleflu.testbed.transport import link_stats
+from scaleflu.testbed.unlearn_service import CompareFn, UnlearnFn, UnlearningService
+from scaleflu.testbed.validation import RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -72,28 +80,9 @@ log = logging.getLogger(__name__)
 ROUNDS_CSV_COLUMNS = ("round", "test_acc", "test_loss", "asr", "participants", "missing")
 ROUNDS_CSV_COLUMNS += ("rejected", "aggregation", "air_bytes", "aoi_s", "wall_s")
 
-__all__ = [  # the parts, importable from here as before the split
-    "UNLEARN_KINDS",
-    "EdgeServer",
-    "Outgoing",
-    "RobotInfo",
-    "RoundState",
-    "UnlearnFn",
-    "compare_unlearn",
-    "default_unlearn",
-    "side_by_side_row",
-    "unlearn_request_text",
-]
 
-
-class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, RecordsMixin):
-    """The edge server application (see the module docstring).
-
-    Composed of small parts: :mod:`~scaleflu.testbed.sessions` (registration),
-    :mod:`~scaleflu.testbed.rounds` (round scheduler), :mod:`~scaleflu.testbed.downlink`
-    (model sends, AoI), :mod:`~scaleflu.testbed.unlearn_service` (requests and their
-    service), :mod:`~scaleflu.testbed.records` (events, rejections, report).
-    """
+class EdgeServer:
+    """The edge server application (see the module docstring)."""
 
     def __init__(
         self,
@@ -103,32 +92,27 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         run_dir: str | Path,
         progress: bool = True,
         unlearn_fn: UnlearnFn | None = None,
-        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        on_event: EventHook | None = None,
         signing_key: Ed25519PrivateKey | None = None,
+        compare_fn: CompareFn | None = None,
     ) -> None:
         """Open (or resume) the run in ``run_dir``; ``keys`` maps robot id -> K_r (allow-list).
 
         ``signing_key``: the server's Ed25519 identity (``scaleflu.testbed.keys.KeyStore``);
         models and grants are signed with it. None: a fresh one (robots must then be given
-        ``server.public_key``).
+        ``server.public_key``). ``unlearn_fn`` / ``compare_fn``: the methods that serve a
+        request and run beside it (default: the method registry, ``testbed.unlearn``).
         """
         self.link = link
         # deadlines of rounds and deployments on the link's clock: the shared medium's virtual
         # time on ofdm-shared (a busy, slow medium stretches the wall time, not the round)
         self.clock = link_clock(link)
-        self.signing_key = signing_key or Ed25519PrivateKey.generate()
-        self.public_key = public_bytes(self.signing_key)
-        self.keys = dict(keys)
+        signing_key = signing_key or Ed25519PrivateKey.generate()
         self.run_dir = Path(run_dir)
         self.progress = progress
-        self.unlearn_fn = unlearn_fn or default_unlearn
-        self.compare_fn = compare_unlearn  # testbed.unlearn.compare: the side-by-side methods
-        self._served: tuple[dict[str, Any], Mapping[str, Any], Any] | None = None
-        self.on_event = on_event
-        self.cfg = self._resolve_config(cfg)
-        tb = self.cfg.testbed
-        self.tb = tb
-        self.agg_cfg = AggregationConfig.from_dict(dict(tb.aggregation))
+        self.cfg = self._resolve_config(cfg, keys)
+        tb = self.tb = self.cfg.testbed
+        agg_cfg = AggregationConfig.from_dict(dict(tb.aggregation))
         self.limits = RateLimiter(
             {
                 "resync": float(tb.resync_min_interval_s),
@@ -136,30 +120,12 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
                 "hello": 0.5,  # answers to session-0 REGISTERs (challenge requests)
             }
         )
-        self.ep = Endpoint(link, SERVER_ID)
-        install_link_keys(link, self.keys, SERVER_ID)
-        self.session = secrets.randbits(32) | 1
         self.guard = ReplayGuard()
-        self.robots: dict[int, RobotInfo] = {}
-        self.round: RoundState | None = None
-        self.outgoing: list[Outgoing] = []
-        self.unicast_fallbacks = 0  # model sends moved from a stalled broadcast to a unicast
-        self._send_seq = 0  # id of each model send (MODEL meta "send_id"; a fall-back keeps it)
-        self.rejections: list[dict[str, Any]] = []
-        self.events: list[dict[str, Any]] = []
-        self.requests: list[dict[str, Any]] = []
-        self.eval_reports: dict[str, dict[int, dict[str, Any]]] = {}
-        self.rounds_log: list[dict[str, Any]] = []
-        self.closed_rounds: dict[int, set[int]] = {}
-        self._ref_norms: dict[tuple[int, int], float] = {}  # (round, size) -> reference norm
-        self._outsider_rejects: dict[tuple[int | None, str], int] = {}  # (node, reason) -> n
-        self._forgotten_before: set[int] = set()  # client requests accepted before a restart
         self.t0 = time.monotonic()
-        self.group_time: dict[tuple[str, int], float] = {}
         self.bytes_rx = 0
         torch.set_num_threads(max(1, int(self.cfg.fl.threads) or 1))
         self.setup = build_setup(self.cfg)
-        self.model = self.setup.new_model()
+        self.model = self.setup.new_model()  # the server's evaluation model
         # fl.bn_recalibration: BatchNorm statistics re-estimated on the server's validation
         # images after every aggregation, as `scaleflu train` does (a no-op when 0 or no BN)
         self.bn_recal = BNRecalibrator.from_config(
@@ -167,25 +133,111 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         )
         # the history (SQLite metadata, tensor files) and the saved models carry an
         # authenticated digest under a key only this server holds, checked on load
-        self.integrity_key = history_key(self.signing_key)
+        self.integrity_key = history_key(signing_key)
         trust(self.run_dir, self.integrity_key)
         self.history = open_history(self.cfg, self.run_dir, self.model)
         last = self.history.last_completed_round()
         if last == 0:
             self.history.record_initial(self.model.state_dict())
-        else:
-            log.info("resuming %s after round %d (history store)", self.run_dir, last)
-            self._event("resume", last_completed_round=last)
-            self._reload_logs(last)
-        self._reload_requests()
-        self.global_state = self.history.global_model(last + 1)
-        self.model.load_state_dict(self.global_state)
-        self.global_np = to_numpy(self.global_state)
-        self.groups = self.history.groups
-        self.group_time = {g: 0.0 for g in self._all_groups()}
-        self._prev_broadcast = self.global_np
+        global_state = self.history.global_model(last + 1)
+        self.model.load_state_dict(global_state)
 
-    def _resolve_config(self, cfg: dict[str, Any]) -> Config:
+        self.records = Records(self.run_dir, keys, self.t0, on_event, lambda: self.rounds.current)
+        self.sessions = Sessions(
+            link,
+            keys,
+            signing_key,
+            self.records,
+            self.clock,
+            self.poll,
+            lambda: self.history.last_completed_round() + 1,
+            self.setup.data_sizes,
+        )
+        self.downlink = Downlink(
+            link,
+            self.sessions,
+            self.records,
+            tb,
+            int(self.cfg.scale.groups_per_layer),
+            self.history.groups,
+            float(self.history.update_tol),
+            self.clock,
+            self.t0,
+            global_state,
+            round_deadline=lambda: self.rounds.deadline(),
+        )
+        # the round: every registered robot trains; robust screening (testbed.aggregation)
+        # with a floor from trusted norms, BatchNorm re-estimation, the server's evaluation
+        trusted = TrustedNorms(agg_cfg, self.setup, self.cfg, self.records)
+        strategy = FedAvg(
+            self.setup.data_sizes,
+            int(self.cfg.seed),
+            None,
+            screening=agg_cfg,
+            recalibrate=self.bn_recal,
+            evaluator=self.setup.evaluator(self.model, int(self.cfg.fl.eval_batch_size)),
+            norm_prior=trusted,
+        )
+        self.rounds = Rounds(
+            strategy,
+            trusted,
+            self.history,
+            self.sessions,
+            self.downlink,
+            self.records,
+            link,
+            tb,
+            self.run_dir,
+            self.clock,
+            self.poll,
+            global_state,
+        )
+        self.unlearning = UnlearningService(
+            self.sessions,
+            self.downlink,
+            self.records,
+            self.history,
+            self.held_run,
+            tb,
+            self.run_dir,
+            self.clock,
+            self.poll,
+            int(self.setup.train.num_classes),
+            unlearn_fn,
+            compare_fn,
+            progress,
+        )
+        if last > 0:
+            log.info("resuming %s after round %d (history store)", self.run_dir, last)
+            self.records.event("resume", last_completed_round=last)
+            self.rounds.reload(last)
+            self.records.reload()
+        self.unlearning.reload()
+
+    @property
+    def session(self) -> int:
+        """This server start's session (the challenge every REGISTER carries)."""
+        return self.sessions.session
+
+    @property
+    def public_key(self) -> bytes:
+        """The server's Ed25519 public key (robots check models and grants against it)."""
+        return self.sessions.public_key
+
+    @property
+    def global_state(self) -> dict[str, torch.Tensor]:
+        """The current global model."""
+        return self.rounds.global_state
+
+    def held_run(self) -> LoadedRun:
+        """The run this server holds, as :func:`scaleflu.fl.run.load_run` rebuilds one from its
+        folder: config, data and partitions, the history store and the current global model
+        (what the unlearning methods run on, without reading the run folder again)."""
+        return LoadedRun.held(
+            self.run_dir, self.setup, self.history, self.rounds.global_state, self.model
+        )
+
+    def _resolve_config(self, cfg: Mapping[str, Any], keys: Mapping[int, bytes]) -> Config:
         """Use the run's saved config when resuming; check robot ids against the clients.
 
         Returns the checked :class:`~scaleflu.config.Config` (fl.rounds := testbed.rounds).
@@ -203,15 +255,17 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
             cfg = {**old, "testbed": cfg.get("testbed", old.get("testbed"))}
         cfg = federation_config(cfg)  # a copy: the caller's config is not changed
         n = int(cfg.data.num_clients)
-        bad = [r for r in self.keys if not 0 <= client_of(r) < n]
+        bad = [r for r in keys if not 0 <= client_of(r) < n]
         if bad:
             raise ConfigError(f"robot ids {bad} have no FL client (data.num_clients = {n})")
         save_config(cfg, saved)
         return cfg
 
+    # -- the message loop -----------------------------------------------------------------
+
     def poll(self, timeout: float) -> None:
         """Handle at most one incoming message (waiting up to ``timeout``) and finished sends."""
-        self._check_sends()
+        self.downlink.check_sends()
         got = self.link.recv(timeout)
         if got is None:
             return
@@ -220,18 +274,19 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
         try:
             self._handle(src, data)
         except ProtocolError as exc:
-            self._reject(exc.reason, src, "message", exc.detail)
+            self.records.reject(exc.reason, src, "message", exc.detail)
         except Exception as exc:  # a malformed packet must never take the server down
             log.exception("message from node %s crashed its handler", src)
-            self._reject("handler_error", src, "message", repr(exc))
+            self.records.reject("handler_error", src, "message", repr(exc))
 
     def _handle(self, src: int, data: bytes) -> None:
+        """Authenticate one envelope, rate-limit what may be abused, hand it to its part."""
         env = open_envelope(
             data,
             src,
-            self.keys,
+            self.sessions.keys,
             SERVER_ID,
-            self.session,
+            self.sessions.session,
             self.guard,
             max_skew_s=float(self.tb.max_skew_s),
         )
@@ -240,106 +295,117 @@ class EdgeServer(SessionsMixin, RoundsMixin, DownlinkMixin, UnlearningMixin, Rec
             if env.session == 0:  # the robot asks for this server's challenge (its session)
                 if not self.limits.allow(r, "hello"):
                     raise ProtocolError("rate_limited", "challenge requests too often")
-                self.ep.send(
-                    MsgType.SERVER_HELLO, r, self.keys[r], self.session, 0, {}, timeout=5.0
-                )
-                return
-            self._on_register(r, env.meta)
+                self.sessions.hello(r)
+            elif self.sessions.register(r, env.meta):
+                self.downlink.forget(r)  # a new registration holds no model we sent
             return
-        robot = self.robots.get(r)
+        robot = self.sessions.heard(r)
         if robot is None:
             raise ProtocolError("not_registered", f"{env.type.name} before REGISTER")
-        robot.last_heard = self.clock()
         if env.type is MsgType.UPDATE:
-            self._on_update(robot, env.round, env.meta, env.body)
+            self.rounds.on_update(robot, env.round, env.meta, env.body)
         elif env.type is MsgType.UNLEARN_REQUEST:
-            self._on_unlearn_request(robot, env.meta)
+            if not self.limits.allow(r, "request"):
+                raise ProtocolError("rate_limited", "UNLEARN_REQUEST more often than allowed")
+            self.unlearning.on_request(robot, env.meta)
         elif env.type is MsgType.EVAL_REPORT:
-            em = EvalMeta.parse(env.meta)
-            purpose = em.purpose
-            self.eval_reports.setdefault(purpose, {})[r] = dict(env.meta)
-            robot.link_bytes_tx = em.link_bytes_tx
-            from scaleflu.log import fmt
-
-            log.info(
-                "robot %d evaluated the %s model: %s", r, purpose, fmt(env.meta.get("metrics"))
-            )
+            self.unlearning.on_eval_report(robot, env.meta)
         elif env.type is MsgType.RESYNC:
             if not self.limits.allow(r, "resync"):
                 raise ProtocolError("rate_limited", "RESYNC more often than resync_min_interval_s")
-            robot.held, robot.held_sha = None, None
-            robot.resync_at = time.monotonic()
+            self.downlink.forget(r)
             log.info("robot %d asked for a full model next time", r)
         else:
             raise ProtocolError("unexpected_type", env.type.name)
 
+    # -- the federation -------------------------------------------------------------------
+
     def run(self) -> dict[str, Any]:
         """Rounds, then the unlearning request (if any), deployment, report; returns the report."""
         tb = self.tb
+        sessions, rounds, unlearning = self.sessions, self.rounds, self.unlearning
         started = time.monotonic()
-        self.announce()
-        if not self.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s)):
+        sessions.announce()
+        if not sessions.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s)):
             raise RuntimeError(f"fewer than {tb.min_robots} robots registered in time")
         T = int(tb.rounds)
         t = self.history.last_completed_round() + 1
         retries = 0
         round_start = self.clock()
         while t <= T:
-            self.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s))
+            sessions.wait_for_robots(int(tb.min_robots), float(tb.register_timeout_s))
             round_start = self.clock()  # compared with the robots' last_heard (link's clock)
-            row = self.run_round(t)
+            row = rounds.run_round(t)
             if row is None:  # a failed round is logged and retried ...
                 retries += 1
                 if retries <= int(tb.max_round_retries):
                     continue
                 # ... and after max_round_retries it is recorded with no participant (the
                 # model unchanged): the federation goes on with the next round
-                self.record_failed_round(t, retries)
+                rounds.record_failed_round(t, retries)
             retries = 0
             t += 1
         fl_s = time.monotonic() - started
-        report: dict[str, Any] = {"rounds": self.rounds_log, "fl_s": fl_s}
+        report: dict[str, Any] = {"rounds": rounds.log, "fl_s": fl_s}
         # on the wall clock, unlike the waits for a transfer: this one waits for a request that
         # may never come, and on ofdm-shared the MAC's polls and beacons keep the medium at its
-        # busy speed, so 120 s of its clock took more than 7 wall minutes (a one-round run with
-        # --unlearn none hit the launcher's timeout); a request is one frame, sent right after
-        # the robot's last upload
+        # busy speed (its clock runs far slower than the wall there); a request is one frame,
+        # sent right after the robot's last upload
         wait_end = time.monotonic() + float(tb.unlearn.wait_s)
-        while not self.requests and time.monotonic() < wait_end:
+        while not unlearning.requests and time.monotonic() < wait_end:
             self.poll(0.2)
-        if self.requests:  # a robot that died in the last round and restarts: evaluate it too
-            self.wait_for_rejoin(round_start, float(tb.register_timeout_s))
+        if unlearning.requests:  # a robot that died in the last round and restarts: evaluate it
+            sessions.wait_for_rejoin(round_start, float(tb.register_timeout_s))
         # every accepted request is served, in order, even when an earlier one fails; requests
         # that arrive while one is served are served after it
         served: list[dict[str, Any]] = []
         i = 0
-        while i < len(self.requests):
-            req = self.requests[i]
+        while i < len(unlearning.requests):
+            req = unlearning.requests[i]
             i += 1
             try:
-                served.append(self.serve_unlearning(req))
+                served.append(unlearning.serve(req))
             except Exception as exc:  # keep the rounds' report, go on with the next request
-                log.exception("unlearning request %s failed", req.get("text"))
-                self._event("unlearn_failed", request=req.get("text"), error=repr(exc)[:200])
-                served.append({"request": req, "error": repr(exc)})
+                log.exception("unlearning request %s failed", req.text)
+                self.records.event("unlearn_failed", request=req.text, error=repr(exc)[:200])
+                served.append({"request": req.to_json(), "error": repr(exc)})
         if served:
             report["unlearning"] = served[0]
             report["unlearning_all"] = served
-        self.finish()
+        sessions.finish()
         # metrics.csv, training.png as every FedAvg run writes them; drawn once the robots are
         # released (BYE): plotting in this process must not delay the link while they are on air
         write_training_outputs(
-            self.rounds_log,
+            rounds.log,
             self.run_dir,
             ROUNDS_CSV_COLUMNS,
             f"testbed FedAvg: {self.run_dir.name}",
         )
         un = report.get("unlearning")
-        if un is not None and not un.get("error") and self._served is not None:
+        if un is not None and not un.get("error") and unlearning.serving is not None:
             try:
-                self.after_serving(un)
+                unlearning.after_serving(un)
             except Exception as exc:  # the served request stands; say what did not happen
                 log.exception("comparison / erasure after unlearning failed")
                 un["after_serving_error"] = repr(exc)
-        report.update(self._report_common(time.monotonic() - started))
+        report.update(self.report(time.monotonic() - started))
         return report
+
+    def report(self, total_s: float) -> dict[str, Any]:
+        """The report's part about the server: robots, refused messages, events, the link."""
+        return {
+            "total_s": total_s,
+            "session": f"{self.sessions.session:08x}",
+            "robots": self.sessions.report(),
+            **self.records.report(),
+            "server_link": link_stats(self.link),
+            "server_tx_bytes": self.sessions.ep.sent_bytes,
+            "server_rx_bytes": self.bytes_rx,
+            "air_bytes_total": self.downlink.air_bytes(),
+            "unicast_fallbacks": self.downlink.unicast_fallbacks,
+            "history_rounds": self.history.last_completed_round(),
+            "poison": {
+                "backdoor_clients": self.cfg.data.poison.backdoor_clients,
+                "target_label": self.setup.poison.target_label,
+            },
+        }

@@ -1,21 +1,24 @@
-"""Robot sessions of the edge server: registration, the session challenge, who is active."""
+"""Robot sessions of the edge server: the allow-list, the session challenge, registration, who
+is active, and the one way the server's parts send to a robot (:meth:`Sessions.send`)."""
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from scaleflu.testbed.common import LinkDeadline, wait_on_clock
+from scaleflu.keys import public_bytes
+from scaleflu.link import Link
+from scaleflu.link.arq import SendHandle
+from scaleflu.testbed.common import Endpoint, LinkDeadline, install_link_keys, wait_on_clock
 from scaleflu.testbed.keys import sign
-from scaleflu.testbed.protocol import (
-    MsgType,
-    client_of,
-)
+from scaleflu.testbed.protocol import SERVER_ID, MsgType, client_of
+from scaleflu.testbed.records import Records
 from scaleflu.testbed.validation import RegisterMeta
 
 log = logging.getLogger(__name__)
@@ -29,70 +32,153 @@ class RobotInfo:
     num_samples: int = 0
     registered_at: float = 0.0
     registrations: int = 0
-    held: dict[str, np.ndarray] | None = None  # the model the robot holds (as delivered)
-    held_sha: str | None = None
     forgotten: bool = False
     link_bytes_tx: int = 0  # the robot's own ARQ byte counter, as it last reported it
-    held_src: str | None = None  # SHA-256 of the server-side state it was encoded from
-    resync_at: float = 0.0  # when the robot last said it does not hold what we think
     last_nonce: str | None = None  # nonce of its last REGISTER (a retry is not a new one)
     last_heard: float = 0.0  # the server's clock (the link's) at its last authenticated message
 
 
-class SessionsMixin:
-    """Registration and the robots' sessions of an :class:`EdgeServer`."""
+class Sessions:
+    """The robots of one server run and the server's identity towards them.
 
-    def _on_register(self, r: int, meta: Mapping[str, Any]) -> None:
+    Owns the allow-list ``keys`` (robot id -> K_r), this start's ``session`` (the challenge a
+    REGISTER must carry), the server's Ed25519 ``signing_key``, the registered robots and which
+    of them asked to be forgotten. ``clock``: the link's; ``poll``: the server's message loop
+    (the waits handle messages); ``next_round``: the round a registering robot joins;
+    ``data_sizes``: the partition sizes the robots' claims are checked against.
+    """
+
+    def __init__(
+        self,
+        link: Link,
+        keys: Mapping[int, bytes],
+        signing_key: Ed25519PrivateKey,
+        records: Records,
+        clock: Callable[[], float],
+        poll: Callable[[float], None],
+        next_round: Callable[[], int],
+        data_sizes: Mapping[int, int],
+    ) -> None:
+        self.keys = dict(keys)
+        self.signing_key = signing_key
+        self.public_key = public_bytes(signing_key)
+        self.records = records
+        self.clock = clock
+        self.poll = poll
+        self.next_round = next_round
+        self.data_sizes = data_sizes
+        self.ep = Endpoint(link, SERVER_ID)
+        install_link_keys(link, self.keys, SERVER_ID)
+        self.session = secrets.randbits(32) | 1
+        self.robots: dict[int, RobotInfo] = {}
+        self._forgotten_before: set[int] = set()  # client requests accepted before a restart
+
+    # -- talking to robots ----------------------------------------------------------------
+
+    def send(
+        self,
+        mtype: MsgType,
+        robot: int,
+        round_: int = 0,
+        meta: dict[str, Any] | None = None,
+        body: bytes = b"",
+        timeout: float = 30.0,
+    ) -> SendHandle:
+        """Seal one envelope for ``robot`` (its key, this session) and start sending it."""
+        key = self.keys[robot]
+        return self.ep.send(mtype, robot, key, self.session, round_, meta, body, timeout=timeout)
+
+    def sign(self, kind: str, robot: int, **fields: Any) -> str:
+        """The server's signature of a ``kind`` statement to ``robot`` in this session."""
+        return sign(self.signing_key, kind, session=self.session, robot=robot, **fields)
+
+    def hello(self, robot: int) -> None:
+        """Answer a session-0 REGISTER with this server's challenge (its session)."""
+        self.send(MsgType.SERVER_HELLO, robot, timeout=5.0)
+
+    def announce(self) -> None:
+        """Tell every robot in the key file the (new) session, so restarted robots re-register."""
+        for r in self.keys:
+            self.hello(r)
+
+    def finish(self) -> None:
+        """Tell every robot the run is over (waits briefly for the BYEs to go out)."""
+        hs = [self.send(MsgType.BYE, r, timeout=5.0) for r in self.robots]
+        for h in hs:  # each BYE's ARQ deadline is 5 s of the link's clock
+            wait_on_clock(h, 6.0, self.clock)
+
+    # -- registration ---------------------------------------------------------------------
+
+    def register(self, r: int, meta: Mapping[str, Any]) -> bool:
+        """Handle a REGISTER of robot ``r``; True when it registers anew (the model it held is
+        then unknown), False for a retry of the last one (acknowledged again)."""
         rm = RegisterMeta.parse(meta)
         nonce, num = rm.nonce, rm.num_samples
         info = self.robots.get(r) or RobotInfo(r)
         if info.last_nonce == nonce:  # the same REGISTER again (retry): acknowledge, keep state
             self._send_register_ack(info, nonce)
-            return
+            return False
         info.last_nonce = nonce
         info.num_samples = num
         info.registered_at = self.clock()  # the link's clock, as last_heard and round starts
         info.last_heard = info.registered_at
         info.registrations += 1
-        info.held, info.held_sha = None, None
-        info.resync_at = time.monotonic()
         self.robots[r] = info
-        expected = self.setup.data_sizes[client_of(r)]
+        expected = self.data_sizes[client_of(r)]
         if num != expected:
             log.warning("robot %d reports %d samples, the partition has %d", r, num, expected)
         if r in self._forgotten_before:
             info.forgotten = True  # registered to evaluate the unlearned model, not to train
         self._send_register_ack(info, nonce)
-        self._event("register", robot=r, registrations=info.registrations)
+        self.records.event("register", robot=r, registrations=info.registrations)
         log.info("robot %d registered (%d samples, registration %d)", r, num, info.registrations)
+        return True
 
     def _send_register_ack(self, info: RobotInfo, nonce: str) -> None:
+        r = info.robot_id
         reply = {
             "nonce": nonce,
             "accepted": True,
             "reason": "forgotten: no training" if info.forgotten else "",
-            "next_round": self.history.last_completed_round() + 1,
+            "next_round": self.next_round(),
         }
-        r = info.robot_id
-        reply["sig"] = sign(
-            self.signing_key, "register_ack", session=self.session, robot=r, nonce=nonce
-        )
-        self.ep.send(MsgType.REGISTER_ACK, r, self.keys[r], self.session, 0, reply, timeout=20.0)
+        reply["sig"] = self.sign("register_ack", r, nonce=nonce)
+        self.send(MsgType.REGISTER_ACK, r, 0, reply, timeout=20.0)
 
-    def announce(self) -> None:
-        """Tell every robot in the key file the (new) session, so restarted robots re-register."""
-        for r, key in self.keys.items():
-            self.ep.send(MsgType.SERVER_HELLO, r, key, self.session, 0, {}, timeout=5.0)
+    def heard(self, r: int) -> RobotInfo | None:
+        """The registered robot ``r``, now heard from (None: not registered)."""
+        robot = self.robots.get(r)
+        if robot is not None:
+            robot.last_heard = self.clock()
+        return robot
+
+    # -- who takes part -------------------------------------------------------------------
+
+    def active(self) -> list[RobotInfo]:
+        """The registered robots that were not forgotten."""
+        return [r for r in self.robots.values() if not r.forgotten]
+
+    def forgotten_ids(self) -> set[int]:
+        """Robots that asked to be forgotten (this run or before its restart)."""
+        return {r.robot_id for r in self.robots.values() if r.forgotten} | self._forgotten_before
+
+    def forget(self, r: int, before_restart: bool = False) -> None:
+        """Robot ``r`` leaves the federation: it takes part in no further round."""
+        if before_restart:
+            self._forgotten_before.add(r)
+        robot = self.robots.get(r)
+        if robot is not None:
+            robot.forgotten = True
 
     def wait_for_robots(self, n: int, timeout: float) -> bool:
         """Handle messages until ``n`` robots are registered (and not forgotten) or timeout."""
-        n = min(n, len(self.keys) - len(self._forgotten_ids()))
+        n = min(n, len(self.keys) - len(self.forgotten_ids()))
         end = LinkDeadline(timeout, self.clock)  # robots register over the link: its clock
         while not end.expired():
-            if len(self._active()) >= n:
+            if len(self.active()) >= n:
                 return True
             self.poll(0.2)
-        return len(self._active()) >= n
+        return len(self.active()) >= n
 
     def wait_for_rejoin(self, since: float, timeout: float) -> list[int]:
         """Handle messages until every registered robot has been heard from since ``since``
@@ -109,7 +195,7 @@ class SessionsMixin:
 
         def silent() -> list[int]:
             return sorted(
-                r.robot_id for r in self._active() if max(r.last_heard, r.registered_at) < since
+                r.robot_id for r in self.active() if max(r.last_heard, r.registered_at) < since
             )
 
         away = silent()
@@ -126,19 +212,13 @@ class SessionsMixin:
             log.warning("robots %s silent since the last round; going on without them", away)
         return away
 
-    def _active(self) -> list[RobotInfo]:
-        return [r for r in self.robots.values() if not r.forgotten]
-
-    def _forgotten_ids(self) -> set[int]:
-        return {r.robot_id for r in self.robots.values() if r.forgotten} | self._forgotten_before
-
-    def finish(self) -> None:
-        """Tell every robot the run is over (waits briefly for the BYEs to go out)."""
-        hs = [
-            self.ep.send(
-                MsgType.BYE, r.robot_id, self.keys[r.robot_id], self.session, 0, {}, timeout=5.0
-            )
+    def report(self) -> dict[int, dict[str, Any]]:
+        """Per robot: registrations, forgotten, the data size it reported."""
+        return {
+            r.robot_id: {
+                "registrations": r.registrations,
+                "forgotten": r.forgotten,
+                "num_samples": r.num_samples,
+            }
             for r in self.robots.values()
-        ]
-        for h in hs:  # each BYE's ARQ deadline is 5 s of the link's clock
-            wait_on_clock(h, 6.0, self.clock)
+        }

@@ -1,5 +1,10 @@
 """The edge server's unlearning service: robots' requests, serving them with the method
 registry after the last round, deployment of the unlearned model, comparison and erasure.
+
+A robot's request arrives as typed meta (:class:`~scaleflu.testbed.validation.UnlearnMeta`)
+and becomes an :class:`~scaleflu.unlearn.request.UnlearnRequest` for the robot's FL client
+(:class:`RobotRequest`); that object is what is queued, kept across a restart, and served. The
+server serves it on the run it holds in memory (its history store and global model).
 """
 
 from __future__ import annotations
@@ -8,67 +13,100 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from scaleflu.fl.integrity import save_model
-from scaleflu.fl.run import append_jsonl
-from scaleflu.testbed.common import (
-    cast_like,
-    to_numpy,
-    to_torch,
-)
-from scaleflu.testbed.keys import sign
-from scaleflu.testbed.protocol import (
-    MsgType,
-    ProtocolError,
-    client_of,
-    state_sha256,
-)
-from scaleflu.testbed.sessions import RobotInfo
-from scaleflu.testbed.validation import UnlearnMeta
+from scaleflu.fl.run import LoadedRun, append_jsonl
+from scaleflu.testbed.common import arrays
+from scaleflu.testbed.downlink import Downlink
+from scaleflu.testbed.protocol import MsgType, ProtocolError, client_of, state_sha256
+from scaleflu.testbed.records import Records
+from scaleflu.testbed.sessions import RobotInfo, Sessions
+from scaleflu.testbed.validation import UNLEARN_KINDS, EvalMeta, UnlearnMeta
+from scaleflu.unlearn.request import RequestError, UnlearnRequest
 
 log = logging.getLogger(__name__)
 
+State = dict[str, torch.Tensor]
 
-UNLEARN_KINDS = ("client", "class", "sample")
+__all__ = [
+    "UNLEARN_KINDS",
+    "CompareFn",
+    "RobotRequest",
+    "UnlearnFn",
+    "UnlearningService",
+    "compare_unlearn",
+    "default_unlearn",
+    "side_by_side_row",
+]
 
 
-def unlearn_request_text(meta: Mapping[str, Any], robot: int) -> str:
-    """The scaleflu.unlearn request text for a robot's request (its FL client: client_of)."""
-    kind = meta.get("kind")
-    n = client_of(robot)
-    if kind == "client":
-        return f"client:{n}"
-    if kind == "class":
-        classes = [int(c) for c in meta.get("classes") or []]
-        if not classes:
-            raise ValueError("a class request needs classes")
-        return f"class:{','.join(map(str, classes))}@{n}"
-    if kind == "sample":
-        frac = float(meta.get("fraction", 0.0))
-        if not 0.0 < frac <= 1.0:
-            raise ValueError("a sample request needs 0 < fraction <= 1")
-        return f"sample:{n}:{frac}"
-    raise ValueError(f"unknown request kind {kind!r}")
+@dataclass(frozen=True)
+class RobotRequest:
+    """An accepted request: the robot that asked, the request for its FL client, and when
+    (seconds since the server started)."""
+
+    robot: int
+    request: UnlearnRequest
+    received_s: float = 0.0
+
+    @classmethod
+    def of(cls, meta: UnlearnMeta, received_s: float = 0.0) -> RobotRequest:
+        """The request of a robot's checked meta (its own data: its FL client, ``client_of``)."""
+        req = UnlearnRequest(meta.kind, (client_of(meta.robot),), meta.classes or (), meta.fraction)
+        return cls(meta.robot, req, received_s)
+
+    @property
+    def text(self) -> str:
+        """The request's text form (``client:0``, ``class:1,4@0``, ``sample:1:0.25``)."""
+        return self.request.text
+
+    def to_json(self) -> dict[str, Any]:
+        """The row of ``requests.jsonl`` (and the report's ``request``)."""
+        r = self.request
+        return {
+            "robot": self.robot,
+            "kind": r.kind,
+            "text": r.text,
+            "classes": list(r.classes) if r.kind == "class" else None,
+            "fraction": r.fraction,
+            "received_s": self.received_s,
+        }
+
+    @classmethod
+    def from_json(cls, row: Mapping[str, Any]) -> RobotRequest:
+        """A row of ``requests.jsonl`` (RequestError, KeyError, TypeError or ValueError when it
+        is not one)."""
+        robot = int(row["robot"])
+        classes = tuple(int(c) for c in row.get("classes") or ())
+        fraction = None if row.get("fraction") is None else float(row["fraction"])
+        req = UnlearnRequest(str(row["kind"]), (client_of(robot),), classes, fraction)
+        return cls(robot, req, float(row.get("received_s") or 0.0))
 
 
 def default_unlearn(
-    run_dir: Path, request: str, method: str, mode: str, overrides: list[str], progress: bool
-) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Unlearn on the run's history in memory (the method registry): (state, result dict)."""
+    run: LoadedRun,
+    request: UnlearnRequest,
+    method: str,
+    mode: str,
+    overrides: list[str],
+    progress: bool,
+) -> tuple[State, dict[str, Any]]:
+    """Unlearn on the run the server holds (the method registry, in memory): (state, result)."""
     from scaleflu.unlearn.registry import run_unlearning
 
     done = run_unlearning(
-        run_dir, request, method, mode, overrides=list(overrides), progress=progress
+        run.run_dir, request, method, mode, overrides=list(overrides), progress=progress, run=run
     )
     return done.state, done.result.to_dict()
 
 
 def compare_unlearn(
-    run_dir: Path, request: str, method: str, overrides: list[str], progress: bool
+    run: LoadedRun, request: UnlearnRequest, method: str, overrides: list[str], progress: bool
 ) -> dict[str, Any]:
     """Run another method on the same request for the side-by-side table (not deployed).
 
@@ -79,13 +117,14 @@ def compare_unlearn(
     from scaleflu.unlearn.outputs import write_unlearning
     from scaleflu.unlearn.registry import run_unlearning
 
+    out = Path(run.run_dir) / "unlearn_compare" / method
     try:
         done = run_unlearning(
-            run_dir, request, method, overrides=list(overrides), progress=progress
+            run.run_dir, request, method, overrides=list(overrides), progress=progress, run=run
         )
-        write_unlearning(done, request, method, Path(run_dir) / "unlearn_compare" / method)
+        write_unlearning(done, request.text, method, out)
     except (ValueError, KeyError, ImportError) as exc:
-        log.warning("comparison method %s on %s not run: %s", method, request, exc)
+        log.warning("comparison method %s on %s not run: %s", method, request.text, exc)
         return {"method": method, "error": str(exc)}
     return done.result.to_dict()
 
@@ -118,130 +157,189 @@ def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) ->
 
 
 UnlearnFn = Callable[
-    [Path, str, str, str, list[str], bool], tuple[dict[str, torch.Tensor], dict[str, Any]]
+    [LoadedRun, UnlearnRequest, str, str, list[str], bool], tuple[State, dict[str, Any]]
 ]
+CompareFn = Callable[[LoadedRun, UnlearnRequest, str, list[str], bool], dict[str, Any]]
 
 
-class UnlearningMixin:
-    """Unlearning requests and their service in an :class:`EdgeServer`."""
+class UnlearningService:
+    """Robots' unlearning requests and their service.
 
-    def _reload_requests(self) -> None:
-        """Unlearning requests accepted before a restart and not yet served are kept."""
+    Owns the queue of accepted requests (``requests.jsonl``, kept across a restart), the
+    robots' evaluation reports of deployed models, and the request being served.
+    ``history``: the server's history store; ``held_run``: the run the server holds (that
+    history, its data and its current global model);
+    ``unlearn_fn``: the method that serves (default: the registry, ``testbed.unlearn``);
+    ``compare_fn``: the side-by-side methods (``testbed.unlearn.compare``).
+    """
+
+    def __init__(
+        self,
+        sessions: Sessions,
+        downlink: Downlink,
+        records: Records,
+        history: Any,
+        held_run: Callable[[], LoadedRun],
+        tb: Any,
+        run_dir: Path,
+        clock: Callable[[], float],
+        poll: Callable[[float], None],
+        num_classes: int,
+        unlearn_fn: UnlearnFn | None = None,
+        compare_fn: CompareFn | None = None,
+        progress: bool = True,
+    ) -> None:
+        self.sessions = sessions
+        self.downlink = downlink
+        self.records = records
+        self.history = history
+        self.held_run = held_run
+        self.tb = tb
+        self.run_dir = Path(run_dir)
+        self.clock = clock
+        self.poll = poll
+        self.num_classes = int(num_classes)
+        self.unlearn_fn: UnlearnFn = unlearn_fn or default_unlearn
+        self.compare_fn: CompareFn = compare_fn or compare_unlearn
+        self.progress = progress
+        self.requests: list[RobotRequest] = []
+        self.eval_reports: dict[str, dict[int, dict[str, Any]]] = {}
+        self._served: tuple[RobotRequest, Mapping[str, Any], State, LoadedRun] | None = None
+
+    def reload(self) -> None:
+        """Requests accepted before a restart and not yet served are kept (a client request's
+        robot stays forgotten)."""
         path = self.run_dir / "requests.jsonl"
         served = self.run_dir / "unlearn_served.jsonl"
         done = set(served.read_text().split()) if served.is_file() else set()
         if not path.is_file():
             return
-        for line in path.read_text().splitlines():
+        for i, line in enumerate(path.read_text().splitlines(), 1):
             try:
-                req = json.loads(line)
-            except json.JSONDecodeError:
+                row = json.loads(line)
+                if row.get("text") in done:
+                    continue
+                req = RobotRequest.from_json(row)
+            except json.JSONDecodeError:  # a line cut by a crash
                 continue
-            if req.get("text") in done:
+            except (RequestError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                log.warning("%s line %d is not a request, skipped: %s", path, i, exc)
                 continue
             self.requests.append(req)
-            if req.get("kind") == "client":
-                self._forgotten_before.add(int(req["robot"]))
-            log.info(
-                "request %s from robot %s kept from before the restart",
-                req.get("text"),
-                req.get("robot"),
-            )
+            if req.request.kind == "client":
+                self.sessions.forget(req.robot, before_restart=True)
+            log.info("request %s from robot %d kept from before the restart", req.text, req.robot)
 
-    def _on_unlearn_request(self, robot: RobotInfo, meta: Mapping[str, Any]) -> None:
+    # -- messages -------------------------------------------------------------------------
+
+    def on_request(self, robot: RobotInfo, meta: Mapping[str, Any]) -> None:
+        """An UNLEARN_REQUEST: checked, queued (served after the last round), acknowledged."""
         r = robot.robot_id
-        if not self.limits.allow(r, "request"):
-            raise ProtocolError("rate_limited", "UNLEARN_REQUEST more often than allowed")
         target = meta.get("robot")
         if target != r:
-            self._reject("not_own_request", r, "UNLEARN_REQUEST", f"asks for robot {target}")
-            self._reply_unlearn(r, False, f"only robot {target} may ask to forget its data")
+            self.records.reject("not_own_request", r, "UNLEARN_REQUEST", f"asks for robot {target}")
+            self._reply(r, False, f"only robot {target} may ask to forget its data")
             return
-        if robot.forgotten or any(q["robot"] == r for q in self.requests):
-            self._reject("duplicate", r, "UNLEARN_REQUEST")
-            self._reply_unlearn(r, False, "already requested")
+        if robot.forgotten or any(q.robot == r for q in self.requests):
+            self.records.reject("duplicate", r, "UNLEARN_REQUEST")
+            self._reply(r, False, "already requested")
             return
         try:  # refused at once when the run cannot serve it (e.g. class:99)
-            UnlearnMeta.parse(meta, int(self.setup.train.num_classes))
-            text = unlearn_request_text(meta, r)
+            req = RobotRequest.of(UnlearnMeta.parse(meta, self.num_classes), self.records.elapsed())
         except ProtocolError as exc:
-            self._reject(exc.reason, r, "UNLEARN_REQUEST", exc.detail)
-            self._reply_unlearn(r, False, exc.detail)
+            self.records.reject(exc.reason, r, "UNLEARN_REQUEST", exc.detail)
+            self._reply(r, False, exc.detail)
             return
-        except (ValueError, TypeError) as exc:
-            self._reject("bad_request", r, "UNLEARN_REQUEST", str(exc))
-            self._reply_unlearn(r, False, str(exc))
+        except (RequestError, ValueError, TypeError) as exc:
+            self.records.reject("bad_request", r, "UNLEARN_REQUEST", str(exc))
+            self._reply(r, False, str(exc))
             return
-        req = {
-            "robot": r,
-            "kind": meta.get("kind"),
-            "text": text,
-            "classes": meta.get("classes"),
-            "fraction": meta.get("fraction"),
-            "received_s": round(time.monotonic() - self.t0, 3),
-        }
         self.requests.append(req)
-        append_jsonl(self.run_dir / "requests.jsonl", req)
-        if req["kind"] == "client":
-            robot.forgotten = True  # it leaves the federation now: no further rounds
-            if self.round is not None and r not in self.round.updates:
-                self.round.scheduled.discard(r)
-        self._reply_unlearn(r, True, "queued: served after the last round")
-        self._event("unlearn_request", robot=r, request=text)
-        log.info("unlearning request from robot %d accepted: %s", r, text)
+        append_jsonl(self.run_dir / "requests.jsonl", req.to_json())
+        if req.request.kind == "client":
+            self.sessions.forget(r)  # it leaves the federation now: no further rounds
+        self._reply(r, True, "queued: served after the last round")
+        self.records.event("unlearn_request", robot=r, request=req.text)
+        log.info("unlearning request from robot %d accepted: %s", r, req.text)
 
-    def _reply_unlearn(self, r: int, ok: bool, reason: str) -> None:
+    def _reply(self, r: int, ok: bool, reason: str) -> None:
         meta: dict[str, Any] = {"accepted": ok, "reason": reason}
-        meta["sig"] = sign(
-            self.signing_key, "unlearn_ack", session=self.session, robot=r, accepted=ok
-        )
-        self.ep.send(MsgType.UNLEARN_ACK, r, self.keys[r], self.session, 0, meta, timeout=10.0)
+        meta["sig"] = self.sessions.sign("unlearn_ack", r, accepted=ok)
+        self.sessions.send(MsgType.UNLEARN_ACK, r, 0, meta, timeout=10.0)
 
-    def serve_unlearning(self, req: dict[str, Any]) -> dict[str, Any]:
+    def on_eval_report(self, robot: RobotInfo, meta: Mapping[str, Any]) -> None:
+        """An EVAL_REPORT: a robot's metrics of a deployed model, kept for the report."""
+        em = EvalMeta.parse(meta)
+        self.eval_reports.setdefault(em.purpose, {})[robot.robot_id] = dict(meta)
+        robot.link_bytes_tx = em.link_bytes_tx
+        from scaleflu.log import fmt
+
+        log.info("robot %d evaluated the %s model: %s", robot.robot_id, em.purpose, fmt(em.metrics))
+
+    # -- serving --------------------------------------------------------------------------
+
+    def deploy(
+        self, state: State, purpose: str, extra: dict[str, Any], timeout: float
+    ) -> dict[int, dict[str, Any]]:
+        """Send a model to every registered robot and collect their evaluation reports."""
+        self.eval_reports[purpose] = {}
+        t = self.history.last_completed_round()
+        src = state_sha256(arrays(state))
+        sends = self.downlink.send_many(list(self.sessions.robots), state, purpose, t, extra, src)
+        end = self.clock() + timeout
+        want = {o.robot for o in sends}
+        while self.clock() < end:
+            self.poll(0.2)
+            # a robot that registered again (restart) or lost the model gets it (again)
+            for r in self.sessions.robots:
+                if r not in self.eval_reports[purpose] and self.downlink.needs(r, src):
+                    want.add(r)
+                    self.downlink.send(r, state, purpose, t, extra, src)
+            if set(self.eval_reports[purpose]) >= want:
+                break
+        return self.eval_reports[purpose]
+
+    def serve(self, req: RobotRequest) -> dict[str, Any]:
         """Evaluate the final model on the robots, unlearn, deploy Theta', evaluate again."""
         tb = self.tb
         timeout = float(tb.round_deadline_s)
         info = {
-            "robot": req["robot"],
-            "kind": req["kind"],
-            "classes": req["classes"],
-            "fraction": req["fraction"],
+            "robot": req.robot,
+            "kind": req.request.kind,
+            "classes": list(req.request.classes) if req.request.kind == "class" else None,
+            "fraction": req.request.fraction,
         }
-        before_sha = state_sha256(self.global_np)
-        before = self.deploy(self.global_np, "before", {"request": info}, timeout)
-        self._event("unlearn_start", request=req["text"])
+        run = self.held_run()
+        current = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
+        before_sha = state_sha256(arrays(current))
+        before = self.deploy(current, "before", {"request": info}, timeout)
+        self.records.event("unlearn_start", request=req.text)
         u = tb.unlearn
         t0 = time.perf_counter()
         state, result = self.unlearn_fn(
-            self.run_dir,
-            req["text"],
-            str(u.method),
-            str(u.mode),
-            list(u.overrides),
-            self.progress,
+            run, req.request, str(u.method), str(u.mode), list(u.overrides), self.progress
         )
         unlearn_s = time.perf_counter() - t0
-        new_np = cast_like(to_numpy(state), self.global_np)
-        sha = state_sha256(new_np)
+        # in the global model's dtypes, on the CPU
+        new = {k: v.detach().to("cpu", current[k].dtype) for k, v in state.items()}
+        sha = state_sha256(arrays(new))
         # the served model, with the server's authenticated digest (checked by load_model)
-        model_path = save_model(
-            to_torch(new_np), self.run_dir / "unlearned" / f"model-{sha[:16]}.safetensors"
-        )
-        self._event("unlearn_done", seconds=round(unlearn_s, 2))
-        bytes0 = self._air_bytes()
+        model_path = save_model(new, self.run_dir / "unlearned" / f"model-{sha[:16]}.safetensors")
+        self.records.event("unlearn_done", seconds=round(unlearn_s, 2))
+        bytes0 = self.downlink.air_bytes()
         d0 = time.monotonic()
-        after = self.deploy(new_np, "unlearned", {"request": info}, timeout)
+        after = self.deploy(new, "unlearned", {"request": info}, timeout)
         deploy_s = time.monotonic() - d0
-        self._check_sends()
+        self.downlink.check_sends()
         exact = {r: rep.get("sha256") == sha for r, rep in after.items()}
-        deploy_air = self._air_bytes() - bytes0
+        deploy_air = self.downlink.air_bytes() - bytes0
         side = [side_by_side_row(result, deploy_air)]
         # comparison methods and the erasure run after the robots are released (after_serving)
-        self._served = (req, result, state)
+        self._served = (req, result, state, run)
         with (self.run_dir / "unlearn_served.jsonl").open("a") as fh:
-            fh.write(req["text"] + "\n")
+            fh.write(req.text + "\n")
         return {
-            "request": req,
+            "request": req.to_json(),
             "method": u.method,
             "mode": u.mode,
             "protocol": result.get("protocol"),
@@ -250,7 +348,7 @@ class UnlearningMixin:
             "deploy_air_bytes": deploy_air,
             "side_by_side": side,
             "erasure": None,
-            "aoi_after_deploy_s": self.aoi_seconds(),
+            "aoi_after_deploy_s": self.downlink.aoi_seconds(),
             "model_sha256": sha,
             "model_path": str(model_path),
             "before_sha256": before_sha,
@@ -263,30 +361,28 @@ class UnlearningMixin:
             "aoi": result.get("aoi"),
         }
 
+    @property
+    def serving(self) -> RobotRequest | None:
+        """The request served last, until :meth:`after_serving` completes it."""
+        return self._served[0] if self._served is not None else None
+
     def after_serving(self, un: dict[str, Any]) -> None:
         """The same request by ``testbed.unlearn.compare`` (Retrain, the fine-tune control) on
         the history as it was, side by side with the deployed method; then the erasure."""
         assert self._served is not None
-        req, result, state = self._served
+        req, result, state, run = self._served
         u = self.tb.unlearn
         for other in [str(m) for m in u.get("compare") or []]:
             if other == str(u.method):
                 continue
-            self._event("unlearn_compare", method=other)
-            un["side_by_side"].append(
-                side_by_side_row(
-                    self.compare_fn(
-                        self.run_dir, req["text"], other, list(u.overrides), self.progress
-                    )
-                )
-            )
+            self.records.event("unlearn_compare", method=other)
+            row = self.compare_fn(run, req.request, other, list(u.overrides), self.progress)
+            un["side_by_side"].append(side_by_side_row(row))
         if u.get("erase", True):
             un["erasure"] = self._erase(req, result, state)
         self._served = None
 
-    def _erase(
-        self, req: Mapping[str, Any], result: Mapping[str, Any], state: Mapping[str, torch.Tensor]
-    ) -> dict[str, Any]:
+    def _erase(self, req: RobotRequest, result: Mapping[str, Any], state: State) -> dict[str, Any]:
         """Delete the request's targets' stored updates; the history's final model is Theta'.
 
         The targets are the clients holding forgotten data (the robot's client index for the
@@ -295,11 +391,11 @@ class UnlearningMixin:
         from scaleflu.unlearn.outputs import erase_history
 
         rq = result.get("request")
-        targets = (rq.get("targets") if isinstance(rq, Mapping) else None) or [
-            client_of(req["robot"])
-        ]
-        erasure = erase_history(self.history, [int(n) for n in targets], req["text"], state)
-        self._event("erased", clients=erasure["clients"], updates=erasure["updates"])
+        targets = (rq.get("targets") if isinstance(rq, Mapping) else None) or list(
+            req.request.clients
+        )
+        erasure = erase_history(self.history, [int(n) for n in targets], req.text, state)
+        self.records.event("erased", clients=erasure["clients"], updates=erasure["updates"])
         path = self.run_dir / "unlearn" / "result.json"
         if path.is_file():  # the served result records what was erased
             try:

@@ -3,9 +3,10 @@
 A method is an object with a ``name`` and ``run(ctx) -> UnlearnResult``. The
 :class:`UnlearnContext` holds the trained run (config, data, partitions, history, final and
 initial models), the resolved request, the evaluation sets, and helpers: FedAvg rounds with the
-remaining clients (:meth:`UnlearnContext.fedavg_rounds`, the FL runtime's own trainer and
-aggregation) and :meth:`UnlearnContext.make_result`, which measures a model with every metric
-so a method only produces the model and its costs.
+remaining clients (:meth:`UnlearnContext.fedavg_rounds`: the run's round,
+:meth:`UnlearnContext.strategy`, the one of :mod:`scaleflu.fl.strategy`, with the FL runtime's
+trainer) and :meth:`UnlearnContext.make_result`, which measures a model with every metric so a
+method only produces the model and its costs.
 
 Result schema (``UnlearnResult.to_dict()``, ``schema: 1``) -- documented in docs/scale.md:
 ``method, mode, request{...}, protocol, run_dir, metrics{test_acc, ra, ra_clean, fa, fr,
@@ -37,16 +38,10 @@ from torch import nn
 
 from scaleflu.config import Config, ConfigError, Section, as_config, default_config, merge
 from scaleflu.fl.data import ImageData, triggered_test_set
-from scaleflu.fl.fedavg import (
-    BNRecalibrator,
-    LocalConfig,
-    aggregate,
-    make_trainer,
-    select_clients,
-    server_val_permutation,
-)
+from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, make_trainer, server_val_permutation
 from scaleflu.fl.history import state_bytes
 from scaleflu.fl.run import LoadedRun, load_run
+from scaleflu.fl.strategy import FedAvg
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.metrics import (
     class_matched_sets,
@@ -56,7 +51,12 @@ from scaleflu.unlearn.metrics import (
     relearn_rounds,
     true_label_probs,
 )
-from scaleflu.unlearn.request import ResolvedRequest, parse_request, resolve_request
+from scaleflu.unlearn.request import (
+    ResolvedRequest,
+    UnlearnRequest,
+    parse_request,
+    resolve_request,
+)
 
 log = logging.getLogger(__name__)
 
@@ -284,14 +284,15 @@ class UnlearnContext:
     def from_run_dir(
         cls,
         run_dir: str | Path,
-        request: str,
+        request: UnlearnRequest | str,
         mode: str = "default",
         config: str | Path | None = None,
         overrides: list[str] | tuple[str, ...] = (),
         progress: bool = True,
         run: LoadedRun | None = None,
     ) -> UnlearnContext:
-        """Load the run (unless given), resolve the config and the request text."""
+        """Load the run (unless given: the one a server holds), resolve the config and the
+        request (its text is parsed here)."""
         run = run if run is not None else load_run(run_dir)
         cfg = resolve_unlearn_config(run.cfg, config, overrides)
         return cls.for_request(run, request, cfg, mode, progress)
@@ -300,15 +301,15 @@ class UnlearnContext:
     def for_request(
         cls,
         run: LoadedRun,
-        request: str,
+        request: UnlearnRequest | str,
         cfg: Mapping[str, Any],
         mode: str = "default",
         progress: bool = True,
     ) -> UnlearnContext:
-        """A context for the request text on a loaded run with an already resolved config."""
+        """A context for the request (or its text) on a loaded run with a resolved config."""
         setup = run.setup
         resolved = resolve_request(
-            parse_request(request),
+            parse_request(request) if isinstance(request, str) else request,
             setup.parts,
             setup.train.labels,
             setup.train.num_classes,
@@ -359,9 +360,10 @@ class UnlearnContext:
     ) -> tuple[State, RoundsCost]:
         """Run FedAvg rounds ``first_round..`` on D_r (the run's selection, minus removed clients).
 
-        Uses the FL runtime's trainer and aggregation; clients keep their round-t selection
-        seeds, so Retrain selects exactly as the original run did. Updates ``aoi`` if given.
-        ``seed`` (default: the run's) seeds the selection and the clients' batch order.
+        The run's round (:meth:`strategy`) with the FL runtime's trainer; clients keep their
+        round-t selection seeds, so Retrain selects exactly as the original run did. Updates
+        ``aoi`` if given. ``seed`` (default: the run's) seeds the selection and the clients'
+        batch order.
         """
         seed = self.seed if seed is None else int(seed)
         from tqdm import tqdm
@@ -369,7 +371,7 @@ class UnlearnContext:
         fl = self.cfg.fl
         local = local or self.local_config()
         parts = self.request.remaining
-        sizes = {n: len(p) for n, p in enumerate(parts)}
+        strategy = self.strategy(seed)
         model = self.new_model()
         kind = fl.trainer if fl.backend == "local" else "auto"
         trainer = make_trainer(
@@ -393,17 +395,15 @@ class UnlearnContext:
             disable=not self.progress,
             leave=False,
         ):
-            chosen = select_clients(seed, t, len(parts), int(fl.clients_per_round))
-            clients = [n for n in chosen if sizes[n] > 0]
-            if not clients:
+            result = strategy.fit_round(t, cur, trainer)
+            if result is None:  # every selected client left the federation
                 continue
-            states = trainer.train(cur, clients, t)
-            new = self.bn_recal(aggregate(states, {n: sizes[n] for n in clients}))
+            new = result.state
             link_s = self.link.seconds(model_bytes)
             nbytes = model_bytes
             if self.link.count_uplink:
-                link_s += len(clients) * self.link.seconds(model_bytes)
-                nbytes += len(clients) * model_bytes
+                link_s += len(result.clients) * self.link.seconds(model_bytes)
+                nbytes += len(result.clients) * model_bytes
             if aoi is not None:
                 aoi.full_round(link_s, changed_groups(cur, new, self.groups, self.link_tol))
             cur = new
@@ -414,6 +414,16 @@ class UnlearnContext:
         if hasattr(trainer, "shutdown"):
             trainer.shutdown()  # the worker threads of fl.workers > 1
         return cur, cost
+
+    def strategy(self, seed: int | None = None, recalibrate: bool = True) -> FedAvg:
+        """The run's FedAvg round over the remaining clients (their D_n minus D_u,n; a client
+        left with no data is never selected): the run's selection (seeded by ``seed``, default
+        the run's), screening and, with ``recalibrate``, BatchNorm re-estimation."""
+        sizes = {n: len(p) for n, p in enumerate(self.request.remaining)}
+        seed = self.seed if seed is None else seed
+        # built on the first aggregation (it draws a model from torch's generator, as then)
+        recal = (lambda state: self.bn_recal(state)) if recalibrate else None
+        return FedAvg.from_config(self.cfg, sizes, seed, recalibrate=recal)
 
     @functools.cached_property
     def bn_recal(self) -> BNRecalibrator:

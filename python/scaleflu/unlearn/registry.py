@@ -342,7 +342,7 @@ class Unlearning:
 
 def run_unlearning(
     run_dir: str | Path,
-    request: str,
+    request: Any,
     method: str = "scale",
     mode: str | None = None,
     config: str | Path | None = None,
@@ -350,7 +350,8 @@ def run_unlearning(
     progress: bool = True,
     run: Any = None,
 ) -> Unlearning:
-    """Unlearn ``request`` from the trained run in ``run_dir`` (or the loaded ``run``), in memory.
+    """Unlearn ``request`` (an ``UnlearnRequest`` or its text) from the trained run in
+    ``run_dir`` (or the loaded ``run``, e.g. the one an edge server holds), in memory.
 
     ``mode`` (paper | default; None: ``scale.mode``) is SCALE's mode. ``config``/``overrides``
     may set ``scale.*`` and ``baselines.*`` only. Nothing is written to disk.

@@ -3,8 +3,8 @@
 Text forms (the ``--request`` argument):
 
 * ``client:7`` / ``client:3,7``: the clients leave the federation (D_u,n = D_n).
-* ``class:3`` / ``class:3,5``: the classes are removed from the *whole* federation (GUIDE 3.6:
-  a Retrain FA near zero is only possible when no other client keeps the class);
+* ``class:3`` / ``class:3,5``: the classes are removed from the *whole* federation (a Retrain
+  FA near zero is only possible when no other client keeps the class);
   ``class:3@7`` removes class 3 from client 7 only (the paper's literal case).
 * ``sample:7:0.1``: a fraction of client 7's samples. The forget set is the client's poisoned
   samples first -- its membership canaries (every copy of a canary together, never split), then
@@ -13,7 +13,9 @@ Text forms (the ``--request`` argument):
 * ``sample:7:poisoned``: exactly client 7's poisoned samples (canaries with all their copies,
   triggered and flipped samples), whatever their share of its data.
 
-Resolution gives, per client, the global training-sample indices to forget and to keep.
+The text is parsed once, where it enters (the command line, a config); everything after works
+on the typed :class:`UnlearnRequest`. Resolution gives, per client, the global training-sample
+indices to forget and to keep.
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ class RequestError(ConfigError):
 
 @dataclass(frozen=True)
 class UnlearnRequest:
-    """A parsed request: kind tau, clients C_u (empty: whole federation), classes, fraction."""
+    """A request: kind tau, clients C_u (empty: whole federation), classes, fraction.
+
+    Built from its text by :func:`parse_request` (the command line, configs) or directly from
+    typed fields (the edge server, from a robot's request); either way it is checked here, and
+    ``text`` is the canonical text form when none is given.
+    """
 
     kind: str
     clients: tuple[int, ...] = ()
@@ -48,6 +55,33 @@ class UnlearnRequest:
     fraction: float | None = None
     text: str = ""
     poisoned_only: bool = False  # sample:N:poisoned
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clients", tuple(int(c) for c in self.clients))
+        object.__setattr__(self, "classes", tuple(int(c) for c in self.classes))
+        what = self.text or f"{self.kind} request"
+        if self.kind not in KINDS:
+            raise RequestError(f"{what}: unknown kind {self.kind!r}; choose from {KINDS}")
+        if self.kind != "class" and not self.clients:
+            raise RequestError(f"{what}: no client ids given")
+        if self.kind == "class" and not self.classes:
+            raise RequestError(f"{what}: no class ids given")
+        if self.kind == "sample" and not self.poisoned_only:
+            f = self.fraction
+            if f is None or not 0.0 < float(f) <= 1.0:
+                raise RequestError(f"{what}: fraction must be in (0, 1], got {f}")
+        if not self.text:
+            object.__setattr__(self, "text", self.canonical())
+
+    def canonical(self) -> str:
+        """The text form: ``client:3,7``, ``class:3[@7]``, ``sample:7:0.1`` or ``:poisoned``."""
+        clients = ",".join(map(str, self.clients))
+        if self.kind == "client":
+            return f"client:{clients}"
+        if self.kind == "class":
+            classes = ",".join(map(str, self.classes))
+            return f"class:{classes}@{clients}" if clients else f"class:{classes}"
+        return f"sample:{clients}:{'poisoned' if self.poisoned_only else self.fraction}"
 
     @property
     def slug(self) -> str:

@@ -59,6 +59,8 @@ class OfdmLoopbackNetwork:
             self.rx_chains.append(
                 _attach_rx(self.tb, self.tx[a], self.arq[b], self.phy, ch, power, a, seed)
             )
+            if self.phy.mcs is not None:  # coded PHY: b's reports steer a's MCS towards b
+                self.tb.msg_connect(self.rx_chains[-1].rx, "report", self.tx[a], "feedback")
         self._links: dict[int, OfdmLoopbackLink] = {}
         self._open: set[int] = set()
         self._lock = threading.Lock()

@@ -35,7 +35,8 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from scaleflu.fl.fedavg import aggregate, make_trainer
+from scaleflu.fl.aggregation import aggregate
+from scaleflu.fl.fedavg import make_trainer
 from scaleflu.fl.history import state_bytes
 from scaleflu.unlearn.aoi import changed_groups
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
@@ -91,6 +92,7 @@ class FedEraserUnlearner:
         local = ctx.local_config(cal_epochs)
         parts = ctx.request.remaining
         sizes = {n: len(p) for n, p in enumerate(parts)}
+        strategy = ctx.strategy()  # the run's round: its aggregation and BatchNorm re-estimation
         fl = ctx.cfg.fl
         kind = fl.trainer if fl.backend == "local" else "auto"
         trainer = make_trainer(
@@ -113,17 +115,23 @@ class FedEraserUnlearner:
             weights = {n: sizes[n] for n in clients}
             old = aggregate({n: ups[n] for n in clients}, weights)
             if k == 0:
-                new = old  # Theta'[t_1] = Theta[t_1]: the old step is already calibrated
+                # Theta'[t_1] = Theta[t_1]: the old step is already calibrated
                 nxt = {key: cur[key] + old[key] if key in old else cur[key] for key in cur}
+                nxt = strategy.recalibrate(nxt)  # fl.bn_recalibration: as the run's training did
             else:
+
+                def calibrate(new_global: State, cur: State = cur, old: State = old) -> State:
+                    """The calibrated step: old length, the aggregate's direction; buffers as
+                    aggregated by the calibrated clients."""
+                    new = {key: new_global[key] - cur[key] for key in params}
+                    out = calibrated_step(cur, old, new, params)
+                    for key, v in new_global.items():
+                        if key not in params:
+                            out[key] = v
+                    return out
+
                 states = trainer.train(cur, clients, t)
-                new_global = aggregate(states, weights)
-                new = {key: new_global[key] - cur[key] for key in params}
-                nxt = calibrated_step(cur, old, new, params)
-                for key, v in new_global.items():
-                    if key not in params:
-                        nxt[key] = v  # buffers: the calibrated clients' aggregate
-            nxt = ctx.bn_recal(nxt)  # fl.bn_recalibration: as the run's training did
+                nxt = strategy.aggregate_train(t, cur, states, adjust=calibrate).state
             # Round t_1 is computed at the server from the history (no link, no FL round).
             b, s = round_link(ctx, model_bytes, model_bytes, len(clients)) if k else (0, 0.0)
             nbytes += b

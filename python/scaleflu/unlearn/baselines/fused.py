@@ -33,7 +33,7 @@ from torch import nn
 from torch.func import functional_call
 from tqdm import tqdm
 
-from scaleflu.fl.fedavg import aggregate, client_batches, derive_seed, select_clients
+from scaleflu.fl.fedavg import client_batches, derive_seed
 from scaleflu.fl.models import sensitivity_layers
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
@@ -212,6 +212,37 @@ def _train_adapters(
     return adapters.tensors()
 
 
+class AdapterTrainer:
+    """FUSED's local training as a :class:`~scaleflu.fl.fedavg.LocalTrainer`: each client
+    trains the adapters from the round's global adapters on its remaining data."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        base: Mapping[str, torch.Tensor],
+        adapters: Adapters,
+        parts: Sequence[np.ndarray],
+        ctx: UnlearnContext,
+        epochs: int,
+        lr: float,
+    ) -> None:
+        self.model, self.base, self.adapters, self.parts = model, base, adapters, parts
+        self.ctx, self.epochs, self.lr = ctx, epochs, lr
+
+    def train(
+        self, global_state: Mapping[str, torch.Tensor], clients: Sequence[int], t: int
+    ) -> dict[int, State]:
+        """Each client's adapters after its local epochs of round ``t``."""
+        out = {}
+        for n in clients:
+            self.adapters.load_tensors(global_state)
+            out[n] = _train_adapters(
+                self.model, self.base, self.adapters, self.parts[n], self.ctx, self.epochs,
+                self.lr, t, n,
+            )  # fmt: skip
+        return out
+
+
 class FusedUnlearner:
     """FUSED: critical layers, frozen base, FedAvg-trained sparse low-rank adapters."""
 
@@ -240,7 +271,6 @@ class FusedUnlearner:
         epochs = int(hp.local_epochs if hp.local_epochs is not None else fl.local_epochs)
         lr = float(hp.lr if hp.lr is not None else fl.lr)
         parts = ctx.request.remaining
-        sizes = {n: len(p) for n, p in enumerate(parts)}
         dev = ctx.device  # fl.device: adapters train there; merged states stay on the CPU
         adapters.to(dev)
         model = ctx.new_model(base).to(dev)
@@ -253,6 +283,8 @@ class FusedUnlearner:
         cur_adapter = adapters.tensors()
         merged_prev = base
         n_rounds = int(hp.rounds if hp.rounds is not None else fl.rounds)
+        strategy = ctx.strategy(recalibrate=False)  # the adapters hold no BatchNorm statistics
+        trainer = AdapterTrainer(model, base, adapters, parts, ctx, epochs, lr)
         for r in tqdm(
             range(1, n_rounds + 1),
             desc="FUSED",
@@ -260,18 +292,12 @@ class FusedUnlearner:
             disable=not ctx.progress,
             leave=False,
         ):
-            t = T + r
-            chosen = select_clients(ctx.seed, t, len(parts), int(fl.clients_per_round))
-            clients = [n for n in chosen if sizes[n] > 0]
-            if not clients:
+            result = strategy.fit_round(T + r, cur_adapter, trainer)
+            if result is None:  # every selected client left the federation
                 continue
-            states = {}
-            for n in clients:
-                adapters.load_tensors(cur_adapter)
-                states[n] = _train_adapters(model, base, adapters, parts[n], ctx, epochs, lr, t, n)
-            cur_adapter = aggregate(states, {n: sizes[n] for n in clients})
+            cur_adapter = result.state
             adapters.load_tensors(cur_adapter)
-            b, s = round_link(ctx, nb, nb, len(clients))
+            b, s = round_link(ctx, nb, nb, len(result.clients))
             nbytes += b
             link_s += s
             merged = merge_adapters(base, adapters)

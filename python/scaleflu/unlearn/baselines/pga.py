@@ -38,8 +38,9 @@ import torch.nn.functional as F
 from torch.nn.utils import clip_grad_norm_, parameters_to_vector, vector_to_parameters
 from tqdm import tqdm
 
+from scaleflu.fl.aggregation import aggregate
 from scaleflu.fl.device import cpu_state
-from scaleflu.fl.fedavg import aggregate, client_batches, derive_seed
+from scaleflu.fl.fedavg import client_batches, derive_seed
 from scaleflu.fl.history import state_bytes
 from scaleflu.fl.models import build_model
 from scaleflu.unlearn.aoi import AoITracker, changed_groups

@@ -1,0 +1,311 @@
+"""Modulation and coding schemes of the coded OFDM PHY, their airtime, and link adaptation.
+
+Pure Python (no GNU Radio): the MAC, the frame-level simulations and the link-time model use
+the same table as the C++ PHY (``include/gnuradio/scaleflu/coded_phy.h``; tests check that
+the two agree entry by entry and that ``MCS_TABLE_VERSION`` matches
+``gnuradio.scaleflu.PHY_MCS_TABLE_VERSION``). The payload chain is IEEE 802.11a's (IEEE Std
+802.11-2020 clause 17): K = 7 convolutional code (133, 171 octal), punctured to 2/3 and 3/4,
+per-symbol interleaver, Gray-mapped BPSK / QPSK / 16-QAM / 64-QAM on 48 data subcarriers of a
+64-point FFT; "qpsk-uncoded" is the paper's modulation without a code.
+
+A frame on air: 2 sync symbols, 2 SIGNAL symbols (BPSK rate 1/2: MCS, length, CRC-16), the
+payload symbols (PSDU + CRC32 + 6 tail bits, padded to whole symbols), ``post_padding`` zero
+samples. ``McsPolicy`` picks an MCS per peer from reported SNRs with hysteresis and falls back
+to the most robust MCS after losses; ``coded_ofdm_tx(mcs="adaptive")`` and a MAC use it alike.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ADAPTIVE",
+    "MCS",
+    "MCS_TABLE",
+    "MCS_TABLE_VERSION",
+    "McsPolicy",
+    "McsPolicyConfig",
+    "airtime_s",
+    "frame_samples",
+    "mcs_by_name",
+    "parse_mcs",
+    "payload_symbols",
+]
+
+MCS_TABLE_VERSION = 1
+FFT_LEN = 64
+N_DATA = 48  # data subcarriers per OFDM symbol
+PREAMBLE_SYMBOLS = 4  # 2 sync + 2 SIGNAL
+TAIL_BITS = 6
+PHY_CRC_LEN = 4
+ADAPTIVE = "adaptive"
+
+
+@dataclass(frozen=True)
+class MCS:
+    """One modulation and coding scheme.
+
+    ``snr_db``: SNR (per sample over the burst, as the channel's ``snr_db``) at which this PHY
+    loses 10 % of 1500 B frames on AWGN, measured with ``benchmarks/phy_mcs.py``
+    (docs/link.md, "Coded OFDM PHY"); the adaptation policy adds its margin to it.
+    """
+
+    index: int
+    name: str
+    bpsc: int  # coded bits per subcarrier
+    rate: tuple[int, int]  # code rate; (1, 1): no code
+    snr_db: float
+
+    @property
+    def coded(self) -> bool:
+        """Whether a convolutional code protects the payload."""
+        return self.rate[0] != self.rate[1]
+
+    @property
+    def cbps(self) -> int:
+        """Coded bits per OFDM symbol."""
+        return N_DATA * self.bpsc
+
+    @property
+    def dbps(self) -> int:
+        """Data bits per OFDM symbol."""
+        return self.cbps * self.rate[0] // self.rate[1]
+
+
+# 10 % FER SNRs: measured on AWGN, 1500 B PSDUs, 100 frames per point (benchmarks/phy_mcs.py;
+# docs/link.md section 12). On the demo's Rician fading they are 3.6-5.6 dB higher (per frame
+# the SNR a receiver reports already includes the fade, so the policy uses these).
+MCS_TABLE: tuple[MCS, ...] = (
+    MCS(0, "bpsk-1/2", 1, (1, 2), 0.6),
+    MCS(1, "bpsk-3/4", 1, (3, 4), 2.6),
+    MCS(2, "qpsk-1/2", 2, (1, 2), 3.4),
+    MCS(3, "qpsk-3/4", 2, (3, 4), 5.8),
+    MCS(4, "16qam-1/2", 4, (1, 2), 8.9),
+    MCS(5, "16qam-3/4", 4, (3, 4), 11.9),
+    MCS(6, "64qam-2/3", 6, (2, 3), 16.3),
+    MCS(7, "64qam-3/4", 6, (3, 4), 17.6),
+    MCS(8, "qpsk-uncoded", 2, (1, 1), 12.0),
+)
+_BY_NAME = {m.name: m for m in MCS_TABLE}
+
+
+def mcs_by_name(name: str) -> MCS:
+    """The MCS called ``name`` (case-insensitive); ValueError naming the known ones."""
+    m = _BY_NAME.get(str(name).strip().lower())
+    if m is None:
+        raise ValueError(f"unknown MCS {name!r}; known: {', '.join(_BY_NAME)}")
+    return m
+
+
+def parse_mcs(value: int | str | MCS) -> MCS | str:
+    """An MCS from its index, name or itself, or ``"adaptive"`` (also spelt ``"auto"``)."""
+    if isinstance(value, MCS):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"not an MCS: {value!r}")
+    if isinstance(value, int):
+        if not 0 <= value < len(MCS_TABLE):
+            raise ValueError(f"MCS index must be in [0, {len(MCS_TABLE) - 1}], got {value}")
+        return MCS_TABLE[value]
+    text = str(value).strip().lower()
+    if text in ("adaptive", "auto"):
+        return ADAPTIVE
+    if text.isdigit():
+        return parse_mcs(int(text))
+    return mcs_by_name(text)
+
+
+def payload_symbols(mcs: MCS | int | str, psdu_len: int) -> int:
+    """OFDM payload symbols of a PSDU of ``psdu_len`` bytes (CRC32, tail and pad added)."""
+    m = mcs if isinstance(mcs, MCS) else parse_mcs(mcs)
+    if not isinstance(m, MCS):
+        raise ValueError("payload_symbols needs a fixed MCS, not 'adaptive'")
+    if psdu_len < 1:
+        raise ValueError("a PSDU has at least 1 byte")
+    bits = 8 * (psdu_len + PHY_CRC_LEN) + (TAIL_BITS if m.coded else 0)
+    return -(-bits // m.dbps)
+
+
+def frame_samples(
+    mcs: MCS | int | str, psdu_len: int, cp_len: int = 16, post_padding: int = 160
+) -> int:
+    """Samples on air for one frame: preamble, SIGNAL, payload symbols and the zero padding."""
+    return (PREAMBLE_SYMBOLS + payload_symbols(mcs, psdu_len)) * (FFT_LEN + cp_len) + post_padding
+
+
+def airtime_s(
+    mcs: MCS | int | str,
+    psdu_len: int,
+    samp_rate: float = 5e6,
+    cp_len: int = 16,
+    post_padding: int = 160,
+) -> float:
+    """Seconds on air for one frame at ``samp_rate``."""
+    return frame_samples(mcs, psdu_len, cp_len, post_padding) / samp_rate
+
+
+@dataclass(frozen=True)
+class McsPolicyConfig:
+    """Link adaptation settings (dB are per-sample SNRs, as the receiver reports them).
+
+    ``margin_db`` is added to each MCS's 10 % FER SNR (fading and estimation error);
+    an MCS above the current one is taken only after ``up_after`` consecutive reports at
+    least ``up_hysteresis_db`` above its threshold, a lower one at once; ``fallback_after``
+    consecutive losses drop to the most robust MCS for ``hold`` reports; a peer not heard from
+    for ``stale_s`` seconds gets the most robust MCS. ``candidates`` are the MCS names the
+    policy may choose (default: every MCS not dominated by one that is at least as fast at a
+    lower SNR, which leaves out "qpsk-uncoded").
+    """
+
+    margin_db: float = 2.0
+    up_hysteresis_db: float = 1.0
+    up_after: int = 2
+    fallback_after: int = 3
+    hold: int = 4
+    stale_s: float = 10.0
+    candidates: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.up_after < 1 or self.fallback_after < 1 or self.hold < 0:
+            raise ValueError("up_after and fallback_after must be >= 1, hold >= 0")
+        if not self.stale_s > 0:
+            raise ValueError("stale_s must be > 0")
+        for v in (self.margin_db, self.up_hysteresis_db):
+            if not math.isfinite(v):
+                raise ValueError("margins must be finite")
+        if self.candidates is not None:
+            if not self.candidates:
+                raise ValueError("candidates must name at least one MCS")
+            for name in self.candidates:
+                mcs_by_name(name)
+
+
+def _undominated(table: Iterable[MCS]) -> list[MCS]:
+    ms = sorted(table, key=lambda m: (m.dbps, -m.snr_db))
+    out: list[MCS] = []
+    for m in ms:
+        if any(o.dbps >= m.dbps and o.snr_db < m.snr_db for o in ms if o is not m):
+            continue
+        out.append(m)
+    return sorted(out, key=lambda m: m.snr_db)
+
+
+@dataclass
+class _PeerState:
+    current: int = 0  # position in the policy's ladder
+    up_streak: int = 0
+    losses: int = 0
+    hold: int = 0
+    last_snr_db: float | None = None
+    last_report: float | None = None
+    reports: int = 0
+    fallbacks: int = 0
+    history: list[tuple[float, int]] = field(default_factory=list)
+
+
+class McsPolicy:
+    """Chooses each peer's MCS from the SNRs it reports; thread-safe enough for one writer.
+
+    ``report(peer, snr_db)`` after each SNR report about the link to ``peer`` (what ``peer``
+    measured on our frames, or what we measured on its frames on a reciprocal channel);
+    ``lost(peer)`` / ``delivered(peer)`` after a frame's fate is known; ``choose(peer)`` gives
+    the MCS index for the next frame to ``peer``. ``peer=None`` is a link without addresses.
+    """
+
+    def __init__(
+        self,
+        config: McsPolicyConfig | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config or McsPolicyConfig()
+        if self.config.candidates is None:
+            ladder = _undominated(MCS_TABLE)
+        else:
+            ladder = sorted(
+                (mcs_by_name(n) for n in self.config.candidates), key=lambda m: m.snr_db
+            )
+        self.ladder: tuple[MCS, ...] = tuple(ladder)
+        self._clock = clock
+        self._peers: dict[Any, _PeerState] = {}
+
+    def _state(self, peer: Any) -> _PeerState:
+        st = self._peers.get(peer)
+        if st is None:
+            st = self._peers[peer] = _PeerState()
+        return st
+
+    def _target(self, snr_db: float, extra_db: float = 0.0) -> int:
+        best = 0
+        for i, m in enumerate(self.ladder):
+            if snr_db >= m.snr_db + self.config.margin_db + extra_db:
+                best = i
+        return best
+
+    def report(self, peer: Any, snr_db: float, ok: bool | None = None) -> None:
+        """An SNR report for the link to ``peer``; ``ok`` False counts as a loss too."""
+        if not math.isfinite(snr_db):
+            return
+        st = self._state(peer)
+        now = self._clock()
+        st.last_snr_db, st.last_report, st.reports = float(snr_db), now, st.reports + 1
+        if ok is False:
+            self.lost(peer)
+        elif ok is True:
+            st.losses = 0
+        down = self._target(snr_db)
+        if down < st.current:
+            st.current, st.up_streak = down, 0
+        elif st.hold > 0:
+            st.hold -= 1
+            st.up_streak = 0
+        else:
+            up = self._target(snr_db, self.config.up_hysteresis_db)
+            if up > st.current:
+                st.up_streak += 1
+                if st.up_streak >= self.config.up_after:
+                    st.current, st.up_streak = up, 0
+            else:
+                st.up_streak = 0
+        st.history.append((now, self.ladder[st.current].index))
+        del st.history[:-64]
+
+    def lost(self, peer: Any) -> None:
+        """A frame to ``peer`` was lost; after ``fallback_after`` in a row: most robust MCS."""
+        st = self._state(peer)
+        st.losses += 1
+        if st.losses >= self.config.fallback_after and st.current > 0:
+            st.current, st.up_streak, st.losses = 0, 0, 0
+            st.hold = self.config.hold
+            st.fallbacks += 1
+
+    def delivered(self, peer: Any) -> None:
+        """A frame to ``peer`` arrived."""
+        self._state(peer).losses = 0
+
+    def choose(self, peer: Any = None) -> int:
+        """MCS index for the next frame to ``peer`` (the most robust one without fresh reports)."""
+        st = self._peers.get(peer)
+        if st is None and peer is not None:
+            st = self._peers.get(None)  # a link-wide report covers every peer
+        if st is None or st.last_report is None:
+            return self.ladder[0].index
+        if self._clock() - st.last_report > self.config.stale_s:
+            return self.ladder[0].index
+        return self.ladder[st.current].index
+
+    def snapshot(self, peer: Any = None) -> dict[str, Any]:
+        """What the policy holds about ``peer`` (for logs and reports)."""
+        st = self._peers.get(peer)
+        if st is None:
+            return {"mcs": self.choose(peer), "snr_db": None, "reports": 0, "fallbacks": 0}
+        return {
+            "mcs": self.choose(peer),
+            "snr_db": st.last_snr_db,
+            "reports": st.reports,
+            "fallbacks": st.fallbacks,
+            "losses": st.losses,
+        }
