@@ -58,7 +58,8 @@ _RUNS: dict[str, Any] = {}
 
 
 def _ctx(model: str, tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Any:
-    from scaleflu.experiments.table2 import RunKey, ensure_run, make_context
+    from scaleflu.experiments.cells import RunKey
+    from scaleflu.experiments.harness import ensure_run, make_context
     from scaleflu.fl.run import load_run
 
     name = "-".join([model, *extra])

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+
 from tiny_run_helpers import needs_fmnist, tiny_config
 
 pytestmark = needs_fmnist
@@ -43,7 +44,8 @@ SPREAD = "seeds 0-4 x torch kernels native (AVX-512), avx2, default (threads 1 a
 @pytest.fixture(scope="module")
 def power_run(build_once: Callable[..., Path]) -> tuple[Any, dict[str, Any]]:
     """A small run trained on the protocol with power (about a minute on one core)."""
-    from scaleflu.experiments.table2 import RunKey, ensure_run
+    from scaleflu.experiments.cells import RunKey
+    from scaleflu.experiments.harness import ensure_run
     from scaleflu.fl.run import load_run
 
     cfg = tiny_config(*POWER)
@@ -58,7 +60,7 @@ def power_run(build_once: Callable[..., Path]) -> tuple[Any, dict[str, Any]]:
 
 def test_backdoor_outlasts_the_attacker(power_run: tuple[Any, dict[str, Any]]) -> None:
     """As many plain rounds without the attacker as the run had leave ASR high; Retrain's is low."""
-    from scaleflu.experiments.table2 import make_context
+    from scaleflu.experiments.harness import make_context
     from scaleflu.unlearn.baselines import get_method
 
     run, cfg = power_run
@@ -81,7 +83,7 @@ def test_backdoor_outlasts_the_attacker(power_run: tuple[Any, dict[str, Any]]) -
 
 def test_flipped_samples_are_learned(power_run: tuple[Any, dict[str, Any]]) -> None:
     """(b) FA on D_u (flipped labels) is high before unlearning, low for Retrain; (d) clean FA."""
-    from scaleflu.experiments.table2 import make_context
+    from scaleflu.experiments.harness import make_context
     from scaleflu.unlearn.baselines import get_method
 
     run, cfg = power_run
