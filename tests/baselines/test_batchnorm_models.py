@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_run_helpers import needs_fmnist
 
 from scaleflu.config import load_config
 from scaleflu.unlearn.registry import make_method, method_names
+from tiny_run_helpers import needs_fmnist
 
 pytestmark = [needs_fmnist, pytest.mark.slow]
 

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from test_protocol_power import POWER
+
 from tiny_run_helpers import needs_fmnist, tiny_config
 
 pytestmark = needs_fmnist

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from test_table2 import Spy
-from tiny_run_helpers import tiny_config
 
 from scaleflu.experiments import sweep
 from scaleflu.experiments.cells import Cell
+from tiny_run_helpers import tiny_config
 
 
 def _row(seed: int, d_scale: float, d_b: float, d_ctl: float, fgt_vs_ctl: float) -> dict:

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_run_helpers import tiny_config
 
 from scaleflu.experiments.cells import Cell, RunKey, plan_cells, read_result
 from scaleflu.experiments.harness import default_factory
 from scaleflu.experiments.table2 import run_table2
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from tiny_run_helpers import tiny_config
 
 
 class Spy:
