@@ -285,6 +285,7 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "testbed.mac.guard_s": (int, float),
     "baselines.retrain.rounds": int,
     "baselines.retrain.seed": int,
+    "scale.eval.audit.rounds": int,
     "baselines.scale.mode": str,
     "baselines.pga.batch_size": int,
     "baselines.pga.radius": (int, float),
@@ -331,6 +332,10 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "scale.groups_per_layer": (1, None),
     "scale.top_m": (1, None),
     "scale.eval.canary_min": (1, None),
+    "scale.eval.audit.shadows": (0, None),
+    "scale.eval.audit.rounds": (1, None),
+    "scale.eval.audit.bootstrap": (0, None),
+    "scale.eval.audit.ci": (0, 1),
     "scale.ppo.episodes": (1, None),
     "scale.ppo.epochs": (1, None),
     "scale.ppo.n_steps": (1, None),
@@ -349,6 +354,8 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
 }
 RANGE_OPEN: set[str] = {
     "data.alpha<",
+    "scale.eval.audit.ci<",
+    "scale.eval.audit.ci>",
     "fl.lr<",
     "fl.lr_decay<",
     "fl.momentum>",

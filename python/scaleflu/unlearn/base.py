@@ -43,8 +43,9 @@ from scaleflu.fl.history import state_bytes
 from scaleflu.fl.run import LoadedRun, load_run
 from scaleflu.fl.strategy import FedAvg
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
+from scaleflu.unlearn.audit import AuditSet, AuditSettings, ShadowSet, build_audit_set, run_audit
 from scaleflu.unlearn.metrics import (
-    class_matched_sets,
+    class_matched_indices,
     communication_overhead,
     evaluate_model,
     predict,
@@ -119,6 +120,23 @@ def _clean(obj: Any) -> Any:
     if isinstance(obj, float) and not np.isfinite(obj):
         return None
     return obj
+
+
+class UnlearningFailedError(RuntimeError):
+    """A method produced no usable model (e.g. a non-finite parameter): the cell is failed.
+
+    Never scored: :meth:`UnlearnContext.make_result` raises it before any metric is computed,
+    and the experiment harness records it as the cell's error with its reason.
+    """
+
+
+def nonfinite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of ``state`` holding a NaN or an infinity."""
+    return [
+        k
+        for k, v in state.items()
+        if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+    ]
 
 
 @runtime_checkable
@@ -250,7 +268,7 @@ class UnlearnContext:
         self.remaining_clean: ImageData = setup.clean_train.subset(
             self._cap(self.remaining_idx, cap, 42)
         )
-        self.mia_target, self.mia_nonmembers = class_matched_sets(
+        self.mia_target_idx, self.mia_nonmembers = class_matched_indices(
             setup.train,
             setup.clean_train.labels,
             np.setdiff1d(self.forget_idx, setup.poison.canary_indices),  # canaries: below
@@ -259,11 +277,18 @@ class UnlearnContext:
             mia_n,
             self.seed,
         )
+        self.mia_target: ImageData = setup.train.subset(self.mia_target_idx)
         # the canary MIA: D_u's membership canaries against their held-out twins (same true
         # class, random wrong label alike, trained on by nobody; scaleflu.fl.data.insert_canaries)
         in_du = np.isin(setup.poison.canary_members, self.forget_idx)
-        self.canary_target: ImageData = setup.train.subset(setup.poison.canary_members[in_du])
-        self.canary_nonmembers: ImageData = setup.train.subset(setup.poison.canary_heldout[in_du])
+        self.canary_target_idx = setup.poison.canary_members[in_du]
+        self.canary_heldout_idx = setup.poison.canary_heldout[in_du]
+        self.canary_target: ImageData = setup.train.subset(self.canary_target_idx)
+        self.canary_nonmembers: ImageData = setup.train.subset(self.canary_heldout_idx)
+        # the per-example membership audit (unlearn.audit): shadows shared by the run's requests
+        self.audit_settings = AuditSettings.from_config(sc.eval.get("audit"))
+        self._audit: tuple[ShadowSet, AuditSet | None] | None = None
+        self.audit_info: dict[str, Any] = {}
         self._mia_ref: tuple[np.ndarray, np.ndarray] | None = None
         self._canary_ref: tuple[np.ndarray, np.ndarray] | None = None
         self.mia_reference_info: dict[str, Any] = {}
@@ -517,6 +542,54 @@ class UnlearnContext:
                 self.mia_reference_info["wall_s"],
             )
 
+    def shadows(self) -> tuple[ShadowSet, AuditSet | None] | None:
+        """The run's audit shadows (trained or loaded once) and this request's audited set.
+
+        None when ``scale.eval.audit.shadows`` is 0. :attr:`audit_info` records the shadows'
+        cost (CPU seconds of training them, per run) and the set.
+        """
+        if not self.audit_settings.enabled:
+            return None
+        if self._audit is None:
+            c0 = time.process_time()
+            shadows = ShadowSet(self.run, self.cfg, self.audit_settings, self.progress)
+            info = shadows.ensure()
+            aset = build_audit_set(
+                shadows,
+                canary_members=self.canary_target_idx,
+                canary_heldout=self.canary_heldout_idx,
+                canary_min=int(self.scale_cfg.eval.canary_min or 1),
+                train=self.run.setup.train,
+                sample_idx=self.mia_target_idx,
+                sample_nonmembers=self.mia_nonmembers,
+            )
+            self._audit = (shadows, aset)
+            self.audit_info = {
+                **info,
+                "set": None if aset is None else aset.name,
+                "positives": 0 if aset is None else len(aset.pos),
+                "negatives": 0 if aset is None else len(aset.neg),
+                "load_cpu_s": time.process_time()
+                - c0
+                - (info["train_cpu_s"] if info["trained_now"] else 0.0),
+            }
+        return self._audit
+
+    def audit(self, model: nn.Module) -> dict[str, Any]:
+        """The per-example membership audit of ``model`` (``audit_*`` metrics; None when off)."""
+        from scaleflu.unlearn.audit import empty_metrics
+
+        got = self.shadows()
+        if got is None:
+            return empty_metrics()
+        shadows, aset = got
+        c0 = time.process_time()
+        metrics, cal = run_audit(model, shadows, aset, self.seed)
+        if cal:
+            self.audit_info.update(sigma=cal["sigma"], margin=cal["margin"])
+        self.audit_info["score_cpu_s"] = time.process_time() - c0
+        return metrics
+
     def evaluate(self, state: Mapping[str, torch.Tensor], relearn: bool = True) -> dict[str, Any]:
         """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`)."""
         model = self.new_model(state).to(self.device)
@@ -543,6 +616,7 @@ class UnlearnContext:
             canary_reference=self.canary_reference(),
             canary_min=int(self.scale_cfg.eval.canary_min or 1),
         )
+        out.update(self.audit(model))
         out["relearn_rounds"] = None
         ev = self.scale_cfg.eval
         if relearn and int(ev.relearn_max_rounds) > 0:
@@ -585,7 +659,17 @@ class UnlearnContext:
         """Measure ``state`` and pack the result (costs are the method's own).
 
         The state is kept as ``self.last_state`` so callers (the CLI) can save the model.
+        A state with a non-finite parameter is not measured: :class:`UnlearningFailedError`
+        (``details["failure"]``, when the method gives one, says why it happened).
         """
+        bad = nonfinite_tensors(state)
+        if bad:
+            why = (details or {}).get("failure")
+            raise UnlearningFailedError(
+                f"{method} produced a model with non-finite values in {len(bad)} of "
+                f"{len(state)} tensors ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+                + (f": {why}" if why else "")
+            )
         self.last_state = {k: v.detach().clone() for k, v in state.items()}
         metrics = self.evaluate(state)
         sc = self.scale_cfg
@@ -620,6 +704,9 @@ class UnlearnContext:
             original=self.original_metrics(),
             cost=cost,
             aoi=aoi_out,
-            details=dict(details or {}),
+            details={
+                **dict(details or {}),
+                **({"audit": dict(self.audit_info)} if self.audit_info else {}),
+            },
             config={"scale": copy.deepcopy(sc), "fl": copy.deepcopy(self.cfg.fl)},
         )
