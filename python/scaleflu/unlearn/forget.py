@@ -15,7 +15,7 @@ it without any model trained without D_u:
    and gives the sample of rank r the reference quantile at (r + 0.5) / n as its target: the
    ranks stay, the distribution becomes the never-seen one.
 3. It runs at most ``scale.forget_epochs`` epochs of SGD (the run's batch size and momentum,
-   ``scale.forget_lr``, null: ``fl.lr``) on ``mean relu(phi_i - t_i)^2``: a margin above its
+   ``scale.forget_lr``, null: ``fl.lr``) on ``mean relu(phi_i - t_i)``: a margin above its
    target comes down, none is pushed up. After each epoch the server checks its selection
    accuracy; an epoch that lowers it by more than ``scale.forget_val_tol`` is undone and the
    step stops there (the bound).
@@ -68,9 +68,16 @@ def _margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def calibrated_forget(
-    ctx: UnlearnContext, state: Mapping[str, torch.Tensor], select: ImageData
+    ctx: UnlearnContext,
+    state: Mapping[str, torch.Tensor],
+    select: ImageData,
+    anchor: ImageData | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The step of the module docstring on ``state``; returns the new state and a summary."""
+    """The step of the module docstring on ``state``; returns the new state and a summary.
+
+    ``anchor``: the server's healing images (labelled), whose cross-entropy, weighted by
+    ``scale.forget_anchor_weight``, is added to every step's loss (0 or None: no anchor).
+    """
     from scaleflu.unlearn.audit import example_units
 
     sc = ctx.scale_cfg
@@ -122,6 +129,14 @@ def calibrated_forget(
         return {k: v.detach().clone() for k, v in state.items()}, info
     xs, ys, targets = xs[above], ys[above], targets[above]
     sx, sy = select.inputs().to(ctx.device), select.labels.to(ctx.device)
+    w_anchor = float(sc.forget_anchor_weight or 0.0)
+    if w_anchor < 0:
+        raise ConfigError(f"scale.forget_anchor_weight must be >= 0, got {w_anchor}")
+    if anchor is None or len(anchor) == 0:
+        w_anchor = 0.0
+    if w_anchor > 0:
+        ax, ay = anchor.inputs().to(ctx.device), anchor.labels.to(ctx.device)
+    info["anchor_weight"] = w_anchor
 
     def score() -> float:
         model.eval()
@@ -140,8 +155,11 @@ def calibrated_forget(
         for i in range(0, len(ys), bs):
             j = perm[i : i + bs]
             opt.zero_grad(set_to_none=True)
-            gap = torch.relu(_margins(model(xs[j]), ys[j]) - targets[j])
-            (gap**2).mean().backward()
+            loss = torch.relu(_margins(model(xs[j]), ys[j]) - targets[j]).mean()
+            if w_anchor > 0:
+                a = torch.randint(len(ay), (min(bs, len(ay)),), generator=gen).to(ctx.device)
+                loss = loss + w_anchor * torch.nn.functional.cross_entropy(model(ax[a]), ay[a])
+            loss.backward()
             opt.step()
         acc = score()
         trace.append(acc)
