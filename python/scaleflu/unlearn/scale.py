@@ -117,7 +117,7 @@ class ScaleUnlearner:
         if default and int(sc.forget_epochs or 0) > 0:
             # the calibrated forgetting step: the requester's client moves D_u's remaining
             # margins onto never-seen data's (one model down, one back)
-            new_state, forgetting = calibrated_forget(ctx, new_state, select)
+            new_state, forgetting = calibrated_forget(ctx, new_state, select, heal_set)
             model_bytes = state_bytes(new_state)
             forgetting["bytes"] = 2 * model_bytes
             forgetting["link_s"] = 2 * ctx.link.seconds(model_bytes)
