@@ -16,7 +16,9 @@ it without any model trained without D_u:
    ranks stay, the distribution becomes the never-seen one.
 3. It runs at most ``scale.forget_epochs`` epochs of SGD (the run's batch size and momentum,
    ``scale.forget_lr``, null: ``fl.lr``) on ``mean relu(phi_i - t_i)``: a margin above its
-   target comes down, none is pushed up. After each epoch the server checks its selection
+   target comes down, none is pushed up (with ``scale.forget_anchor_weight`` > 0, plus that
+   weight times the cross-entropy of a batch of the server's healing images, sent with the
+   model). After each epoch the server checks its selection
    accuracy; an epoch that lowers it by more than ``scale.forget_val_tol`` is undone and the
    step stops there (the bound).
 
@@ -88,6 +90,9 @@ def calibrated_forget(
     n_q = int(sc.forget_quantiles)
     if n_q < 2:
         raise ConfigError(f"scale.forget_quantiles must be >= 2, got {n_q}")
+    w_anchor = float(sc.forget_anchor_weight or 0.0)
+    if w_anchor < 0:
+        raise ConfigError(f"scale.forget_anchor_weight must be >= 0, got {w_anchor}")
     fl = ctx.cfg.fl
     lr = float(sc.forget_lr or fl.lr)
     model = ctx.new_model(state).to(ctx.device)
@@ -129,9 +134,6 @@ def calibrated_forget(
         return {k: v.detach().clone() for k, v in state.items()}, info
     xs, ys, targets = xs[above], ys[above], targets[above]
     sx, sy = select.inputs().to(ctx.device), select.labels.to(ctx.device)
-    w_anchor = float(sc.forget_anchor_weight or 0.0)
-    if w_anchor < 0:
-        raise ConfigError(f"scale.forget_anchor_weight must be >= 0, got {w_anchor}")
     if anchor is None or len(anchor) == 0:
         w_anchor = 0.0
     if w_anchor > 0:
