@@ -44,7 +44,7 @@ from scaleflu.fl.fedavg import client_batches, derive_seed
 from scaleflu.fl.history import state_bytes
 from scaleflu.fl.models import build_model
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
-from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from scaleflu.unlearn.base import UnlearnContext, UnlearnResult, nonfinite_tensors
 from scaleflu.unlearn.baselines.aoi_trace import RecordingAoITracker, annotate
 from scaleflu.unlearn.baselines.common import baseline_config, round_link
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
@@ -250,6 +250,14 @@ class PGAUnlearner:
             trace.append(float(aoi.total()["aoi_s"]))
         wall = time.perf_counter() - t0
         self.state = state
+        failure = None
+        if nonfinite_tensors(state):
+            # say where it went wrong: the ascent's model is finite by construction above
+            where = "the ascent" if nonfinite_tensors(unlearned) else f"the {post} post rounds"
+            failure = (
+                f"non-finite after {where} (ascent: {steps} steps, {reason}; the post rounds "
+                "train from the ascended model with the run's learning rate)"
+            )
         res = ctx.make_result(
             "pga",
             state,
@@ -279,6 +287,7 @@ class PGAUnlearner:
                 "post_rounds": post,
                 "metrics_before_post_rounds": pre_post,
                 "hyper_parameters": hp,
+                "failure": failure,
             },
         )
         return annotate(res, aoi)
