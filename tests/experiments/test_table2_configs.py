@@ -80,7 +80,7 @@ def test_full_config_is_table2_cpu_at_full_size() -> None:
     assert full["fl"] == {**cpu["fl"], "rounds": 30, "lr_schedule": "cosine"}
     assert full["baselines"]["pga"]["post_rounds"] == 3  # 10 % of the rounds, as table2_cpu
     main, sweep = plan_cells(full)
-    assert len(main) == 3 * 3 * 7 and not sweep
+    assert len(main) == 3 * 3 * 8 and not sweep
     validate_config(full)
 
 
