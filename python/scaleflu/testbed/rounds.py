@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, norm, update_of
+from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
 from scaleflu.fl.run import append_jsonl
 from scaleflu.fl.strategy import FedAvg, RoundRejectedError, RoundResult, close_round
 from scaleflu.link import Link
@@ -134,8 +135,6 @@ class TrustedNorms:
         cache = self._ref_norms
         if (t, size) in cache:
             return cache[(t, size)]
-        from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
-
         seed = int(self.run_cfg.seed)
         test = self.setup.test
         rng = np.random.default_rng(derive_seed(seed, 91))
