@@ -189,15 +189,25 @@ def resolve_config_path(path: str | Path | None) -> Path | None:
     raise ConfigError(f"config file not found: {path} (packaged configs: {names})")
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML or TOML config file (a packaged config by name too), unchecked.
+
+    An unparsable file is a one-line :class:`ConfigError` naming it and the place.
+    """
+    path = Path(path)
     path = resolve_config_path(path) or path
     text = path.read_text()
     import yaml
 
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot parse config {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"cannot parse config {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"cannot parse config {path}{where}: {what}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -205,6 +215,9 @@ def _read_file(path: Path) -> dict[str, Any]:
             f"config {path} must hold a mapping at top level, got {type(data).__name__}"
         )
     return data
+
+
+_read_file = read_config_file  # the name older callers use
 
 
 def merge(base: dict[str, Any], update: Mapping[str, Any], _path: str = "") -> dict[str, Any]:

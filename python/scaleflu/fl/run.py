@@ -30,7 +30,7 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from scaleflu.config import Config, ConfigError, as_config, save_config
+from scaleflu.config import Config, ConfigError, as_config, read_config_file, save_config
 from scaleflu.fl.aggregation import screening_config
 from scaleflu.fl.data import (
     ImageData,
@@ -469,7 +469,7 @@ def load_run(run_dir: str | Path) -> LoadedRun:
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    setup = build_setup(yaml.safe_load(cfg_path.read_text()))
+    setup = build_setup(read_config_file(cfg_path))
     cfg = setup.cfg
     history = open_history(cfg, run_dir, setup.model)
     model = setup.new_model()
