@@ -24,7 +24,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scaleflu.cli.args import LOG_LEVELS, DefaultsHelpFormatter, add_config_args, run_one_line
+from scaleflu.cli.args import (
+    LOG_LEVELS,
+    DefaultsHelpFormatter,
+    add_config_args,
+    method_arg,
+    method_help,
+    run_one_line,
+)
 from scaleflu.log import setup_logging
 
 if TYPE_CHECKING:
@@ -559,9 +566,11 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--method",
-        choices=method_names(),  # the unlearning-method registry
+        type=method_arg,  # the unlearning-method registry: its names and aliases
+        choices=method_names(),
         default=None,
-        help="unlearning method (default: testbed.unlearn.method)",
+        metavar="METHOD",
+        help=method_help("unlearning method (default: testbed.unlearn.method)"),
     )
     p.add_argument(
         "--backdoor-robot",

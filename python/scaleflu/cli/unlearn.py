@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from scaleflu.cli.args import add_config_args, trust_keys
+from scaleflu.cli.args import add_config_args, method_arg, method_help, trust_keys
 from scaleflu.unlearn.outputs import erase_history, write_unlearning
 from scaleflu.unlearn.registry import canonical_name, method_names, run_unlearning
 
@@ -76,7 +76,14 @@ def add_unlearn_parser(subparsers: Any) -> None:
     p.add_argument("--run", required=True, help="run directory written by `scaleflu train`")
     p.add_argument("--request", required=True, help="client:N[,N] | class:C[@N] | sample:N:F")
     p.add_argument("--mode", choices=("paper", "default"), default=None, help="default: scale.mode")
-    p.add_argument("--method", choices=METHODS, default="scale")
+    p.add_argument(
+        "--method",
+        type=method_arg,  # an alias becomes its registered name, then is checked against these
+        choices=METHODS,
+        default="scale",
+        metavar="METHOD",
+        help=method_help("unlearning method (default scale)"),
+    )
     p.add_argument("--out", default=None, help="output folder (default RUN/unlearn/<req>-<mode>)")
     p.add_argument("--no-progress", action="store_true", help="hide progress bars")
     p.add_argument(
