@@ -20,6 +20,7 @@ import os
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -314,6 +315,8 @@ def build_link(
             from scaleflu.radio.medium import DEFAULT_MEDIUM_ADDRESS
 
             opts["broker"] = args.broker or DEFAULT_MEDIUM_ADDRESS
+            if getattr(args, "max_runtime", None):  # a robot waits this long for its broker
+                opts["timeout"] = float(args.max_runtime)
     if kind == "ofdm-pairs":
         opts.update(
             peers={p: args.host for p in peers},
@@ -469,11 +472,13 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             unlearn["classes"] = [int(c) for c in args.unlearn_classes.split(",") if c]
         if args.unlearn == "sample":
             unlearn["fraction"] = args.unlearn_fraction
+    started = time.monotonic()
     try:
         link = build_link(args, cfg, args.robot_id, [SERVER_ID], args.dev_args, args.dev_args)
-    except Exception as exc:  # no radio, port in use, ...: one line, not a traceback
+    except Exception as exc:  # no radio, port in use, no broker, ...: one line, not a traceback
         log.error("cannot open the link: %s", exc)
         return 2
+
     summary: dict[str, Any] = {}
     try:
         robot = RobotClient(
@@ -487,7 +492,10 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             args.fault_round,
             server_public_key=enrol.server_public_key,
         )
-        summary = robot.run(args.max_runtime)
+        left = None  # --max-runtime bounds the whole process, the link's opening included
+        if args.max_runtime is not None:
+            left = max(0.0, args.max_runtime - (time.monotonic() - started))
+        summary = robot.run(left)
     except KeyboardInterrupt:
         log.warning("robot %d interrupted", args.robot_id)
         return 130
