@@ -271,7 +271,10 @@ def train(
     saved_cfg_path = run_dir / "config.yaml"
     if saved_cfg_path.is_file() and (run_dir / "history").is_dir():
         if not resume:
-            raise ConfigError(f"run directory {run_dir} already holds a run; pass resume=True")
+            raise ConfigError(
+                f"{run_dir} already holds a run: continue it (scaleflu train --resume --out "
+                f"{run_dir}) or choose another folder"
+            )
         saved = yaml.safe_load(saved_cfg_path.read_text())
         diff = [k for k in _diff_keys(saved, cfg) if k[:2] not in _RESUME_FREE]
         if diff:
