@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_run_helpers import needs_fmnist
 
 from scaleflu import __version__
 from scaleflu.cli import main as scaleflu_main
+from tiny_run_helpers import needs_fmnist
 
 SMALL = [
     "data.num_clients=3",
