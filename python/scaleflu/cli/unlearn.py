@@ -91,8 +91,10 @@ def run_unlearn(
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
+    from scaleflu.plugins import load_plugins
     from scaleflu.unlearn.request import NothingToUnlearnError
 
+    load_plugins(args.plugins)  # the run's saved config names its own; these come first
     trust_keys(args.run, args.keys)
     try:
         run_unlearn(
