@@ -214,6 +214,8 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         raise ConfigError(
             f"config {path} must hold a mapping at top level, got {type(data).__name__}"
         )
+    if isinstance(data.get("plugins"), list):  # plugin files beside the config that names them
+        data["plugins"] = [absolute_plugin(p, path.parent) for p in data["plugins"]]
     return data
 
 
@@ -258,18 +260,42 @@ def parse_override(text: str) -> dict[str, Any]:
     return nested
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: Iterable[str] = (), plugins: Iterable[str] = ()
+) -> Config:
     """Defaults, merged with the file at ``path`` (YAML or TOML), then with each override.
 
-    Returns the validated :class:`Config`; raises :class:`ConfigError` (one line naming the key)
-    on an unknown key, a wrong type, a value out of range or a broken cross-key rule.
+    ``plugins`` (``--plugin``) are added to the config's ``plugins`` list (a file path made
+    absolute). Returns the validated :class:`Config`; raises :class:`ConfigError` (one line
+    naming the key) on an unknown key, a wrong type, a value out of range or a broken cross-key
+    rule.
     """
     cfg = default_config()
     if path is not None:
         cfg = merge(cfg, _read_file(Path(path)))
     for item in overrides:
         cfg = merge(cfg, parse_override(item))
+    extra = [absolute_plugin(p) for p in plugins]
+    if extra:
+        have = list(cfg.get("plugins") or [])
+        cfg["plugins"] = have + [p for p in extra if p not in have]
     return as_config(cfg)
+
+
+def is_plugin_file(spec: Any) -> bool:
+    """Whether a plugin spec names a file (``*.py`` or a path) rather than a module."""
+    return isinstance(spec, str) and (spec.endswith(".py") or "/" in spec or "\\" in spec)
+
+
+def absolute_plugin(spec: str, base: str | Path | None = None) -> str:
+    """A plugin spec with a file path made absolute (relative to ``base``, default the current
+    folder), so a run's saved config finds it from anywhere; a module name as it is."""
+    if not is_plugin_file(spec):
+        return spec
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        path = Path(base or ".") / path
+    return str(path.resolve())
 
 
 # ----------------------------------------------------------------------------- checking
@@ -388,6 +414,19 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 
+_PLUGGABLE = ("model.name", "data.dataset")  # choices a plugin may add to (scaleflu.plugins)
+
+
+def _plugin_choice(key: str, value: Any) -> bool:
+    """Whether a registered plugin provides ``value`` for ``key`` (model.name, data.dataset)."""
+    if key not in _PLUGGABLE or not isinstance(value, str):
+        return False
+    from scaleflu import plugins
+
+    found = plugins.model_builder if key == "model.name" else plugins.dataset_loader
+    return found(value) is not None
+
+
 @functools.lru_cache(maxsize=1)
 def nullable_keys() -> frozenset[str]:
     """Keys of default.yaml that may be null: null by default, or "null" in their comment."""
@@ -454,8 +493,9 @@ def _check_leaf(key: str, value: Any, default: Any) -> None:
             )
         if isinstance(value, float) and value != value:
             raise ConfigError(f"{key} must be a number, got nan")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ConfigError(f"{key} must be one of {', '.join(CHOICES[key])}, got {value!r}")
+    if key in CHOICES and value not in CHOICES[key] and not _plugin_choice(key, value):
+        extra = " or a plugin's (plugins: [...], see scaleflu.plugins)" if key in _PLUGGABLE else ""
+        raise ConfigError(f"{key} must be one of {', '.join(CHOICES[key])}{extra}, got {value!r}")
     if key in RANGES and isinstance(value, int | float) and not isinstance(value, bool):
         lo, hi = RANGES[key]
         lo_open, hi_open = f"{key}<" in RANGE_OPEN, f"{key}>" in RANGE_OPEN
@@ -479,6 +519,13 @@ def check_config(cfg: Mapping[str, Any], defaults: Mapping[str, Any] | None = No
     rejected by :func:`merge` before this runs.
     """
     defaults = default_config() if defaults is None else defaults
+    plugins = cfg.get("plugins")
+    if plugins:  # before the choices below: they register models and data sets
+        from scaleflu.plugins import load_plugins
+
+        if not isinstance(plugins, list):
+            raise ConfigError(f"plugins must be a list of modules or .py files, got {plugins!r}")
+        load_plugins(plugins)
 
     def walk(node: Mapping[str, Any], ref: Mapping[str, Any], prefix: str) -> None:
         for key, value in node.items():

@@ -40,6 +40,15 @@ def add_config_args(p: argparse.ArgumentParser, example: str = "fl.lr=0.01") -> 
         metavar="KEY=VALUE",
         help=f"override one value, e.g. --set {example} (repeatable)",
     )
+    p.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="MODULE|FILE.py",
+        help="your module (or .py file) that registers models and data sets by name "
+        "(scaleflu.plugins); added to the config's plugins (repeatable)",
+    )
 
 
 def method_arg(text: str) -> str:

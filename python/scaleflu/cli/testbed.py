@@ -380,7 +380,7 @@ def _run_server(args: argparse.Namespace) -> int:
     from scaleflu.testbed.report import print_summary, write_report
     from scaleflu.testbed.server import EdgeServer
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     from scaleflu.testbed.keys import KeyStore
 
     try:  # the server store: robots' keys (allow-list) and the server's signing identity
@@ -454,7 +454,7 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     from scaleflu.testbed.protocol import SERVER_ID
     from scaleflu.testbed.robot import RobotClient
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     from scaleflu.testbed.keys import Enrolment
 
     try:  # this robot's enrolment file: its own key and the server's public key

@@ -69,7 +69,7 @@ def run_train(args: argparse.Namespace) -> int:
             log.error("--resume: %s holds no run to continue (no config.yaml)", out)
             return 2
     try:
-        cfg = load_config(config, overrides)
+        cfg = load_config(config, overrides, args.plugins)
         trust_keys(out, args.keys)
         result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     except ConfigError as exc:

@@ -227,18 +227,29 @@ _BUILDERS: dict[str, type[nn.Module]] = {
 
 
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
-    """Build one of ``MODEL_NAMES`` for the given class count, channels and square image size."""
+    """Build one of ``MODEL_NAMES``, or a model a plugin registered (:mod:`scaleflu.plugins`),
+    for the given class count, channels and square image size."""
+    from scaleflu import plugins
+
     key = name.lower().replace("-", "").replace("_", "")
     aliases = {"lenet5": "lenet", "mobilenetv3small": "mobilenetv3", "mobilenet": "mobilenetv3"}
     key = aliases.get(key, key)
-    if key not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if key not in _BUILDERS and plugins.model_builder(name) is None:
+        names = ", ".join((*MODEL_NAMES, *plugins.model_names()))
+        raise ValueError(
+            f"unknown model {name!r}; choose one of {names} (or register yours: scaleflu.plugins)"
+        )
     if num_classes < 1 or in_channels < 1 or image_size < 1:
         raise ValueError(
             f"bad model shape: num_classes={num_classes}, in_channels={in_channels}, "
             f"image_size={image_size}"
         )
-    model = _BUILDERS[key](num_classes=num_classes, in_channels=in_channels, image_size=image_size)
+    if key not in _BUILDERS:
+        model = plugins.build_plugin_model(name, num_classes, in_channels, image_size)
+    else:
+        model = _BUILDERS[key](
+            num_classes=num_classes, in_channels=in_channels, image_size=image_size
+        )
     model.input_shape = (in_channels, image_size, image_size)  # type: ignore[assignment]
     return model
 

@@ -276,6 +276,7 @@ def train(
                 f"{run_dir}) or choose another folder"
             )
         saved = yaml.safe_load(saved_cfg_path.read_text())
+        saved.setdefault("plugins", [])  # a run saved before plugins existed had none
         diff = [k for k in _diff_keys(saved, cfg) if k[:2] not in _RESUME_FREE]
         if diff:
             raise ConfigError(

@@ -299,11 +299,15 @@ def _subsample(data: ImageData, size: int | None, seed: int, tag: int) -> ImageD
 
 def load_datasets(data_cfg: Mapping[str, Any], seed: int = 0) -> tuple[ImageData, ImageData]:
     """Clean (train, test) for the ``data`` config section, subsampled when asked."""
-    data = config_section("data", data_cfg)  # the checked choice: one of DATASET_NAMES
+    data = config_section("data", data_cfg)  # the checked choice: DATASET_NAMES or a plugin's
     if data.dataset == "fashion_mnist":
         train, test = load_fashion_mnist(data.root, bool(data.download))
-    else:
+    elif data.dataset == "cifar100":
         train, test = load_cifar100(data.root, bool(data.download))
+    else:
+        from scaleflu.plugins import load_plugin_dataset
+
+        train, test = load_plugin_dataset(str(data.dataset), data, seed)
     train = _subsample(train, data.train_subset, seed, 101)
     test = _subsample(test, data.test_subset, seed, 102)
     return train, test
