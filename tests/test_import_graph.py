@@ -1,14 +1,14 @@
 """scaleflu's layers hold for every import, those inside functions included.
 
-The package stands in layers, lowest first (``LAYERS``): the ground (configuration, logging,
-key files, plots), the link (pure Python), the radio (GNU Radio) on it, the registry of link
-kinds on both; the federated learning, the unlearning on it, the experiments on both; the
-testbed, which uses both sides; the command lines on top. A module imports modules of its own
-layer or of lower ones, never a higher one, and the learning side never imports the link side
-(``SIDES``). No modules import each other in a circle, even through imports made inside
-functions. An import inside a function is allowed only to defer a heavy or optional package
-(``ALLOW_DEFERRED``), and in the command lines, which load the modules of the subcommand they
-run when it runs.
+The package stands in layers, lowest first (``LAYERS``): the ground (configuration, its error
+and plugin registry, logging, key files, plots), the link (pure Python), the radio (GNU Radio)
+on it, the registry of link kinds on both; the federated learning, the unlearning on it, the
+experiments on both; the testbed, which uses both sides; the command lines on top. A module
+imports modules of its own layer or of lower ones, never a higher one, and the learning side
+never imports the link side (``SIDES``). No modules import each other in a circle, even through
+imports made inside functions. An import inside a function is allowed only to defer a heavy or
+optional package (``ALLOW_DEFERRED``), and in the command lines, which load the modules of the
+subcommand they run when it runs.
 """
 
 from __future__ import annotations
@@ -20,7 +20,15 @@ PKG = Path(__file__).resolve().parents[1] / "python" / "scaleflu"
 
 # lowest first: a module may import modules of its own layer and of the layers before it
 LAYERS: list[tuple[str, ...]] = [
-    ("scaleflu", "scaleflu.config", "scaleflu.log", "scaleflu.keys", "scaleflu.plots"),
+    (
+        "scaleflu",
+        "scaleflu.errors",
+        "scaleflu.plugins",
+        "scaleflu.config",
+        "scaleflu.log",
+        "scaleflu.keys",
+        "scaleflu.plots",
+    ),
     ("scaleflu.link",),
     ("scaleflu.radio",),
     ("scaleflu.linkkinds",),

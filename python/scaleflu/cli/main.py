@@ -46,7 +46,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     from scaleflu.config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
     return 0
 
