@@ -1,4 +1,4 @@
-"""Integrity at rest (issue 13, item 7): the history store's SQLite metadata and tensor files,
+"""Integrity at rest: the history store's SQLite metadata and tensor files,
 the final model, the unlearning output model and the served unlearned model carry an
 authenticated digest (HMAC-SHA256 under a key only the server holds), checked on load; a
 tampered store or model is refused with a one-line error; loose key files are refused."""
