@@ -1,0 +1,160 @@
+"""The ClientApp side: say who you are, ask to be forgotten, hear the server's answer.
+
+A ClientApp that works with :class:`~scaleflu.flower.strategy.UnlearningStrategy` changes in
+two places::
+
+    from scaleflu.flower import client as sfl
+
+    app = ClientApp()
+    sfl.add_registration(app, client_id=lambda ctx: int(ctx.node_config["partition-id"]),
+                         num_examples=lambda ctx: len(my_partition(ctx)))
+
+    @app.train()
+    def train(msg, context):
+        ...                                            # local training as before
+        if user_wants_out:
+            sfl.request_forget(context, "client")      # or "class", classes=(3,); "sample", 0.1
+        content = RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                              "metrics": MetricRecord({"num-examples": n})})
+        return sfl.reply(msg, context, content, client_id=my_id)
+
+``request_forget`` only queues the request in the node's ``context.state`` (Flower keeps it for
+the run); :func:`reply` attaches every queued request to the reply, in each reply until the
+server answered it (a lost reply loses nothing), and reads the server's answers from the
+message it replies to (:func:`answers`). The server serves requests after its last round.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from scaleflu.flower.wire import (
+    IDENTITY_KEY,
+    REGISTER_ACTION,
+    ClientRequest,
+    identity_record,
+    read_acks,
+    request_text,
+)
+
+log = logging.getLogger(__name__)
+
+_PENDING = "scaleflu-pending"  # context.state: the requests not answered yet
+_ANSWERS = "scaleflu-answers"  # context.state: the server's answers
+
+__all__ = [
+    "add_registration",
+    "answers",
+    "pending_requests",
+    "reply",
+    "request_forget",
+]
+
+
+def _read(context: Context, key: str) -> tuple[list[int], list[str], int]:
+    rec = context.state.get(key) if key in context.state else None
+    if not isinstance(rec, ConfigRecord):
+        return [], [], 1
+    ids = [int(i) for i in (rec.get("ids") or [])]
+    texts = [str(t) for t in (rec.get("texts") or [])]
+    return ids, texts, int(rec.get("next-id", 1))
+
+
+def _write(context: Context, key: str, ids: list[int], texts: list[str], next_id: int) -> None:
+    rec: dict[str, int | list[int] | list[str]] = {"next-id": int(next_id)}
+    if ids:  # Flower cannot serialise an empty list (its element type is unknown)
+        rec["ids"], rec["texts"] = ids, texts
+    context.state[key] = ConfigRecord(rec)
+
+
+def request_forget(
+    context: Context,
+    kind: str = "client",
+    classes: Sequence[int] = (),
+    fraction: float | None = None,
+    poisoned: bool = False,
+) -> int:
+    """Queue a request to forget this client's data; returns the request's id.
+
+    ``kind``: ``client`` (all of it: the client leaves), ``class`` with ``classes`` (those
+    classes of its data), ``sample`` with ``fraction`` in (0, 1] (that share of its samples,
+    poisoned ones first) or ``poisoned=True``. Sent with the next :func:`reply`.
+    """
+    text = request_text(kind, classes, fraction, poisoned)
+    ids, texts, next_id = _read(context, _PENDING)
+    if text in texts:  # asked already and not answered yet: the same request
+        return ids[texts.index(text)]
+    ids.append(next_id)
+    texts.append(text)
+    _write(context, _PENDING, ids, texts, next_id + 1)
+    log.info("unlearning request %d queued: %s", next_id, text)
+    return next_id
+
+
+def pending_requests(context: Context) -> list[ClientRequest]:
+    """The requests queued and not yet answered by the server."""
+    ids, texts, _ = _read(context, _PENDING)
+    return [ClientRequest(i, t) for i, t in zip(ids, texts, strict=True)]
+
+
+def answers(context: Context) -> dict[int, str]:
+    """The server's answers so far: request id -> ``queued`` or ``refused: <why>``."""
+    ids, texts, _ = _read(context, _ANSWERS)
+    return dict(zip(ids, texts, strict=True))
+
+
+def _take_answers(msg: Message, context: Context) -> None:
+    """Move the requests the server answered in ``msg`` from pending to answered."""
+    if not msg.has_content():
+        return
+    got = read_acks(msg.content)
+    if not got:
+        return
+    ids, texts, next_id = _read(context, _PENDING)
+    a_ids, a_texts, _ = _read(context, _ANSWERS)
+    keep = [(i, t) for i, t in zip(ids, texts, strict=True) if i not in got]
+    for rid, status in got.items():
+        if rid in ids and rid not in a_ids:
+            a_ids.append(rid)
+            a_texts.append(status)
+            log.info("unlearning request %d: %s", rid, status)
+    _write(context, _PENDING, [i for i, _ in keep], [t for _, t in keep], next_id)
+    _write(context, _ANSWERS, a_ids, a_texts, 1)
+
+
+def reply(
+    msg: Message,
+    context: Context,
+    content: RecordDict,
+    client_id: int,
+    num_examples: int | None = None,
+) -> Message:
+    """The reply to ``msg`` with ``content``, this client's identity and its pending requests.
+
+    Reads the server's answers carried by ``msg`` first (answered requests are not sent again).
+    """
+    _take_answers(msg, context)
+    content[IDENTITY_KEY] = identity_record(client_id, num_examples, pending_requests(context))
+    return Message(content, reply_to=msg)
+
+
+def add_registration(
+    app: ClientApp,
+    client_id: Callable[[Context], int],
+    num_examples: Callable[[Context], int] | None = None,
+) -> None:
+    """Answer the strategy's registration query (``query.scaleflu``) on ``app``.
+
+    ``client_id(context)``: this node's client index in the federation's partition;
+    ``num_examples(context)``: its number of training samples M_n (checked by the server
+    against the partition its config describes).
+    """
+
+    @app.query(REGISTER_ACTION)
+    def _register(msg: Message, context: Context) -> Message:
+        size = None if num_examples is None else int(num_examples(context))
+        return reply(msg, context, RecordDict(), int(client_id(context)), size)
