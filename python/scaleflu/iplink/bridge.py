@@ -1,0 +1,333 @@
+"""The bridge between a node's TUN interface and its Link, and the tunnel's link.
+
+One IP packet is one link message, sent to the node whose address is the packet's
+destination (:class:`AddressPlan`: node n is host n + 1 of the tunnel's subnet). The link
+delivers it whole or not at all: its ARQ repairs frame losses underneath IP, so TCP sees
+delay, not loss, up to the send ``deadline``; a packet still undelivered then is dropped, as a
+router drops one, and TCP's own retransmission takes over.
+
+What the bridge accepts from the link, before anything reaches the interface: an IPv4 packet
+whose header is consistent (version, header length, total length), whose destination is this
+node's address and whose source is the *sending node's* address (a node with a key cannot
+forge another's address). Everything else is counted and dropped.
+
+:func:`open_tunnel_link` opens the link a tunnel runs on: any link kind
+(:func:`scaleflu.linkkinds.open_link`) with every peer's key set (HMAC-SHA256 tags on every
+frame, docs/link.md 4.2), ``require_auth`` (frames from a node without a key are dropped) and
+link-level broadcast DATA refused (broadcast frames carry no tag: the tunnel never uses them;
+the MAC's own control frames still pass). So a node without a key reaches nobody's interface.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import struct
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from scaleflu.link.api import Link
+from scaleflu.link.arq import SendStatus
+from scaleflu.link.frame import (
+    BROADCAST,
+    DEFAULT_MTU,
+    FRAME_HEADER,
+    FRAME_HEADER_SIZE,
+    RESERVED_MSG_ID,
+    max_payload,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SUBNET = "10.77.0.0/24"
+TAG_SIZE = 16  # the link tag a keyed frame carries (docs/link.md 4.2)
+# the tunnel's ARQ over the kind's defaults: a packet is worth little after a few seconds
+# (TCP retransmits it), one COMPLETE ACK repeat instead of three per packet
+TUNNEL_ARQ = {"require_auth": True, "deadline": 5.0, "complete_ack_repeats": 1}
+
+
+def tunnel_mtu(link_mtu: int = DEFAULT_MTU, keyed: bool = True) -> int:
+    """The interface MTU that puts one IP packet in one link frame (1458 B at link MTU 1500
+    with keys)."""
+    return max_payload(link_mtu) - (TAG_SIZE if keyed else 0)
+
+
+@dataclass(frozen=True)
+class AddressPlan:
+    """Node n <-> host n + 1 of ``subnet`` (node 0, the edge server: 10.77.0.1)."""
+
+    subnet: str = DEFAULT_SUBNET
+
+    @property
+    def network(self) -> ipaddress.IPv4Network:
+        """The subnet."""
+        return ipaddress.IPv4Network(self.subnet)
+
+    def address(self, node: int) -> ipaddress.IPv4Address:
+        """Node ``node``'s address."""
+        net = self.network
+        if not 0 <= node < min(net.num_addresses - 2, BROADCAST):
+            raise ValueError(f"node {node} has no address in {net}")
+        return net.network_address + node + 1
+
+    def cidr(self, node: int) -> str:
+        """``a.b.c.d/len`` of node ``node`` (for ``ip addr add``)."""
+        return f"{self.address(node)}/{self.network.prefixlen}"
+
+    def node_of(self, addr: bytes) -> int | None:
+        """The node a 4-byte IPv4 address names (None: outside the plan)."""
+        a = ipaddress.IPv4Address(addr)
+        net = self.network
+        if a not in net or a in (net.network_address, net.broadcast_address):
+            return None
+        n = int(a) - int(net.network_address) - 1
+        return n if 0 <= n < BROADCAST else None
+
+
+@dataclass
+class BridgeStats:
+    """Packets and bytes each way, and why packets were dropped."""
+
+    to_link: int = 0
+    to_link_bytes: int = 0
+    to_tun: int = 0
+    to_tun_bytes: int = 0
+    delivered: int = 0  # sends the link confirmed
+    undelivered: int = 0  # sends that ended FAILED or UNCONFIRMED (deadline)
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def drop(self, why: str) -> None:
+        """Count a dropped packet."""
+        self.dropped[why] = self.dropped.get(why, 0) + 1
+
+    def as_dict(self) -> dict[str, Any]:
+        """A JSON-ready snapshot."""
+        return {
+            "to_link": self.to_link,
+            "to_link_bytes": self.to_link_bytes,
+            "to_tun": self.to_tun,
+            "to_tun_bytes": self.to_tun_bytes,
+            "delivered": self.delivered,
+            "undelivered": self.undelivered,
+            "dropped": dict(self.dropped),
+        }
+
+
+_IPV4 = struct.Struct("!BBHHHBBH4s4s")
+
+
+def ipv4_header(packet: bytes) -> tuple[bytes, bytes] | None:
+    """(source, destination) of a well-formed IPv4 packet (None: not one)."""
+    if len(packet) < _IPV4.size:
+        return None
+    vihl, _tos, total, _id, _frag, _ttl, _proto, _csum, src, dst = _IPV4.unpack_from(packet)
+    if vihl >> 4 != 4 or (vihl & 0xF) < 5 or total != len(packet) or (vihl & 0xF) * 4 > total:
+        return None
+    return src, dst
+
+
+class PacketDevice:
+    """What the bridge needs of an interface (a :class:`~scaleflu.iplink.tun.TunDevice`)."""
+
+    def read(self, timeout: float | None = None) -> bytes | None:  # pragma: no cover
+        """The next packet routed to the interface (None: none within ``timeout``)."""
+        raise NotImplementedError
+
+    def write(self, packet: bytes) -> int:  # pragma: no cover
+        """Hand a packet to the kernel."""
+        raise NotImplementedError
+
+
+class IpBridge:
+    """Carry IP packets between ``device`` and ``link`` (node ``link.node_id``).
+
+    ``max_pending``: sends in flight per peer before new packets to it are dropped (the
+    queue of a router: it bounds memory and the delay a burst can build up); ``deadline``:
+    seconds a packet may take on the link.
+    """
+
+    def __init__(
+        self,
+        link: Link,
+        device: PacketDevice,
+        plan: AddressPlan | None = None,
+        max_pending: int = 64,
+        deadline: float = TUNNEL_ARQ["deadline"],
+    ) -> None:
+        self.link = link
+        self.device = device
+        self.plan = plan or AddressPlan()
+        self.node = int(link.node_id)
+        self.address = self.plan.address(self.node).packed
+        self.max_pending = int(max_pending)
+        self.deadline = float(deadline)
+        self.stats = BridgeStats()
+        self._pending: dict[int, list[Any]] = {}
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._uplink, name=f"ip-tx-{self.node}", daemon=True),
+            threading.Thread(target=self._downlink, name=f"ip-rx-{self.node}", daemon=True),
+        ]
+
+    def start(self) -> IpBridge:
+        """Start the two pumps (interface -> link, link -> interface)."""
+        for t in self._threads:
+            t.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the pumps (the link and the device stay open: their owner closes them)."""
+        self._stop.set()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=2.0)
+
+    # -- interface -> link -----------------------------------------------------------------
+
+    def _settle(self, peer: int) -> list[Any]:
+        """The peer's sends still in flight (finished ones counted and forgotten)."""
+        keep = []
+        for h in self._pending.get(peer, []):
+            if h.status is SendStatus.PENDING:
+                keep.append(h)
+            elif h.status is SendStatus.DELIVERED:
+                self.stats.delivered += 1
+            else:
+                self.stats.undelivered += 1
+        self._pending[peer] = keep
+        return keep
+
+    def send_packet(self, packet: bytes) -> bool:
+        """Route one packet from the interface onto the link (False: dropped, counted)."""
+        head = ipv4_header(packet)
+        if head is None:
+            self.stats.drop("not_ipv4" if packet[:1] and packet[0] >> 4 != 4 else "malformed")
+            return False
+        peer = self.plan.node_of(head[1])
+        if peer is None:
+            self.stats.drop("no_route")
+            return False
+        if peer == self.node:
+            self.stats.drop("to_self")
+            return False
+        with self._lock:
+            if len(self._settle(peer)) >= self.max_pending:
+                self.stats.drop("queue_full")
+                return False
+            try:
+                handle = self.link.send_async(peer, packet, timeout=self.deadline)
+            except Exception as exc:  # a closed link, a peer the link refuses
+                self.stats.drop("link_error")
+                log.debug("node %d: send to %d failed: %s", self.node, peer, exc)
+                return False
+            self._pending[peer].append(handle)
+            self.stats.to_link += 1
+            self.stats.to_link_bytes += len(packet)
+        return True
+
+    def _uplink(self) -> None:
+        while not self._stop.is_set():
+            packet = self.device.read(0.2)
+            if packet:
+                self.send_packet(packet)
+
+    # -- link -> interface -----------------------------------------------------------------
+
+    def accept(self, src: int, packet: bytes) -> bool:
+        """Write a packet the link delivered from node ``src`` to the interface if it is an
+        IPv4 packet from ``src``'s address to this node's (False: dropped, counted)."""
+        head = ipv4_header(packet)
+        if head is None:
+            self.stats.drop("rx_malformed")
+            return False
+        if head[1] != self.address:
+            self.stats.drop("rx_not_for_us")
+            return False
+        if self.plan.node_of(head[0]) != src:
+            self.stats.drop("rx_spoofed_source")
+            return False
+        self.device.write(packet)
+        self.stats.to_tun += 1
+        self.stats.to_tun_bytes += len(packet)
+        return True
+
+    def _downlink(self) -> None:
+        while not self._stop.is_set():
+            try:
+                got = self.link.recv(0.2)
+            except Exception:  # the link closed
+                return
+            if got is not None:
+                try:
+                    self.accept(*got)
+                except OSError as exc:  # the interface went away
+                    self.stats.drop("tun_error")
+                    log.debug("node %d: interface write failed: %s", self.node, exc)
+
+
+# -- the tunnel's link ----------------------------------------------------------------------------
+
+
+def _arq_link(link: Link) -> Any:
+    """The ArqLink under ``link`` (GNU Radio back-ends keep it in their link_arq block)."""
+    inner = getattr(getattr(link, "arq", None), "link", None)
+    return inner if inner is not None else link
+
+
+def refuse_broadcast(link: Link) -> Callable[[], int]:
+    """Drop link-level broadcast DATA frames before ``link``'s ARQ sees them (they carry no
+    link tag); the MAC's control frames pass. Returns a counter of the frames dropped."""
+    arq = _arq_link(link)
+    feed = arq.feed
+    dropped = [0]
+
+    def guarded(raw: bytes) -> None:
+        if len(raw) >= FRAME_HEADER_SIZE:
+            _magic, _ver, ftype, _src, dst, msg_id = FRAME_HEADER.unpack_from(raw)[:6]
+            if dst == BROADCAST and ftype == 0 and msg_id != RESERVED_MSG_ID:
+                dropped[0] += 1
+                return
+        feed(raw)
+
+    arq.feed = guarded
+    return lambda: dropped[0]
+
+
+def open_tunnel_link(
+    kind: str,
+    node: int,
+    keys: Mapping[int, bytes],
+    arq: Mapping[str, Any] | None = None,
+    **opts: Any,
+) -> Link:
+    """The link of a tunnel node: ``open_link(kind, node, ...)`` with :data:`TUNNEL_ARQ` (over
+    the kind's defaults, under ``arq``), every peer's key in ``keys`` set, broadcast refused.
+
+    ``keys``: peer -> shared key (the server holds one per robot, a robot the server's). A
+    tunnel without keys is refused: it would accept packets from anyone on the channel.
+    """
+    from scaleflu.linkkinds import open_link
+
+    if not keys:
+        raise ValueError("a tunnel needs link keys (peer -> key): without them anyone injects")
+    link = open_link(kind, node, arq={**TUNNEL_ARQ, **dict(arq or {})}, **opts)
+    try:
+        secure_tunnel_link(link, keys)
+    except BaseException:
+        link.close()
+        raise
+    return link
+
+
+def secure_tunnel_link(link: Link, keys: Mapping[int, bytes]) -> Link:
+    """Set every peer's key on an open ``link`` and refuse broadcast DATA on it (the link must
+    have been opened with ``require_auth``: :data:`TUNNEL_ARQ`)."""
+    if not keys:
+        raise ValueError("a tunnel needs link keys (peer -> key): without them anyone injects")
+    for peer, key in keys.items():
+        link.set_peer_key(int(peer), bytes(key))
+    link.broadcast_refused = refuse_broadcast(link)  # type: ignore[attr-defined]
+    return link
