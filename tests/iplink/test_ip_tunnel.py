@@ -25,6 +25,7 @@ from scaleflu.iplink.bridge import (
     TUNNEL_ARQ,
     AddressPlan,
     IpBridge,
+    pack_batch,
     secure_tunnel_link,
     tunnel_mtu,
 )
@@ -207,9 +208,10 @@ def test_unauthenticated_frames_never_reach_the_interface(pair: Pair) -> None:
     before = pair.bridges[0].stats.to_tun
     # a keyless node on the same channel: its own id, a keyed peer's id, and broadcast
     attacker = pair.channel.attach(2)
-    forged_src2 = _udp_packet("10.77.0.3", a0, 6000, b"keyless unicast")
+    # well-formed tunnel messages: only the link's authentication keeps them out
+    forged_src2 = pack_batch([_udp_packet("10.77.0.3", a0, 6000, b"keyless unicast")])
     attacker.send_async(0, forged_src2, timeout=2.0)
-    as_peer = _udp_packet(a1, a0, 6000, b"forged as node 1")
+    as_peer = pack_batch([_udp_packet(a1, a0, 6000, b"forged as node 1")])
     raw = encode_frame(0, 1, 0, 77, 0, 1, as_peer)  # DATA from "node 1" to 0, no link tag
     pair.channel.transmit(2, raw)
     for src in (1, 2):

@@ -1,10 +1,11 @@
 """The bridge between a node's TUN interface and its Link, and the tunnel's link.
 
-One IP packet is one link message, sent to the node whose address is the packet's
-destination (:class:`AddressPlan`: node n is host n + 1 of the tunnel's subnet). The link
-delivers it whole or not at all: its ARQ repairs frame losses underneath IP, so TCP sees
-delay, not loss, up to the send ``deadline``; a packet still undelivered then is dropped, as a
-router drops one, and TCP's own retransmission takes over.
+IP packets go to the node whose address is their destination (:class:`AddressPlan`: node n is
+host n + 1 of the tunnel's subnet) as link messages: one packet when the link is idle, the
+packets that queued meanwhile when it is busy (:class:`IpBridge`, :func:`pack_batch`). The
+link delivers a message whole or not at all: its ARQ repairs frame losses underneath IP, so
+TCP sees delay, not loss, up to the send ``deadline``; a message still undelivered then is
+dropped, as a router drops packets, and TCP's own retransmission takes over.
 
 What the bridge accepts from the link, before anything reaches the interface: an IPv4 packet
 whose header is consistent (version, header length, total length), whose destination is this
@@ -24,6 +25,7 @@ import ipaddress
 import logging
 import struct
 import threading
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,9 +51,10 @@ TUNNEL_ARQ = {"require_auth": True, "deadline": 5.0, "complete_ack_repeats": 1}
 
 
 def tunnel_mtu(link_mtu: int = DEFAULT_MTU, keyed: bool = True) -> int:
-    """The interface MTU that puts one IP packet in one link frame (1458 B at link MTU 1500
-    with keys)."""
-    return max_payload(link_mtu) - (TAG_SIZE if keyed else 0)
+    """The interface MTU that puts a lone IP packet in one link frame (1455 B at link MTU
+    1500 with keys: 1474 B of frame payload, less the 16-byte tag and the 3 bytes of
+    :func:`pack_batch`)."""
+    return max_payload(link_mtu) - (TAG_SIZE if keyed else 0) - 3
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class AddressPlan:
 class BridgeStats:
     """Packets and bytes each way, and why packets were dropped."""
 
+    messages: int = 0  # link messages sent (each carries one or more packets)
     to_link: int = 0
     to_link_bytes: int = 0
     to_tun: int = 0
@@ -105,6 +109,7 @@ class BridgeStats:
     def as_dict(self) -> dict[str, Any]:
         """A JSON-ready snapshot."""
         return {
+            "messages": self.messages,
             "to_link": self.to_link,
             "to_link_bytes": self.to_link_bytes,
             "to_tun": self.to_tun,
@@ -143,9 +148,13 @@ class PacketDevice:
 class IpBridge:
     """Carry IP packets between ``device`` and ``link`` (node ``link.node_id``).
 
-    ``max_pending``: sends in flight per peer before new packets to it are dropped (the
-    queue of a router: it bounds memory and the delay a burst can build up); ``deadline``:
-    seconds a packet may take on the link.
+    Packets routed to a peer wait in that peer's queue; while fewer than ``max_inflight``
+    messages to it are on the link, the queue goes out as one message of at most
+    ``max_batch`` bytes (:func:`pack_batch`): an idle link carries each packet at once, a busy
+    one aggregates what queued meanwhile (fewer messages, fewer ACKs and MAC grants per byte,
+    as 802.11n aggregates frames). A queue holding ``max_queue`` bytes drops new packets (a
+    router's tail drop: it bounds memory and the delay a burst builds up). ``deadline``:
+    seconds a message may take on the link.
     """
 
     def __init__(
@@ -153,7 +162,9 @@ class IpBridge:
         link: Link,
         device: PacketDevice,
         plan: AddressPlan | None = None,
-        max_pending: int = 64,
+        max_inflight: int = 4,
+        max_batch: int = 32768,
+        max_queue: int = 262144,
         deadline: float = TUNNEL_ARQ["deadline"],
     ) -> None:
         self.link = link
@@ -161,12 +172,15 @@ class IpBridge:
         self.plan = plan or AddressPlan()
         self.node = int(link.node_id)
         self.address = self.plan.address(self.node).packed
-        self.max_pending = int(max_pending)
+        self.max_inflight = int(max_inflight)
+        self.max_batch = int(max_batch)
+        self.max_queue = int(max_queue)
         self.deadline = float(deadline)
         self.stats = BridgeStats()
-        self._pending: dict[int, list[Any]] = {}
+        self._inflight: dict[int, list[Any]] = {}
+        self._queues: dict[int, deque[bytes]] = {}
+        self._queued_bytes: dict[int, int] = {}
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self._threads = [
             threading.Thread(target=self._uplink, name=f"ip-tx-{self.node}", daemon=True),
             threading.Thread(target=self._downlink, name=f"ip-rx-{self.node}", daemon=True),
@@ -188,20 +202,20 @@ class IpBridge:
     # -- interface -> link -----------------------------------------------------------------
 
     def _settle(self, peer: int) -> list[Any]:
-        """The peer's sends still in flight (finished ones counted and forgotten)."""
+        """The peer's messages still in flight (finished ones counted and forgotten)."""
         keep = []
-        for h in self._pending.get(peer, []):
+        for h in self._inflight.get(peer, []):
             if h.status is SendStatus.PENDING:
                 keep.append(h)
             elif h.status is SendStatus.DELIVERED:
                 self.stats.delivered += 1
             else:
                 self.stats.undelivered += 1
-        self._pending[peer] = keep
+        self._inflight[peer] = keep
         return keep
 
-    def send_packet(self, packet: bytes) -> bool:
-        """Route one packet from the interface onto the link (False: dropped, counted)."""
+    def queue_packet(self, packet: bytes) -> bool:
+        """Route one packet from the interface to its peer's queue (False: dropped, counted)."""
         head = ipv4_header(packet)
         if head is None:
             self.stats.drop("not_ipv4" if packet[:1] and packet[0] >> 4 != 4 else "malformed")
@@ -213,26 +227,50 @@ class IpBridge:
         if peer == self.node:
             self.stats.drop("to_self")
             return False
-        with self._lock:
-            if len(self._settle(peer)) >= self.max_pending:
-                self.stats.drop("queue_full")
-                return False
-            try:
-                handle = self.link.send_async(peer, packet, timeout=self.deadline)
-            except Exception as exc:  # a closed link, a peer the link refuses
-                self.stats.drop("link_error")
-                log.debug("node %d: send to %d failed: %s", self.node, peer, exc)
-                return False
-            self._pending[peer].append(handle)
-            self.stats.to_link += 1
-            self.stats.to_link_bytes += len(packet)
+        if self._queued_bytes.get(peer, 0) + len(packet) > self.max_queue:
+            self.stats.drop("queue_full")
+            return False
+        self._queues.setdefault(peer, deque()).append(packet)
+        self._queued_bytes[peer] = self._queued_bytes.get(peer, 0) + len(packet)
         return True
 
+    def flush(self) -> bool:
+        """Send what the queues hold while the peers have room in flight; True if packets
+        are left waiting."""
+        waiting = False
+        for peer, q in self._queues.items():
+            while q and len(self._settle(peer)) < self.max_inflight:
+                batch: list[bytes] = []
+                size = 1
+                while q and (not batch or size + 2 + len(q[0]) <= self.max_batch):
+                    pkt = q.popleft()
+                    batch.append(pkt)
+                    size += 2 + len(pkt)
+                    self._queued_bytes[peer] -= len(pkt)
+                try:
+                    handle = self.link.send_async(peer, pack_batch(batch), timeout=self.deadline)
+                except Exception as exc:  # a closed link, a peer the link refuses
+                    for _ in batch:
+                        self.stats.drop("link_error")
+                    log.debug("node %d: send to %d failed: %s", self.node, peer, exc)
+                    continue
+                self._inflight[peer].append(handle)
+                self.stats.messages += 1
+                self.stats.to_link += len(batch)
+                self.stats.to_link_bytes += sum(len(p) for p in batch)
+            waiting = waiting or bool(q)
+        return waiting
+
     def _uplink(self) -> None:
+        waiting = False
         while not self._stop.is_set():
-            packet = self.device.read(0.2)
-            if packet:
-                self.send_packet(packet)
+            # with packets waiting for room in flight, look again soon (sends finish without
+            # telling this thread); else sleep in the read
+            packet = self.device.read(0.002 if waiting else 0.2)
+            while packet:
+                self.queue_packet(packet)
+                packet = self.device.read(0.0)  # everything already there joins the batch
+            waiting = self.flush()
 
     # -- link -> interface -----------------------------------------------------------------
 
@@ -254,6 +292,15 @@ class IpBridge:
         self.stats.to_tun_bytes += len(packet)
         return True
 
+    def accept_message(self, src: int, message: bytes) -> int:
+        """Every packet of a tunnel message from ``src`` (:func:`unpack_batch`); returns how
+        many reached the interface."""
+        packets = unpack_batch(message)
+        if packets is None:
+            self.stats.drop("rx_bad_message")
+            return 0
+        return sum(self.accept(src, p) for p in packets)
+
     def _downlink(self) -> None:
         while not self._stop.is_set():
             try:
@@ -262,10 +309,36 @@ class IpBridge:
                 return
             if got is not None:
                 try:
-                    self.accept(*got)
+                    self.accept_message(*got)
                 except OSError as exc:  # the interface went away
                     self.stats.drop("tun_error")
                     log.debug("node %d: interface write failed: %s", self.node, exc)
+
+
+BATCH_VERSION = 1
+_LEN = struct.Struct("!H")
+
+
+def pack_batch(packets: list[bytes]) -> bytes:
+    """A tunnel message: version byte 1, then each packet as ``u16 length`` + bytes."""
+    return bytes([BATCH_VERSION]) + b"".join(_LEN.pack(len(p)) + p for p in packets)
+
+
+def unpack_batch(message: bytes) -> list[bytes] | None:
+    """The packets of a tunnel message (None: not a well-formed one)."""
+    if not message or message[0] != BATCH_VERSION:
+        return None
+    out, pos = [], 1
+    while pos < len(message):
+        if pos + 2 > len(message):
+            return None
+        (n,) = _LEN.unpack_from(message, pos)
+        pos += 2
+        if n == 0 or pos + n > len(message):
+            return None
+        out.append(bytes(message[pos : pos + n]))
+        pos += n
+    return out
 
 
 # -- the tunnel's link ----------------------------------------------------------------------------

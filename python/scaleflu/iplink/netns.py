@@ -72,12 +72,12 @@ def configure_interface(ifname: str, address: str, mtu: int, ns: str | None = No
     """Give ``ifname`` (in ``ns``) its address (``a.b.c.d/len``) and MTU, bring it up; IPv6
     off on it (the tunnel carries IPv4)."""
     pre = ["-n", ns] if ns else []
-    ip(*pre, "link", "set", "dev", ifname, "mtu", str(int(mtu)))
-    ip(*pre, "addr", "add", address, "dev", ifname)
-    ip(*pre, "link", "set", "dev", ifname, "up")
     sysctl = ["sysctl", "-qw", f"net.ipv6.conf.{ifname}.disable_ipv6=1"]
     cmd = (["ip", "netns", "exec", ns] if ns else []) + sysctl
     subprocess.run(cmd, capture_output=True)  # best effort: the kernel may lack IPv6
+    ip(*pre, "link", "set", "dev", ifname, "mtu", str(int(mtu)))
+    ip(*pre, "addr", "add", address, "dev", ifname)
+    ip(*pre, "link", "set", "dev", ifname, "up")
 
 
 def in_namespace(ns: str | None, argv: Sequence[str]) -> list[str]:

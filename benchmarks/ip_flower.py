@@ -1,0 +1,212 @@
+"""Stock Flower over the radio: a SuperLink on the edge server's node, SuperNodes on the robots,
+``flwr run`` with the deployment engine, every packet between them over IP over the link.
+
+The local IP testbed (:class:`scaleflu.iplink.testbed.LocalIpTestbed`, root) puts the server
+and the robots in network namespaces of their own whose only interface is the tunnel; in them:
+
+* server: ``flower-superlink`` (its HTTP API -- Fleet, Control, Runtime -- on the tunnel
+  address, port 9092), and ``flwr run`` of ``examples/flower_unlearning`` against it (inside
+  the server's namespace: that traffic stays on the node);
+* robot n: ``flower-supernode --superlink <server>:9092 --node-config partition-id=n-1``.
+
+The app is the example (FedAvg on FashionMNIST, LeNet-5, the UnlearningStrategy; robot 1 asks
+to be forgotten in round 2 and SCALE serves it at the end, beside Retrain and the control).
+Recorded: the run's per-round wall time (the strategy's history: configure -> aggregate,
+transfers over the radio included), the whole run, the tunnel's counters per node, and the
+tail of ``flwr run``'s output, in ``benchmarks/results/ip_flower.json``.
+
+    sudo PYTHONPATH=python .venv/bin/python benchmarks/ip_flower.py [--kind frames-shared]
+        [--rounds 3] [--robots 2] [--loss 0.02]
+
+TLS and Flower's SuperNode authentication (``--enable-supernode-auth``, which needs TLS) are
+not set up here: the link's keys authenticate every frame underneath (docs/ip-over-radio.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+from scaleflu.iplink.testbed import KINDS, LocalIpTestbed  # noqa: E402
+
+log = logging.getLogger("ip_flower")
+
+FED = (
+    "seed=0 data.num_clients={n} data.train_subset=2000 data.test_subset=500 data.partition=iid "
+    "data.poison.backdoor_clients=[1] data.poison.backdoor_fraction=0.3 "
+    "fl.clients_per_round={n} fl.local_epochs=1 fl.lr=0.05 fl.momentum=0.9 fl.batch_size=32 "
+    "fl.trainer=sequential fl.threads=1"
+)
+
+
+def _bin(name: str) -> str:
+    path = shutil.which(name) or str(Path(sys.executable).with_name(name))
+    if not Path(path).exists():
+        raise SystemExit(f"{name} not found: install Flower (pip install 'gr-scaleflu[flower]')")
+    return path
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    """One Flower run over the tunnel; its measurements."""
+    work = Path(args.workdir or f"/tmp/sfl-ip-flower-{os.getpid()}")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    channel = {} if args.loss is None else {"loss": args.loss}
+    mac = {} if args.idle_poll is None else {"idle_poll_s": args.idle_poll}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]),
+        "OMP_NUM_THREADS": "1",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+    }
+    out: dict[str, Any] = {"kind": args.kind, "robots": args.robots, "rounds": args.rounds}
+    t_setup = time.perf_counter()
+    with LocalIpTestbed(args.robots, args.kind, channel=channel, mac=mac, workdir=work) as tb:
+        out["testbed_up_s"] = time.perf_counter() - t_setup
+        server = tb.address(0)
+        homes = {n: work / f"flwr-home-{n}" for n in tb.nodes}
+        for h in homes.values():
+            h.mkdir()
+        (homes[0] / "config.toml").write_text(
+            '[superlink]\ndefault = "testbed"\n\n[superlink.testbed]\n'
+            f'address = "{server}:9092"\ninsecure = true\n'
+        )
+        logs = {}
+
+        def start(node: int, argv: list[str], name: str) -> subprocess.Popen[Any]:
+            fh = open(work / f"{name}.log", "w")  # noqa: SIM115
+            logs[name] = work / f"{name}.log"
+            return tb.popen(
+                node,
+                argv,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env={**env, "FLWR_HOME": str(homes[node])},
+                cwd=str(work),
+            )
+
+        start(
+            0,
+            [
+                _bin("flower-superlink"),
+                "--insecure",
+                "--isolation",
+                "subprocess",
+                "--disable-runtime-dependency-installation",
+                "--database",
+                str(work / "superlink.db"),
+                "--host",  # one HTTP API (Fleet, Control, Runtime) on the tunnel address
+                server,
+                "--port",
+                "9092",
+            ],
+            "superlink",
+        )
+        time.sleep(3.0)
+        for n in tb.nodes[1:]:
+            start(
+                n,
+                [
+                    _bin("flower-supernode"),
+                    "--insecure",
+                    "--superlink",
+                    f"{server}:9092",
+                    "--node-config",
+                    f"partition-id={n - 1} num-partitions={args.robots}",
+                ],
+                f"supernode-{n}",
+            )
+        run_dir = work / "run"
+        rc = (
+            f"num-server-rounds={args.rounds} run-dir='{run_dir}' "
+            f"scaleflu-set='{FED.format(n=args.robots)}' forget-client=1 forget-round=2 "
+            "unlearn-set='scale.eval.relearn_max_rounds=0'"
+        )
+        t0 = time.perf_counter()
+        flwr = tb.run(
+            0,
+            [
+                _bin("flwr"),
+                "run",
+                str(ROOT / "examples" / "flower_unlearning"),
+                "testbed",
+                "--stream",
+                "--run-config",
+                rc,
+            ],
+            timeout=args.timeout,
+            env={**env, "FLWR_HOME": str(homes[0])},
+            cwd=str(work),
+        )
+        out["flwr_run_s"] = time.perf_counter() - t0
+        out["flwr_run_rc"] = flwr.returncode
+        out["flwr_run_output_tail"] = (flwr.stdout + flwr.stderr)[-6000:]
+        metrics = run_dir / "metrics.jsonl"
+        rows = (
+            [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.is_file() else []
+        )
+        out["rounds_recorded"] = [
+            {k: r.get(k) for k in ("round", "participants", "wall_s", "test_acc")} for r in rows
+        ]
+        side = run_dir / "unlearn" / "side_by_side.json"
+        out["served"] = json.loads(side.read_text()) if side.is_file() else None
+        time.sleep(2.5)  # the nodes' counters are rewritten every 2 s
+        out["tunnel"] = tb.stats()
+        out["logs"] = {k: str(v) for k, v in logs.items()}
+    out["total_s"] = time.perf_counter() - t_setup
+    return out
+
+
+def main() -> int:
+    """Run and write ``benchmarks/results/ip_flower.json``."""
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kind", choices=KINDS, default="frames-shared")
+    p.add_argument("--robots", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--loss", type=float, default=None, help="frame loss (frame hub kinds)")
+    p.add_argument("--idle-poll", type=float, default=None, help="MAC idle poll, s")
+    p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--workdir", default=None)
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ip_flower.json")
+    args = p.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    res = run(args)
+    res["machine"] = {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_avg_at_end": os.getloadavg(),
+    }
+    try:
+        import flwr
+
+        res["flwr"] = flwr.__version__
+    except Exception:  # noqa: BLE001
+        res["flwr"] = None
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    prev = json.loads(args.out.read_text()) if args.out.is_file() else {}
+    prev[args.kind] = res
+    args.out.write_text(json.dumps(prev, indent=2))
+    log.info(
+        "%s: flwr run rc %s in %.1f s; rounds %s",
+        args.kind,
+        res["flwr_run_rc"],
+        res["flwr_run_s"],
+        [(r["round"], round(r["wall_s"], 1)) for r in res["rounds_recorded"]],
+    )
+    return 0 if res["flwr_run_rc"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
