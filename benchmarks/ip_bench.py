@@ -150,7 +150,9 @@ def tunnel_run(args: argparse.Namespace, rep: int) -> dict[str, Any]:
     channel = {} if args.loss is None else {"loss": args.loss}
     mac = {} if args.idle_poll is None else {"idle_poll_s": args.idle_poll}
     out: dict[str, Any] = {}
-    with LocalIpTestbed(1, args.kind, channel=channel, mac=mac, seed=rep) as tb:
+    with LocalIpTestbed(
+        1, args.kind, channel=channel, mac=mac, seed=rep, rto_min_ms=args.rto_min_ms
+    ) as tb:
         tb.popen(SERVER, _py(UDP_ECHO.format(addr=tb.address(SERVER))))
         time.sleep(1.0)
         probe = tb.run(1, _py(UDP_PROBE.format(addr=tb.address(SERVER))), timeout=600)
@@ -274,6 +276,7 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--loss", type=float, default=None, help="frame loss (frame hub kinds)")
     p.add_argument("--idle-poll", type=float, default=None, help="MAC idle poll of a robot, s")
+    p.add_argument("--rto-min-ms", type=int, default=None, help="TCP's minimum RTO (route)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ip_bench.json")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -324,6 +327,7 @@ def main() -> int:
             "mac": tb.mac,
             "loss_override": args.loss,
             "idle_poll_override": args.idle_poll,
+            "tcp_rto_min_ms": args.rto_min_ms,
         },
         "machine": {
             "cpus": os.cpu_count(),
@@ -337,6 +341,7 @@ def main() -> int:
     prev = json.loads(args.out.read_text()) if args.out.is_file() else {}
     key = args.kind + ("" if args.loss is None else f"-loss{args.loss}")
     key += "" if args.idle_poll is None else f"-poll{args.idle_poll}"
+    key += "" if args.rto_min_ms is None else f"-rtomin{args.rto_min_ms}"
     prev[key] = report
     args.out.write_text(json.dumps(prev, indent=2))
     log.info("summary %s", json.dumps(summary))

@@ -263,3 +263,44 @@ def test_without_root_one_line_says_so() -> None:
     )
     lines = out.stdout.strip().splitlines()
     assert lines == [f"IpLinkPermissionError {ROOT_MESSAGE}"] * 2, out.stdout + out.stderr
+
+
+class _Device:
+    def __init__(self) -> None:
+        self.written: list[bytes] = []
+
+    def read(self, timeout: float | None = None) -> bytes | None:
+        return None
+
+    def write(self, packet: bytes) -> int:
+        self.written.append(packet)
+        return len(packet)
+
+
+class _Link:
+    node_id = 0
+
+
+def test_messages_are_put_back_in_order() -> None:
+    """No root: the receiver's reordering (a message that overtook a repaired one waits), the
+    sender's floor (a message it gave up on is not waited for), the timeout, late arrivals."""
+    dev = _Device()
+    bridge = IpBridge(_Link(), dev, AddressPlan())  # type: ignore[arg-type]
+    pk = [_udp_packet("10.77.0.2", "10.77.0.1", 9, bytes([i])) for i in range(8)]
+    order = lambda: [p[-1] for p in dev.written]  # noqa: E731
+    assert bridge.accept_message(1, pack_batch([pk[0]], 0, 0), now=0.0) == 1
+    assert bridge.accept_message(1, pack_batch([pk[2], pk[3]], 2, 1), now=0.1) == 0  # held
+    assert bridge.accept_message(1, pack_batch([pk[1]], 1, 1), now=0.2) == 3
+    assert order() == [0, 1, 2, 3] and bridge.stats.reordered == 1
+    # message 4 ended undelivered at the sender: message 5 carries floor 5, nothing waits
+    assert bridge.accept_message(1, pack_batch([pk[5]], 5, 5), now=0.3) == 1
+    # message 7 overtakes 6, which never comes: released after the timeout
+    assert bridge.accept_message(1, pack_batch([pk[7]], 7, 6), now=0.4) == 0
+    bridge._expire(0.4 + bridge.reorder_timeout + 0.1)
+    assert order() == [0, 1, 2, 3, 5, 7] and bridge.stats.gaps_skipped == 1
+    assert bridge.accept_message(1, pack_batch([pk[6]], 6, 6), now=20.0) == 1  # late: delivered
+    assert bridge.stats.late == 1
+    # a message from node 2 claiming node 1's address, a malformed message: dropped
+    assert bridge.accept_message(2, pack_batch([pk[0]], 0, 0)) == 0
+    assert bridge.accept_message(1, b"\x02garbage") == 0
+    assert bridge.stats.dropped == {"rx_spoofed_source": 1, "rx_bad_message": 1}

@@ -25,6 +25,7 @@ import ipaddress
 import logging
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -51,10 +52,10 @@ TUNNEL_ARQ = {"require_auth": True, "deadline": 5.0, "complete_ack_repeats": 1}
 
 
 def tunnel_mtu(link_mtu: int = DEFAULT_MTU, keyed: bool = True) -> int:
-    """The interface MTU that puts a lone IP packet in one link frame (1455 B at link MTU
-    1500 with keys: 1474 B of frame payload, less the 16-byte tag and the 3 bytes of
+    """The interface MTU that puts a lone IP packet in one link frame (1447 B at link MTU
+    1500 with keys: 1474 B of frame payload, less the 16-byte tag and the 11 bytes of
     :func:`pack_batch`)."""
-    return max_payload(link_mtu) - (TAG_SIZE if keyed else 0) - 3
+    return max_payload(link_mtu) - (TAG_SIZE if keyed else 0) - _HEAD.size - _LEN.size
 
 
 @dataclass(frozen=True)
@@ -98,8 +99,11 @@ class BridgeStats:
     to_link_bytes: int = 0
     to_tun: int = 0
     to_tun_bytes: int = 0
-    delivered: int = 0  # sends the link confirmed
-    undelivered: int = 0  # sends that ended FAILED or UNCONFIRMED (deadline)
+    delivered: int = 0  # messages the link confirmed
+    undelivered: int = 0  # messages that ended FAILED or UNCONFIRMED (deadline)
+    reordered: int = 0  # messages that arrived before an earlier one (held back)
+    late: int = 0  # messages that arrived after their gap was skipped
+    gaps_skipped: int = 0  # waits given up after reorder_timeout
     dropped: dict[str, int] = field(default_factory=dict)
 
     def drop(self, why: str) -> None:
@@ -116,6 +120,9 @@ class BridgeStats:
             "to_tun_bytes": self.to_tun_bytes,
             "delivered": self.delivered,
             "undelivered": self.undelivered,
+            "reordered": self.reordered,
+            "late": self.late,
+            "gaps_skipped": self.gaps_skipped,
             "dropped": dict(self.dropped),
         }
 
@@ -177,7 +184,10 @@ class IpBridge:
         self.max_queue = int(max_queue)
         self.deadline = float(deadline)
         self.stats = BridgeStats()
-        self._inflight: dict[int, list[Any]] = {}
+        self._inflight: dict[int, list[tuple[int, Any]]] = {}  # peer -> [(seq, handle)]
+        self._next_seq: dict[int, int] = {}  # peer -> sequence number of the next message
+        self._rx: dict[int, _Reorder] = {}  # src -> its messages put back in order
+        self.reorder_timeout = 2.0 * float(deadline)
         self._queues: dict[int, deque[bytes]] = {}
         self._queued_bytes: dict[int, int] = {}
         self._stop = threading.Event()
@@ -201,12 +211,12 @@ class IpBridge:
 
     # -- interface -> link -----------------------------------------------------------------
 
-    def _settle(self, peer: int) -> list[Any]:
+    def _settle(self, peer: int) -> list[tuple[int, Any]]:
         """The peer's messages still in flight (finished ones counted and forgotten)."""
         keep = []
-        for h in self._inflight.get(peer, []):
+        for seq, h in self._inflight.get(peer, []):
             if h.status is SendStatus.PENDING:
-                keep.append(h)
+                keep.append((seq, h))
             elif h.status is SendStatus.DELIVERED:
                 self.stats.delivered += 1
             else:
@@ -247,14 +257,20 @@ class IpBridge:
                     batch.append(pkt)
                     size += 2 + len(pkt)
                     self._queued_bytes[peer] -= len(pkt)
+                seq = self._next_seq.get(peer, 0)
+                self._next_seq[peer] = (seq + 1) & 0xFFFFFFFF
+                # the oldest message still in flight: below it, the receiver waits for nothing
+                floor = self._inflight[peer][0][0] if self._inflight[peer] else seq
                 try:
-                    handle = self.link.send_async(peer, pack_batch(batch), timeout=self.deadline)
+                    handle = self.link.send_async(
+                        peer, pack_batch(batch, seq, floor), timeout=self.deadline
+                    )
                 except Exception as exc:  # a closed link, a peer the link refuses
                     for _ in batch:
                         self.stats.drop("link_error")
                     log.debug("node %d: send to %d failed: %s", self.node, peer, exc)
                     continue
-                self._inflight[peer].append(handle)
+                self._inflight[peer].append((seq, handle))
                 self.stats.messages += 1
                 self.stats.to_link += len(batch)
                 self.stats.to_link_bytes += sum(len(p) for p in batch)
@@ -292,14 +308,29 @@ class IpBridge:
         self.stats.to_tun_bytes += len(packet)
         return True
 
-    def accept_message(self, src: int, message: bytes) -> int:
-        """Every packet of a tunnel message from ``src`` (:func:`unpack_batch`); returns how
-        many reached the interface."""
-        packets = unpack_batch(message)
-        if packets is None:
+    def accept_message(self, src: int, message: bytes, now: float | None = None) -> int:
+        """The packets of a tunnel message from ``src`` (:func:`unpack_batch`), in the order
+        ``src`` sent its messages: a message that overtook an earlier one waits until that
+        one arrives, ``src`` says it ended (its floor moved past it) or ``reorder_timeout``
+        passed, so TCP above does not take the link's repairs for losses. Returns how many
+        packets reached the interface."""
+        got = unpack_batch(message)
+        if got is None:
             self.stats.drop("rx_bad_message")
             return 0
-        return sum(self.accept(src, p) for p in packets)
+        seq, floor, packets = got
+        now = time.monotonic() if now is None else now
+        ro = self._rx.setdefault(src, _Reorder())
+        written = 0
+        for batch in ro.push(seq, floor, packets, now, self):
+            written += sum(self.accept(src, p) for p in batch)
+        return written
+
+    def _expire(self, now: float) -> None:
+        for src, ro in self._rx.items():
+            for batch in ro.expire(now, self.reorder_timeout, self):
+                for p in batch:
+                    self.accept(src, p)
 
     def _downlink(self) -> None:
         while not self._stop.is_set():
@@ -307,28 +338,91 @@ class IpBridge:
                 got = self.link.recv(0.2)
             except Exception:  # the link closed
                 return
-            if got is not None:
-                try:
+            try:
+                if got is not None:
                     self.accept_message(*got)
-                except OSError as exc:  # the interface went away
-                    self.stats.drop("tun_error")
-                    log.debug("node %d: interface write failed: %s", self.node, exc)
+                self._expire(time.monotonic())
+            except OSError as exc:  # the interface went away
+                self.stats.drop("tun_error")
+                log.debug("node %d: interface write failed: %s", self.node, exc)
 
 
-BATCH_VERSION = 1
+def _after(a: int, b: int) -> bool:
+    """Whether sequence number ``a`` comes after ``b`` (32-bit, wrapping)."""
+    return 0 < ((a - b) & 0xFFFFFFFF) < 0x80000000
+
+
+class _Reorder:
+    """One sender's messages put back in its order (see :meth:`IpBridge.accept_message`)."""
+
+    MAX_HELD = 64
+
+    def __init__(self) -> None:
+        self.expected: int | None = None
+        self.held: dict[int, list[bytes]] = {}
+        self.since = 0.0  # when the oldest held message started waiting
+
+    def _release(self) -> list[list[bytes]]:
+        out = []
+        while self.expected in self.held:
+            out.append(self.held.pop(self.expected))
+            self.expected = (self.expected + 1) & 0xFFFFFFFF
+        return out
+
+    def push(
+        self, seq: int, floor: int, packets: list[bytes], now: float, bridge: IpBridge
+    ) -> list[list[bytes]]:
+        if self.expected is None or (not self.held and _after(floor, self.expected)):
+            self.expected = floor  # first message, or the sender gave up on the gap
+        if seq != self.expected and not _after(seq, self.expected):
+            bridge.stats.late += 1  # a gap already skipped: deliver it anyway
+            return [packets]
+        if not self.held:
+            self.since = now
+        self.held[seq] = packets
+        if self.expected not in self.held:
+            bridge.stats.reordered += 1
+        if _after(floor, self.expected):  # the sender no longer has what we wait for
+            self.expected = floor
+        out = self._release()
+        if len(self.held) > self.MAX_HELD:
+            out += self._skip()
+        if out:
+            self.since = now
+        return out
+
+    def _skip(self) -> list[list[bytes]]:
+        self.expected = min(self.held, key=lambda q: (q - self.expected) & 0xFFFFFFFF)
+        return self._release()
+
+    def expire(self, now: float, timeout: float, bridge: IpBridge) -> list[list[bytes]]:
+        if not self.held or now - self.since < timeout:
+            return []
+        bridge.stats.gaps_skipped += 1
+        out = self._skip()
+        self.since = now
+        return out
+
+
+BATCH_VERSION = 2
+_HEAD = struct.Struct("!BII")
 _LEN = struct.Struct("!H")
 
 
-def pack_batch(packets: list[bytes]) -> bytes:
-    """A tunnel message: version byte 1, then each packet as ``u16 length`` + bytes."""
-    return bytes([BATCH_VERSION]) + b"".join(_LEN.pack(len(p)) + p for p in packets)
+def pack_batch(packets: list[bytes], seq: int = 0, floor: int = 0) -> bytes:
+    """A tunnel message: ``u8 version 2, u32 seq, u32 floor`` (the sender's message number
+    to this peer, and its oldest message still in flight), then each packet as ``u16
+    length`` + bytes."""
+    head = _HEAD.pack(BATCH_VERSION, seq & 0xFFFFFFFF, floor & 0xFFFFFFFF)
+    return head + b"".join(_LEN.pack(len(p)) + p for p in packets)
 
 
-def unpack_batch(message: bytes) -> list[bytes] | None:
-    """The packets of a tunnel message (None: not a well-formed one)."""
-    if not message or message[0] != BATCH_VERSION:
+def unpack_batch(message: bytes) -> tuple[int, int, list[bytes]] | None:
+    """(seq, floor, packets) of a tunnel message (None: not a well-formed one)."""
+    if len(message) <= _HEAD.size or message[0] != BATCH_VERSION:
         return None
-    out, pos = [], 1
+    _v, seq, floor = _HEAD.unpack_from(message)
+    out, pos = [], _HEAD.size
     while pos < len(message):
         if pos + 2 > len(message):
             return None
@@ -338,7 +432,7 @@ def unpack_batch(message: bytes) -> list[bytes] | None:
             return None
         out.append(bytes(message[pos : pos + n]))
         pos += n
-    return out
+    return seq, floor, out
 
 
 # -- the tunnel's link ----------------------------------------------------------------------------

@@ -68,9 +68,13 @@ def move_to_namespace(ifname: str, ns: str) -> None:
     ip("link", "set", "dev", ifname, "netns", ns)
 
 
-def configure_interface(ifname: str, address: str, mtu: int, ns: str | None = None) -> None:
+def configure_interface(
+    ifname: str, address: str, mtu: int, ns: str | None = None, rto_min_ms: int | None = None
+) -> None:
     """Give ``ifname`` (in ``ns``) its address (``a.b.c.d/len``) and MTU, bring it up; IPv6
-    off on it (the tunnel carries IPv4)."""
+    off on it (the tunnel carries IPv4). ``rto_min_ms``: TCP's minimum retransmission timeout
+    on the tunnel's route (Linux's default is 200 ms; the link repairs a lost frame itself,
+    which on a scheduled medium takes longer, and TCP timing out first sends it again)."""
     pre = ["-n", ns] if ns else []
     sysctl = ["sysctl", "-qw", f"net.ipv6.conf.{ifname}.disable_ipv6=1"]
     cmd = (["ip", "netns", "exec", ns] if ns else []) + sysctl
@@ -78,6 +82,26 @@ def configure_interface(ifname: str, address: str, mtu: int, ns: str | None = No
     ip(*pre, "link", "set", "dev", ifname, "mtu", str(int(mtu)))
     ip(*pre, "addr", "add", address, "dev", ifname)
     ip(*pre, "link", "set", "dev", ifname, "up")
+    if rto_min_ms:
+        import ipaddress
+
+        net = ipaddress.IPv4Interface(address).network
+        ip(
+            *pre,
+            "route",
+            "replace",
+            str(net),
+            "dev",
+            ifname,
+            "proto",
+            "kernel",
+            "scope",
+            "link",
+            "src",
+            address.split("/")[0],
+            "rto_min",
+            f"{int(rto_min_ms)}ms",
+        )
 
 
 def in_namespace(ns: str | None, argv: Sequence[str]) -> list[str]:

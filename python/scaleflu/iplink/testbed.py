@@ -67,6 +67,7 @@ class LocalIpTestbed:
         seed: int = 0,
         workdir: str | Path | None = None,
         tag: str | None = None,
+        rto_min_ms: int | None = None,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"the IP testbed runs {', '.join(KINDS)}; got {kind!r}")
@@ -81,6 +82,7 @@ class LocalIpTestbed:
         self.mac = {k: v for k, v in {**tb["mac"], **dict(mac or {})}.items() if v is not None}
         self.arq = dict(arq or {})
         self.seed = int(seed)
+        self.rto_min_ms = rto_min_ms
         self.tag = tag or uuid.uuid4().hex[:6]
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sfl-ip-"))
         self.nodes = list(range(self.robots + 1))
@@ -182,6 +184,8 @@ class LocalIpTestbed:
                     "--stats-every",
                     "2",
                 ]
+                if self.rto_min_ms:
+                    argv += ["--rto-min-ms", str(int(self.rto_min_ms))]
                 log_file = open(self.workdir / f"node-{n}.log", "wb")  # noqa: SIM115
                 self.procs[n] = subprocess.Popen(argv, stdout=log_file, stderr=log_file, env=env)
                 log_file.close()
