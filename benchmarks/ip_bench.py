@@ -145,13 +145,19 @@ def tcp_transfer(tb: LocalIpTestbed, src: int, dst: int, nbytes: int, port: int)
     }
 
 
-def tunnel_run(args: argparse.Namespace, rep: int) -> dict[str, Any]:
+def tunnel_run(args: argparse.Namespace, rep: int, reorder: bool = True) -> dict[str, Any]:
     """The tunnel's measurements on a fresh testbed."""
     channel = {} if args.loss is None else {"loss": args.loss}
     mac = {} if args.idle_poll is None else {"idle_poll_s": args.idle_poll}
     out: dict[str, Any] = {}
     with LocalIpTestbed(
-        1, args.kind, channel=channel, mac=mac, seed=rep, rto_min_ms=args.rto_min_ms
+        1,
+        args.kind,
+        channel=channel,
+        mac=mac,
+        seed=rep,
+        rto_min_ms=args.rto_min_ms,
+        reorder=reorder,
     ) as tb:
         tb.popen(SERVER, _py(UDP_ECHO.format(addr=tb.address(SERVER))))
         time.sleep(1.0)
@@ -276,6 +282,11 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--loss", type=float, default=None, help="frame loss (frame hub kinds)")
     p.add_argument("--idle-poll", type=float, default=None, help="MAC idle poll of a robot, s")
+    p.add_argument(
+        "--no-reorder-too",
+        action="store_true",
+        help="also run the tunnel with the receiver's reordering off (interleaved)",
+    )
     p.add_argument("--rto-min-ms", type=int, default=None, help="TCP's minimum RTO (route)")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ip_bench.json")
     args = p.parse_args()
@@ -290,6 +301,14 @@ def main() -> int:
             t["tcp_down"]["goodput_Bps"],
             1e3 * statistics.median(t["udp_rtt"]["rtt_s"] or [float("nan")]),
         )
+        if args.no_reorder_too:
+            t["no_reorder"] = u = tunnel_run(args, rep, reorder=False)
+            log.info(
+                "rep %d tunnel without reordering: TCP up %.0f B/s, down %.0f B/s",
+                rep,
+                u["tcp_up"]["goodput_Bps"],
+                u["tcp_down"]["goodput_Bps"],
+            )
         m = link_api_run(args, rep)
         log.info(
             "rep %d link API: up %.0f B/s, down %.0f B/s, RTT median %.1f ms",
@@ -306,6 +325,20 @@ def main() -> int:
         "msg_down_Bps": _summary([r["link_api"]["msg_down"]["goodput_Bps"] for r in runs]),
         "udp_rtt_s": _summary([x for r in runs for x in r["tunnel"]["udp_rtt"]["rtt_s"]]),
         "msg_rtt_s": _summary([x for r in runs for x in r["link_api"]["msg_rtt"]["rtt_s"]]),
+        "tcp_up_no_reorder_Bps": _summary(
+            [
+                r["tunnel"]["no_reorder"]["tcp_up"]["goodput_Bps"]
+                for r in runs
+                if "no_reorder" in r["tunnel"]
+            ]
+        ),
+        "tcp_down_no_reorder_Bps": _summary(
+            [
+                r["tunnel"]["no_reorder"]["tcp_down"]["goodput_Bps"]
+                for r in runs
+                if "no_reorder" in r["tunnel"]
+            ]
+        ),
         "tcp_up_retrans_segs": [r["tunnel"]["tcp_up"]["tcp"].get("TcpRetransSegs") for r in runs],
         "tcp_down_retrans_segs": [
             r["tunnel"]["tcp_down"]["tcp"].get("TcpRetransSegs") for r in runs

@@ -161,7 +161,8 @@ class IpBridge:
     one aggregates what queued meanwhile (fewer messages, fewer ACKs and MAC grants per byte,
     as 802.11n aggregates frames). A queue holding ``max_queue`` bytes drops new packets (a
     router's tail drop: it bounds memory and the delay a burst builds up). ``deadline``:
-    seconds a message may take on the link.
+    seconds a message may take on the link. ``reorder``: put each sender's messages back in
+    its order (:meth:`accept_message`); off, a message is written the moment it arrives.
     """
 
     def __init__(
@@ -173,6 +174,7 @@ class IpBridge:
         max_batch: int = 32768,
         max_queue: int = 262144,
         deadline: float = TUNNEL_ARQ["deadline"],
+        reorder: bool = True,
     ) -> None:
         self.link = link
         self.device = device
@@ -187,6 +189,7 @@ class IpBridge:
         self._inflight: dict[int, list[tuple[int, Any]]] = {}  # peer -> [(seq, handle)]
         self._next_seq: dict[int, int] = {}  # peer -> sequence number of the next message
         self._rx: dict[int, _Reorder] = {}  # src -> its messages put back in order
+        self.reorder = bool(reorder)
         self.reorder_timeout = 2.0 * float(deadline)
         self._queues: dict[int, deque[bytes]] = {}
         self._queued_bytes: dict[int, int] = {}
@@ -319,6 +322,8 @@ class IpBridge:
             self.stats.drop("rx_bad_message")
             return 0
         seq, floor, packets = got
+        if not self.reorder:
+            return sum(self.accept(src, p) for p in packets)
         now = time.monotonic() if now is None else now
         ro = self._rx.setdefault(src, _Reorder())
         written = 0

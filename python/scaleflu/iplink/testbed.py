@@ -68,6 +68,7 @@ class LocalIpTestbed:
         workdir: str | Path | None = None,
         tag: str | None = None,
         rto_min_ms: int | None = None,
+        reorder: bool = True,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"the IP testbed runs {', '.join(KINDS)}; got {kind!r}")
@@ -83,6 +84,7 @@ class LocalIpTestbed:
         self.arq = dict(arq or {})
         self.seed = int(seed)
         self.rto_min_ms = rto_min_ms
+        self.reorder = bool(reorder)
         self.tag = tag or uuid.uuid4().hex[:6]
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sfl-ip-"))
         self.nodes = list(range(self.robots + 1))
@@ -184,6 +186,8 @@ class LocalIpTestbed:
                     "--stats-every",
                     "2",
                 ]
+                if not self.reorder:
+                    argv.append("--no-reorder")
                 if self.rto_min_ms:
                     argv += ["--rto-min-ms", str(int(self.rto_min_ms))]
                 log_file = open(self.workdir / f"node-{n}.log", "wb")  # noqa: SIM115
