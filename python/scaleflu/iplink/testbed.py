@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 
 SERVER = 0
 KINDS = ("frames", "frames-shared", "ofdm-shared")
+# the MAC for IP over ``testbed.mac``: an idle robot is polled every 50 ms instead of 500 ms,
+# so a packet a robot sends unprompted (a TCP ACK, a ping) waits for its grant 25 ms on
+# average, not 250 (docs/ip-over-radio.md: measured round trips and the airtime it costs)
+TUNNEL_MAC = {"idle_poll_s": 0.05}
 
 
 class LocalIpTestbed:
@@ -52,7 +56,9 @@ class LocalIpTestbed:
 
     ``channel``: the frame hub's ChannelModel fields (default: ``testbed.channel`` of
     default.yaml); ``medium``: the ofdm-shared medium's (``testbed.medium``); ``mac``: the MAC's
-    settings over ``testbed.mac``; ``arq``: the tunnel's ARQ over its defaults.
+    settings over ``testbed.mac`` and :data:`TUNNEL_MAC`; ``arq``: the tunnel's ARQ over its
+    defaults; ``rto_min_ms``: TCP's minimum RTO on the tunnel's route; ``reorder``: the
+    bridges put messages back in order.
     """
 
     def __init__(
@@ -80,7 +86,8 @@ class LocalIpTestbed:
         self.plan = AddressPlan(subnet)
         self.channel = {**tb["channel"], **dict(channel or {})}
         self.medium = {**tb["medium"], **dict(medium or {})}
-        self.mac = {k: v for k, v in {**tb["mac"], **dict(mac or {})}.items() if v is not None}
+        mac = {**tb["mac"], **TUNNEL_MAC, **dict(mac or {})}
+        self.mac = {k: v for k, v in mac.items() if v is not None}
         self.arq = dict(arq or {})
         self.seed = int(seed)
         self.rto_min_ms = rto_min_ms
