@@ -18,8 +18,10 @@ tail of ``flwr run``'s output, in ``benchmarks/results/ip_flower.json``.
     sudo PYTHONPATH=python .venv/bin/python benchmarks/ip_flower.py [--kind frames-shared]
         [--rounds 3] [--robots 2] [--loss 0.02]
 
-TLS and Flower's SuperNode authentication (``--enable-supernode-auth``, which needs TLS) are
-not set up here: the link's keys authenticate every frame underneath (docs/ip-over-radio.md).
+``--auth``: TLS between the SuperNodes and the SuperLink and Flower's SuperNode authentication
+(``--enable-supernode-auth``; a private CA and the robots' EC keys from
+:mod:`scaleflu.flower.deploy`, each robot's public key registered with ``flwr supernode
+register``), on top of the link's keys that authenticate every frame underneath.
 """
 
 from __future__ import annotations
@@ -79,9 +81,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         homes = {n: work / f"flwr-home-{n}" for n in tb.nodes}
         for h in homes.values():
             h.mkdir()
+        auth: dict[str, Any] = {}
+        if args.auth:  # TLS + Flower's SuperNode authentication
+            from scaleflu.flower.deploy import write_supernode_key, write_tls
+
+            tls = write_tls(work / "tls", [server, "127.0.0.1"])
+            auth["tls"] = tls
+            auth["keys"] = {n: write_supernode_key(work / "tls", f"robot{n}") for n in tb.nodes[1:]}
+            conn = f'address = "{server}:9092"\nroot-certificates = "{tls.ca_cert}"\n'
+        else:
+            conn = f'address = "{server}:9092"\ninsecure = true\n'
         (homes[0] / "config.toml").write_text(
-            '[superlink]\ndefault = "testbed"\n\n[superlink.testbed]\n'
-            f'address = "{server}:9092"\ninsecure = true\n'
+            '[superlink]\ndefault = "testbed"\n\n[superlink.testbed]\n' + conn
         )
         logs = {}
 
@@ -97,11 +108,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cwd=str(work),
             )
 
+        security = (
+            [
+                "--ssl-ca-certfile",
+                str(auth["tls"].ca_cert),
+                "--ssl-certfile",
+                str(auth["tls"].cert),
+                "--ssl-keyfile",
+                str(auth["tls"].key),
+                "--enable-supernode-auth",
+            ]
+            if auth
+            else ["--insecure"]
+        )
         start(
             0,
             [
                 _bin("flower-superlink"),
-                "--insecure",
+                *security,
                 "--isolation",
                 "subprocess",
                 "--disable-runtime-dependency-installation",
@@ -115,12 +139,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "superlink",
         )
         time.sleep(3.0)
+        out["supernode_auth"] = bool(auth)
+        if auth:  # register each robot's public key with the SuperLink (Control API, TLS)
+            out["register"] = []
+            for n in tb.nodes[1:]:
+                reg = tb.run(
+                    0,
+                    [_bin("flwr"), "supernode", "register", str(auth["keys"][n][1]), "testbed"],
+                    env={**env, "FLWR_HOME": str(homes[0])},
+                    cwd=str(work),
+                )
+                out["register"].append((reg.returncode, (reg.stdout + reg.stderr)[-400:]))
         for n in tb.nodes[1:]:
+            node_security = (
+                [
+                    "--root-certificates",
+                    str(auth["tls"].ca_cert),
+                    "--auth-supernode-private-key",
+                    str(auth["keys"][n][0]),
+                ]
+                if auth
+                else ["--insecure"]
+            )
             start(
                 n,
                 [
                     _bin("flower-supernode"),
-                    "--insecure",
+                    *node_security,
                     "--superlink",
                     f"{server}:9092",
                     "--node-config",
@@ -178,6 +223,7 @@ def main() -> int:
     p.add_argument("--loss", type=float, default=None, help="frame loss (frame hub kinds)")
     p.add_argument("--idle-poll", type=float, default=None, help="MAC idle poll, s")
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--auth", action="store_true", help="TLS and Flower's SuperNode authentication")
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ip_flower.json")
     args = p.parse_args()
@@ -196,7 +242,7 @@ def main() -> int:
         res["flwr"] = None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    prev[args.kind] = res
+    prev[args.kind + ("-auth" if args.auth else "")] = res
     args.out.write_text(json.dumps(prev, indent=2))
     log.info(
         "%s: flwr run rc %s in %.1f s; rounds %s",

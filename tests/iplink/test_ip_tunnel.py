@@ -285,7 +285,7 @@ def test_messages_are_put_back_in_order() -> None:
     """No root: the receiver's reordering (a message that overtook a repaired one waits), the
     sender's floor (a message it gave up on is not waited for), the timeout, late arrivals."""
     dev = _Device()
-    bridge = IpBridge(_Link(), dev, AddressPlan())  # type: ignore[arg-type]
+    bridge = IpBridge(_Link(), dev, AddressPlan(), reorder=True)  # type: ignore[arg-type]
     pk = [_udp_packet("10.77.0.2", "10.77.0.1", 9, bytes([i])) for i in range(8)]
     order = lambda: [p[-1] for p in dev.written]  # noqa: E731
     assert bridge.accept_message(1, pack_batch([pk[0]], 0, 0), now=0.0) == 1

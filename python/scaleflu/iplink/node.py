@@ -84,7 +84,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--subnet", default=AddressPlan().subnet, help="the tunnel's IPv4 subnet")
     p.add_argument("--mtu", type=int, default=None, help="interface MTU (default: one frame)")
     p.add_argument("--rto-min-ms", type=int, default=None, help="TCP's minimum RTO on the route")
-    p.add_argument("--no-reorder", action="store_true", help="write messages as they arrive")
+    p.add_argument(
+        "--reorder", action="store_true", help="put each sender's messages back in its order"
+    )
     p.add_argument("--max-inflight", type=int, default=4, help="messages in flight per peer")
     p.add_argument("--max-batch", type=int, default=32768, help="bytes of one link message")
     p.add_argument("--ready-file", default=None, help="written once the bridge runs")
@@ -135,7 +137,7 @@ def run_node(args: argparse.Namespace) -> int:
             plan,
             max_inflight=args.max_inflight,
             max_batch=args.max_batch,
-            reorder=not args.no_reorder,
+            reorder=args.reorder,
         ).start()
         log.info(
             "node %d: %s %s (MTU %d)%s over %s",

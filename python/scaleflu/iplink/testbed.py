@@ -58,7 +58,7 @@ class LocalIpTestbed:
     default.yaml); ``medium``: the ofdm-shared medium's (``testbed.medium``); ``mac``: the MAC's
     settings over ``testbed.mac`` and :data:`TUNNEL_MAC`; ``arq``: the tunnel's ARQ over its
     defaults; ``rto_min_ms``: TCP's minimum RTO on the tunnel's route; ``reorder``: the
-    bridges put messages back in order.
+    bridges put messages back in order (off by default: :class:`~scaleflu.iplink.bridge.IpBridge`).
     """
 
     def __init__(
@@ -74,7 +74,7 @@ class LocalIpTestbed:
         workdir: str | Path | None = None,
         tag: str | None = None,
         rto_min_ms: int | None = None,
-        reorder: bool = True,
+        reorder: bool = False,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"the IP testbed runs {', '.join(KINDS)}; got {kind!r}")
@@ -193,8 +193,8 @@ class LocalIpTestbed:
                     "--stats-every",
                     "2",
                 ]
-                if not self.reorder:
-                    argv.append("--no-reorder")
+                if self.reorder:
+                    argv.append("--reorder")
                 if self.rto_min_ms:
                     argv += ["--rto-min-ms", str(int(self.rto_min_ms))]
                 log_file = open(self.workdir / f"node-{n}.log", "wb")  # noqa: SIM115
