@@ -286,6 +286,8 @@ def test_flower_run_gives_the_runtimes_numbers(tmp_path: Path) -> None:
             )
         assert served[m]["cost"]["bytes"] == res["cost"]["bytes"]
         assert served[m]["aoi"]["mean_s"] == pytest.approx(res["aoi"]["mean_s"], rel=1e-6)
+    # the requester heard back: queued in the round it asked, served at the end
+    assert sfl.answers(grid.contexts[grid.node_ids[1]]) == {1: "served: scale"}
     side = json.loads((tmp_path / "flower" / "unlearn" / "side_by_side.json").read_text())
     assert side[0]["request"] == "client:1" and side[0]["deployed"] == "scale"
     labels = [r["label"] for r in side[0]["audit"]]

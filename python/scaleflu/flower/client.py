@@ -21,7 +21,9 @@ two places::
 ``request_forget`` only queues the request in the node's ``context.state`` (Flower keeps it for
 the run); :func:`reply` attaches every queued request to the reply, in each reply until the
 server answered it (a lost reply loses nothing), and reads the server's answers from the
-message it replies to (:func:`answers`). The server serves requests after its last round.
+message it replies to (:func:`answers`: ``queued``, ``refused: <why>``, then ``served:
+<method>``). After its last round the server asks every node for what it holds (the
+``collect`` query), serves the requests, and sends the answers (``notify``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from scaleflu.flower.wire import (
     ClientRequest,
     identity_record,
     read_acks,
+    read_phase,
     request_text,
 )
 
@@ -118,10 +121,14 @@ def _take_answers(msg: Message, context: Context) -> None:
     a_ids, a_texts, _ = _read(context, _ANSWERS)
     keep = [(i, t) for i, t in zip(ids, texts, strict=True) if i not in got]
     for rid, status in got.items():
-        if rid in ids and rid not in a_ids:
+        if rid in a_ids:  # a later answer (queued -> served)
+            a_texts[a_ids.index(rid)] = status
+        elif rid in ids:
             a_ids.append(rid)
             a_texts.append(status)
-            log.info("unlearning request %d: %s", rid, status)
+        else:
+            continue  # not a request of this client's
+        log.info("unlearning request %d: %s", rid, status)
     _write(context, _PENDING, [i for i, _ in keep], [t for _, t in keep], next_id)
     _write(context, _ANSWERS, a_ids, a_texts, 1)
 
@@ -146,15 +153,21 @@ def add_registration(
     app: ClientApp,
     client_id: Callable[[Context], int],
     num_examples: Callable[[Context], int] | None = None,
+    on_query: Callable[[str, int, Context], None] | None = None,
 ) -> None:
-    """Answer the strategy's registration query (``query.scaleflu``) on ``app``.
+    """Answer the strategy's queries (``query.scaleflu``) on ``app``.
 
     ``client_id(context)``: this node's client index in the federation's partition;
     ``num_examples(context)``: its number of training samples M_n (checked by the server
-    against the partition its config describes).
+    against the partition its config describes). ``on_query(phase, server_round, context)``
+    runs first: at ``collect``, after the last round, a client may still ask
+    (:func:`request_forget`); the reply carries what is pending.
     """
 
     @app.query(REGISTER_ACTION)
     def _register(msg: Message, context: Context) -> Message:
+        if on_query is not None:
+            phase, t = read_phase(msg.content)
+            on_query(phase, t, context)
         size = None if num_examples is None else int(num_examples(context))
         return reply(msg, context, RecordDict(), int(client_id(context)), size)

@@ -19,13 +19,15 @@ own ``Strategy``) and leaves the aggregation to it. Around it, it
    the server's evaluation of every global model, in a run directory that ``scaleflu unlearn``
    and ``scaleflu.unlearn.registry.run_unlearning`` read like one ``scaleflu train`` wrote;
 4. **collects** the unlearning requests clients attach to their replies
-   (:func:`scaleflu.flower.client.request_forget`), each bound to the client its node
-   registered as, answers them in that node's next message, and
+   (:func:`scaleflu.flower.client.request_forget`) -- in every round, and after the last one
+   from every registered node (:meth:`UnlearningStrategy.collect`) -- each bound to the client
+   its node registered as, and answers them in that node's next message; and
 5. **serves** them after the last round (or when :meth:`serve` is called) with SCALE or any
    registered method, side by side with the ``compare`` methods (Retrain, the fine-tune
    control), writes every method's model and result with the audit columns of Table II, and
    deploys the chosen method's model: the history's erasure of the requester's updates, the
-   run's final model, and the ``Result`` the strategy's ``start`` returns.
+   run's final model, and the ``Result`` the strategy's ``start`` returns; each requester is
+   told ``served: <method>`` (:meth:`UnlearningStrategy.notify`).
 
 Every reply is checked before the wrapped strategy sees it (:mod:`scaleflu.flower.wire`): a
 node that sends a malformed record, another client's id, a model of other shapes or with
@@ -72,6 +74,10 @@ from scaleflu.fl.run import (
 from scaleflu.fl.strategy import NOT_EVALUATED, FedAvg
 from scaleflu.flower.wire import (
     ACKS_KEY,
+    PHASE_COLLECT,
+    PHASE_KEY,
+    PHASE_NOTIFY,
+    PHASE_REGISTER,
     QUEUED,
     REGISTER_TYPE,
     Identity,
@@ -307,11 +313,24 @@ class UnlearningStrategy(Strategy):
                 log.warning("registration: %d of %d nodes connected", len(nodes), want)
             node_ids = nodes
         todo = [n for n in node_ids if n not in self.node_client]
-        if not todo:
+        got = self._query(grid, todo, PHASE_REGISTER)
+        if todo:
+            missing = len(todo) - len(got)
+            log.info(
+                "registered %d node(s)%s",
+                len(got),
+                f" ({missing} did not answer)" if missing else "",
+            )
+        return got
+
+    def _query(self, grid: Grid, nodes: Sequence[int], phase: str, t: int = 0) -> dict[int, int]:
+        """Send ``query.scaleflu`` (``phase``: register, collect, notify) to ``nodes`` with the
+        answers owed to each; take the identities and requests of the replies."""
+        if not nodes:
             return {}
         msgs = []
-        for node in todo:
-            content = RecordDict()
+        for node in nodes:
+            content = RecordDict({PHASE_KEY: ConfigRecord({"phase": phase, "server-round": t})})
             self._attach_acks(node, content)
             msgs.append(Message(content, dst_node_id=node, message_type=REGISTER_TYPE))
         replies = grid.send_and_receive(msgs, timeout=self.register_timeout)
@@ -319,21 +338,27 @@ class UnlearningStrategy(Strategy):
         for msg in replies:
             node = msg.metadata.src_node_id
             if msg.has_error():
-                log.warning(
-                    "registration: node %d answered with an error: %s", node, msg.error.reason
-                )
+                log.warning("%s: node %d answered with an error: %s", phase, node, msg.error.reason)
                 continue
             try:
-                ident = self._identify(msg, "registration")
+                ident = self._identify(msg, phase, t)
             except WireError as exc:
                 log.warning("%s", exc)
                 continue
             got[node] = ident.client_id
-        missing = len(todo) - len(got)
-        log.info(
-            "registered %d node(s)%s", len(got), f" ({missing} did not answer)" if missing else ""
-        )
         return got
+
+    def collect(self, grid: Grid) -> int:
+        """After the last round: ask every registered node for the requests it holds (a client
+        that was not selected late in the run still gets heard). Returns how many arrived."""
+        before = len(self.requests)
+        self._query(grid, list(self.node_client), PHASE_COLLECT, self.num_rounds + 1)
+        return len(self.requests) - before
+
+    def notify(self, grid: Grid) -> None:
+        """Tell the nodes what became of their requests (``served: <method>``, ``refused``)."""
+        nodes = [self.client_node[n] for n in self._answers if n in self.client_node]
+        self._query(grid, nodes, PHASE_NOTIFY, self.num_rounds + 1)
 
     def _identify(self, msg: Message, what: str, t: int = 0) -> Identity:
         """Check a reply's identity, bind its node to its client, take its requests."""
@@ -601,8 +626,11 @@ class UnlearningStrategy(Strategy):
             self.close()
             raise
         self._finish()
+        if self.serve_at_end:
+            self.collect(grid)
         if self.serve_at_end and self.requests:
             self.serve_pending()
+            self.notify(grid)
             deployed = next((s for s in reversed(self.served) if s.deployed), None)
             if deployed is not None:
                 from scaleflu.fl.integrity import load_model
@@ -633,7 +661,12 @@ class UnlearningStrategy(Strategy):
         """Serve every queued request in arrival order (see :meth:`serve`)."""
         out = []
         while self.requests:
-            out.append(self.serve(self.requests.pop(0)))
+            q = self.requests.pop(0)
+            served = self.serve(q)
+            self._answers.setdefault(q.client, {})[q.request_id] = (
+                f"served: {served.deployed or self.method}"
+            )
+            out.append(served)
         return out
 
     def serve(

@@ -11,8 +11,10 @@ Three records ride in the ``RecordDict`` of ordinary Flower messages, beside the
 * ``"scaleflu-acks"`` (a ``ConfigRecord``, in the server's messages to one node): the request ids
   the server received, ``ids``, each with its answer in ``status`` (``queued`` or
   ``refused: <why>``); the client stops sending them.
-* a registration query: message type ``query.scaleflu`` (:data:`REGISTER_TYPE`), answered with
-  the ``"scaleflu"`` record.
+* the strategy's queries: message type ``query.scaleflu`` (:data:`REGISTER_TYPE`) with a
+  ``"scaleflu-query"`` record (``phase``: ``register`` before the first round, ``collect``
+  after the last one to hear every client's pending requests, ``notify`` to deliver the final
+  answers; ``server-round``), answered with the ``"scaleflu"`` record.
 
 A client asks about its *own* data only, so its request text names no client:
 
@@ -48,6 +50,8 @@ IDENTITY_KEY = "scaleflu"
 ACKS_KEY = "scaleflu-acks"
 REGISTER_ACTION = "scaleflu"
 REGISTER_TYPE = f"{MessageType.QUERY}.{REGISTER_ACTION}"
+PHASE_KEY = "scaleflu-query"  # ConfigRecord of a query.scaleflu message: phase, server-round
+PHASE_REGISTER, PHASE_COLLECT, PHASE_NOTIFY = "register", "collect", "notify"
 MAX_REQUESTS = 16  # pending requests one reply may carry
 MAX_REQUEST_TEXT = 200  # characters of one request's text
 QUEUED = "queued"
@@ -211,6 +215,14 @@ def acks_record(answers: Mapping[int, str]) -> ConfigRecord:
     """The ``"scaleflu-acks"`` record: request id -> ``queued`` / ``refused: ...``."""
     ids = sorted(answers)
     return ConfigRecord({"ids": ids, "status": [answers[i][:MAX_REQUEST_TEXT] for i in ids]})
+
+
+def read_phase(content: RecordDict) -> tuple[str, int]:
+    """(phase, server-round) of a ``query.scaleflu`` message (``("register", 0)`` if absent)."""
+    rec = content.get(PHASE_KEY) if PHASE_KEY in content else None
+    if not isinstance(rec, ConfigRecord):
+        return PHASE_REGISTER, 0
+    return str(rec.get("phase", PHASE_REGISTER)), int(rec.get("server-round", 0) or 0)
 
 
 def read_acks(content: RecordDict) -> dict[int, str]:
