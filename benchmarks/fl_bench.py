@@ -266,8 +266,8 @@ def bench_flower(rounds: int) -> dict[str, Any]:
 UNLEARN_FED = (
     "seed=0 data.num_clients=10 data.train_subset=10000 data.test_subset=2000 "
     "data.partition=dirichlet data.alpha=1.0 data.poison.backdoor_clients=[2] "
-    "data.poison.backdoor_fraction=0.3 fl.clients_per_round=5 fl.local_epochs=1 fl.lr=0.05 "
-    "fl.momentum=0.9 fl.batch_size=32 fl.trainer=sequential fl.threads=1"
+    "data.poison.backdoor_fraction=0.3 fl.clients_per_round=5 fl.local_epochs=1 fl.lr=0.02 "
+    "fl.momentum=0.5 fl.batch_size=32 fl.trainer=sequential fl.threads=1"
 )
 UNLEARN_SET = "scale.eval.relearn_max_rounds=0"
 UNLEARN_CLIENT = 2

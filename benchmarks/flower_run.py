@@ -33,8 +33,8 @@ log = logging.getLogger("flower_run")
 
 FED = (
     "seed=0 data.num_clients={n} data.train_subset=6000 data.test_subset=1000 "
-    "data.partition=iid data.poison.backdoor_clients=[1] data.poison.backdoor_fraction=0.3 "
-    "fl.clients_per_round={k} fl.local_epochs=1 fl.lr=0.05 fl.momentum=0.9 fl.batch_size=32 "
+    "data.partition=iid data.poison.backdoor_clients=[2] data.poison.backdoor_fraction=0.3 "
+    "fl.clients_per_round={k} fl.local_epochs=1 fl.lr=0.02 fl.momentum=0.5 fl.batch_size=32 "
     "fl.trainer=sequential fl.threads=1"
 )
 UNLEARN = "scale.eval.relearn_max_rounds=0"
@@ -89,7 +89,7 @@ def flwr_run(args: argparse.Namespace, work: Path, fed: str) -> dict[str, Any]:
     run_dir = work / "flower-run"
     rc = (
         f"num-server-rounds={args.rounds} run-dir='{run_dir}' scaleflu-set='{fed}' "
-        f"forget-client=1 forget-round={args.rounds} unlearn-set='{UNLEARN}'"
+        f"forget-client=2 forget-round={args.rounds} unlearn-set='{UNLEARN}'"
     )
     try:
         time.sleep(5.0)
@@ -122,7 +122,7 @@ def flwr_run(args: argparse.Namespace, work: Path, fed: str) -> dict[str, Any]:
         link_log.close()
     results = {}
     for m in METHODS:
-        path = run_dir / "unlearn" / f"client-1-{m}" / "result.json"
+        path = run_dir / "unlearn" / f"client-2-{m}" / "result.json"
         results[m] = json.loads(path.read_text()) if path.is_file() else None
     command = f'flwr run examples/flower_unlearning sim --stream --run-config "{rc}"'
     return {
@@ -148,7 +148,7 @@ def ours(args: argparse.Namespace, work: Path, fed: str) -> dict[str, Any]:
     )
     results = {}
     for m in METHODS:
-        out = run_unlearn(run_dir, "client:1", method=m, overrides=[UNLEARN], progress=False)
+        out = run_unlearn(run_dir, "client:2", method=m, overrides=[UNLEARN], progress=False)
         results[m] = json.loads((out / "result.json").read_text())
     return {"wall_s": time.perf_counter() - t0, "results": results}
 
@@ -190,7 +190,7 @@ def main() -> int:
             "federation": fed,
             "unlearn": UNLEARN,
             "rounds": args.rounds,
-            "request": "client:1",
+            "request": "client:2",
         },
         "flwr": flwr.__version__,
         "machine": {

@@ -48,7 +48,7 @@ log = logging.getLogger("ip_flower")
 FED = (
     "seed=0 data.num_clients={n} data.train_subset=2000 data.test_subset=500 data.partition=iid "
     "data.poison.backdoor_clients=[1] data.poison.backdoor_fraction=0.3 "
-    "fl.clients_per_round={n} fl.local_epochs=1 fl.lr=0.05 fl.momentum=0.9 fl.batch_size=32 "
+    "fl.clients_per_round={n} fl.local_epochs=1 fl.lr=0.02 fl.momentum=0.5 fl.batch_size=32 "
     "fl.trainer=sequential fl.threads=1"
 )
 

@@ -54,7 +54,7 @@ needs_fmnist = pytest.mark.skipif(
 FED = (
     "seed=0 data.num_clients=4 data.train_subset=1200 data.test_subset=400 data.partition=iid "
     "data.poison.backdoor_clients=[1] data.poison.backdoor_fraction=0.3 fl.clients_per_round=3 "
-    "fl.local_epochs=1 fl.lr=0.05 fl.momentum=0.9 fl.batch_size=32 fl.trainer=sequential "
+    "fl.local_epochs=1 fl.lr=0.02 fl.momentum=0.5 fl.batch_size=32 fl.trainer=sequential "
     "fl.threads=1"
 )
 UNLEARN = ["scale.eval.relearn_max_rounds=0", "scale.heal_epochs=5"]
