@@ -294,6 +294,7 @@ def _example_apps(rc: dict[str, Any]) -> tuple[Any, Any]:
     --run-config`` gives them; ``run_simulation`` takes none)."""
     from flower_unlearning import client_app as example_client
     from flower_unlearning import server_app as example_server
+    from flwr.app import Context
     from flwr.clientapp import ClientApp
     from flwr.serverapp import ServerApp
 
@@ -302,8 +303,16 @@ def _example_apps(rc: dict[str, Any]) -> tuple[Any, Any]:
     client = ClientApp()
 
     def with_config(msg: Any, context: Any) -> Any:
-        context.run_config.update(rc)
-        return example_client.app(msg, context)
+        # Flower forbids changing a Context's run config: the app gets a view with ``rc``
+        # (the same node state, so its requests persist)
+        view = Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config=context.node_config,
+            state=context.state,
+            run_config={**context.run_config, **rc},
+        )
+        return example_client.app(msg, view)
 
     client.train()(with_config)
     client.query(REGISTER_ACTION)(with_config)
@@ -311,8 +320,14 @@ def _example_apps(rc: dict[str, Any]) -> tuple[Any, Any]:
 
     @server.main()
     def main(grid: Any, context: Any) -> None:
-        context.run_config.update(rc)
-        example_server.app(grid, context)
+        view = Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config=context.node_config,
+            state=context.state,
+            run_config={**context.run_config, **rc},
+        )
+        example_server.app(grid, view)
 
     return server, client
 
