@@ -304,3 +304,45 @@ def test_messages_are_put_back_in_order() -> None:
     assert bridge.accept_message(2, pack_batch([pk[0]], 0, 0)) == 0
     assert bridge.accept_message(1, b"\x02garbage") == 0
     assert bridge.stats.dropped == {"rx_spoofed_source": 1, "rx_bad_message": 1}
+
+
+def test_local_testbed_carries_udp_over_the_mac() -> None:
+    """The IP testbed: node processes, key files, namespaces, the frame hub on one frequency
+    with the server-scheduled MAC; a robot's datagram reaches the server and comes back."""
+    _root_or_skip()
+    from scaleflu.iplink.testbed import LocalIpTestbed
+
+    with LocalIpTestbed(robots=1, kind="frames-shared", channel={"loss": 0.0}) as tb:
+        server = tb.address(0)
+        keys = sorted((tb.workdir / "keys").iterdir())
+        assert all(oct(p.stat().st_mode & 0o777) == "0o600" for p in keys)
+        echo = tb.popen(
+            0,
+            [
+                sys.executable,
+                "-c",
+                "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                f"s.bind(('{server}', 7000))\nprint('ready', flush=True)\n"
+                "d, a = s.recvfrom(65535)\ns.sendto(d[::-1], a)\n",
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert echo.stdout.readline().strip() == "ready"
+        out = tb.run(
+            1,
+            [
+                sys.executable,
+                "-c",
+                "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+                f"s.settimeout(20)\ns.sendto(b'over the radio', ('{server}', 7000))\n"
+                "print(s.recvfrom(100)[0].decode())\n",
+            ],
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "oidar eht revo"
+        # the robot sees no other interface than the tunnel and loopback
+        links = tb.run(1, ["ip", "-o", "link"]).stdout
+        names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
+        assert names == sorted(["lo", f"sfl{tb.tag}1"])
