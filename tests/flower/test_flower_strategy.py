@@ -228,6 +228,10 @@ def test_strategy_leaves_out_hostile_replies_and_answers_requests(tmp_path: Path
     assert sfl.answers(grid.contexts[nodes[0]]) == {1: "queued"}
     assert sfl.pending_requests(grid.contexts[nodes[0]]) == []
     h.close()
+    # a method that fails is reported, not raised: the server stays up, nothing is deployed
+    strategy.unlearn_overrides = ("baselines.pga.epochs=-1",)
+    served = strategy.serve(strategy.requests[0], methods=["pga"])
+    assert "epochs" in served.errors["pga"] and served.deployed is None
 
 
 # -- the same numbers as the runtime ------------------------------------------------------------

@@ -119,6 +119,7 @@ class ServedRequest:
     out_dir: Path | None = None
     deployed: str | None = None
     erasure: dict[str, Any] | None = None
+    errors: dict[str, str] = field(default_factory=dict)  # method -> why it failed
 
     def to_json(self) -> dict[str, Any]:
         """The side-by-side record written to ``side_by_side.json``."""
@@ -127,6 +128,7 @@ class ServedRequest:
             "client": None if self.request is None else self.request.client,
             "round_received": None if self.request is None else self.request.round,
             "deployed": self.deployed,
+            "errors": self.errors,
             "audit": self.audit,
             "erasure": self.erasure,
             "results": {m: str(self.out_dir / _slug_dir(self.text, m)) for m in self.results}
@@ -664,7 +666,9 @@ class UnlearningStrategy(Strategy):
             q = self.requests.pop(0)
             served = self.serve(q)
             self._answers.setdefault(q.client, {})[q.request_id] = (
-                f"served: {served.deployed or self.method}"
+                f"served: {served.deployed}"
+                if served.deployed
+                else f"failed: {served.errors.get(self.method, 'not deployed')}"[:200]
             )
             out.append(served)
         return out
@@ -707,14 +711,19 @@ class UnlearningStrategy(Strategy):
         try:
             for name in names:
                 log.info("serving %s with %s", req.text, name)
-                done = run_unlearning(
-                    self.run_dir,
-                    req,
-                    name,
-                    overrides=list(self.unlearn_overrides),
-                    progress=self.progress,
-                    run=run,
-                )
+                try:
+                    done = run_unlearning(
+                        self.run_dir,
+                        req,
+                        name,
+                        overrides=list(self.unlearn_overrides),
+                        progress=self.progress,
+                        run=run,
+                    )
+                except Exception as exc:  # a method that fails must not take the server down
+                    log.error("serving %s with %s failed: %s", req.text, name, exc)
+                    served.errors[name] = f"{type(exc).__name__}: {exc}"
+                    continue
                 if done.result.details.get("aoi_time_avg_s") is None and (
                     "rollout" in done.result.details
                 ):  # Table II's Avg AoI column for SCALE, as the harness computes it
