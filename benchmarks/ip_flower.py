@@ -60,6 +60,22 @@ def _bin(name: str) -> str:
     return path
 
 
+def _wait_port(tb: LocalIpTestbed, node: int, host: str, port: int, timeout: float) -> None:
+    """Wait until something listens on host:port inside node ``node``'s namespace."""
+    code = (
+        "import socket, sys, time\n"
+        f"end = time.time() + {timeout}\n"
+        "while time.time() < end:\n"
+        "    try:\n"
+        f"        socket.create_connection(({host!r}, {port}), timeout=2).close(); sys.exit(0)\n"
+        "    except OSError:\n"
+        "        time.sleep(0.5)\n"
+        "sys.exit(1)\n"
+    )
+    if tb.run(node, [sys.executable, "-c", code], timeout=timeout + 10).returncode != 0:
+        raise SystemExit(f"nothing listens on {host}:{port} after {timeout:.0f} s")
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One Flower run over the tunnel; its measurements."""
     work = Path(args.workdir or f"/tmp/sfl-ip-flower-{os.getpid()}")
@@ -138,7 +154,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             ],
             "superlink",
         )
-        time.sleep(3.0)
+        _wait_port(tb, 0, server, 9092, 180.0)
         out["supernode_auth"] = bool(auth)
         if auth:  # register each robot's public key with the SuperLink (Control API, TLS)
             out["register"] = []
