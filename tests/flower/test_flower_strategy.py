@@ -94,6 +94,11 @@ def test_request_helper_queues_attaches_and_drops_answered_requests() -> None:
     out = sfl.reply(_msg_to(7, acked), ctx, RecordDict(), client_id=2)
     assert [r.request_id for r in read_identity(out.content, "test").requests] == [b]
     assert sfl.answers(ctx) == {a: "queued"}
+    # served: asking again is the same request; refused: it may be asked again
+    acked = RecordDict({ACKS_KEY: acks_record({a: "served: scale", b: "refused: no"})})
+    sfl.reply(_msg_to(7, acked), ctx, RecordDict(), client_id=2)
+    assert sfl.request_forget(ctx, "class", classes=(3, 5)) == a
+    assert sfl.request_forget(ctx, "sample", fraction=0.25) not in (a, b)
     # bound to the sender's client, never to a client named in the text
     assert ClientRequest(1, "class:3,5").bind(2).text == "class:3,5@2"
     assert ClientRequest(1, "sample:poisoned").bind(0).poisoned_only
@@ -293,6 +298,7 @@ def test_flower_run_gives_the_runtimes_numbers(tmp_path: Path) -> None:
     # the requester heard back: queued in the round it asked, served at the end
     assert sfl.answers(grid.contexts[grid.node_ids[1]]) == {1: "served: scale"}
     side = json.loads((tmp_path / "flower" / "unlearn" / "side_by_side.json").read_text())
+    assert len(side) == 1  # asked in round 2 and again when collected: served once
     assert side[0]["request"] == "client:1" and side[0]["deployed"] == "scale"
     labels = [r["label"] for r in side[0]["audit"]]
     assert labels == ["Retrain", "Control", "SCALE"]

@@ -46,8 +46,8 @@ from scaleflu.flower.wire import (
 
 log = logging.getLogger(__name__)
 
-_PENDING = "scaleflu-pending"  # context.state: the requests not answered yet
-_ANSWERS = "scaleflu-answers"  # context.state: the server's answers
+_STATE = "scaleflu-requests"  # context.state: every request (id, text, status)
+PENDING = "pending"  # not answered by the server yet
 
 __all__ = [
     "add_registration",
@@ -58,20 +58,24 @@ __all__ = [
 ]
 
 
-def _read(context: Context, key: str) -> tuple[list[int], list[str], int]:
-    rec = context.state.get(key) if key in context.state else None
+def _read(context: Context) -> tuple[list[int], list[str], list[str], int]:
+    """(ids, texts, statuses, next id) of this node's requests."""
+    rec = context.state.get(_STATE) if _STATE in context.state else None
     if not isinstance(rec, ConfigRecord):
-        return [], [], 1
+        return [], [], [], 1
     ids = [int(i) for i in (rec.get("ids") or [])]
     texts = [str(t) for t in (rec.get("texts") or [])]
-    return ids, texts, int(rec.get("next-id", 1))
+    status = [str(t) for t in (rec.get("status") or [])]
+    return ids, texts, status, int(rec.get("next-id", 1))
 
 
-def _write(context: Context, key: str, ids: list[int], texts: list[str], next_id: int) -> None:
+def _write(
+    context: Context, ids: list[int], texts: list[str], status: list[str], next_id: int
+) -> None:
     rec: dict[str, int | list[int] | list[str]] = {"next-id": int(next_id)}
     if ids:  # Flower cannot serialise an empty list (its element type is unknown)
-        rec["ids"], rec["texts"] = ids, texts
-    context.state[key] = ConfigRecord(rec)
+        rec["ids"], rec["texts"], rec["status"] = ids, texts, status
+    context.state[_STATE] = ConfigRecord(rec)
 
 
 def request_forget(
@@ -85,52 +89,51 @@ def request_forget(
 
     ``kind``: ``client`` (all of it: the client leaves), ``class`` with ``classes`` (those
     classes of its data), ``sample`` with ``fraction`` in (0, 1] (that share of its samples,
-    poisoned ones first) or ``poisoned=True``. Sent with the next :func:`reply`.
+    poisoned ones first) or ``poisoned=True``. Sent with the next :func:`reply`. Asking again
+    for what is pending, queued or served returns that request's id (it is served once); a
+    refused or failed request may be asked again.
     """
     text = request_text(kind, classes, fraction, poisoned)
-    ids, texts, next_id = _read(context, _PENDING)
-    if text in texts:  # asked already and not answered yet: the same request
-        return ids[texts.index(text)]
+    ids, texts, status, next_id = _read(context)
+    for rid, t, st in zip(ids, texts, status, strict=True):
+        if t == text and not st.startswith(("refused", "failed")):
+            return rid
     ids.append(next_id)
     texts.append(text)
-    _write(context, _PENDING, ids, texts, next_id + 1)
+    status.append(PENDING)
+    _write(context, ids, texts, status, next_id + 1)
     log.info("unlearning request %d queued: %s", next_id, text)
     return next_id
 
 
 def pending_requests(context: Context) -> list[ClientRequest]:
-    """The requests queued and not yet answered by the server."""
-    ids, texts, _ = _read(context, _PENDING)
-    return [ClientRequest(i, t) for i, t in zip(ids, texts, strict=True)]
+    """The requests not yet answered by the server (sent with every reply)."""
+    ids, texts, status, _ = _read(context)
+    return [
+        ClientRequest(i, t) for i, t, st in zip(ids, texts, status, strict=True) if st == PENDING
+    ]
 
 
 def answers(context: Context) -> dict[int, str]:
-    """The server's answers so far: request id -> ``queued`` or ``refused: <why>``."""
-    ids, texts, _ = _read(context, _ANSWERS)
-    return dict(zip(ids, texts, strict=True))
+    """The server's answers so far: request id -> ``queued``, ``refused: <why>``, ``served:
+    <method>`` or ``failed: <why>``."""
+    ids, _, status, _ = _read(context)
+    return {i: st for i, st in zip(ids, status, strict=True) if st != PENDING}
 
 
 def _take_answers(msg: Message, context: Context) -> None:
-    """Move the requests the server answered in ``msg`` from pending to answered."""
+    """Record the answers ``msg`` carries for this node's requests."""
     if not msg.has_content():
         return
     got = read_acks(msg.content)
     if not got:
         return
-    ids, texts, next_id = _read(context, _PENDING)
-    a_ids, a_texts, _ = _read(context, _ANSWERS)
-    keep = [(i, t) for i, t in zip(ids, texts, strict=True) if i not in got]
-    for rid, status in got.items():
-        if rid in a_ids:  # a later answer (queued -> served)
-            a_texts[a_ids.index(rid)] = status
-        elif rid in ids:
-            a_ids.append(rid)
-            a_texts.append(status)
-        else:
-            continue  # not a request of this client's
-        log.info("unlearning request %d: %s", rid, status)
-    _write(context, _PENDING, [i for i, _ in keep], [t for _, t in keep], next_id)
-    _write(context, _ANSWERS, a_ids, a_texts, 1)
+    ids, texts, status, next_id = _read(context)
+    for rid, answer in got.items():
+        if rid in ids:  # an answer for another id is not about this client's requests
+            status[ids.index(rid)] = answer
+            log.info("unlearning request %d: %s", rid, answer)
+    _write(context, ids, texts, status, next_id)
 
 
 def reply(

@@ -224,6 +224,7 @@ class UnlearningStrategy(Strategy):
         self.refused: dict[int, dict[int, str]] = {}  # round -> {node: why}
         self._answers: dict[int, dict[int, str]] = {}  # client -> {request id: status} to send
         self._seen: set[tuple[int, int]] = set()  # (client, request id) answered
+        self._asked: dict[int, set[str]] = {}  # client -> the requests it made (bound text)
         self._theta: State = {}
         self._t0 = 0.0
 
@@ -402,6 +403,10 @@ class UnlearningStrategy(Strategy):
             except ValueError as exc:
                 self._answers.setdefault(n, {})[req.request_id] = f"refused: {exc}"
                 continue
+            if bound.text in self._asked.get(n, set()):  # the same request, asked again
+                self._answers.setdefault(n, {})[req.request_id] = "refused: asked already"
+                continue
+            self._asked.setdefault(n, set()).add(bound.text)
             self.requests.append(QueuedRequest(n, node, req.request_id, bound, t))
             self._answers.setdefault(n, {})[req.request_id] = QUEUED
             log.info("client %d (node %d) asks to forget: %s (round %d)", n, node, bound.text, t)
