@@ -184,7 +184,7 @@ link.set_peer_key(0, bytes(32))
 print("ready", flush=True)
 # receive the server's message and answer every echo request, until told to stop
 while True:
-    got = link.recv(60)
+    got = link.recv(600)
     if got is None:
         break
     src, data = got

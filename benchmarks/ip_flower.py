@@ -76,6 +76,41 @@ def _wait_port(tb: LocalIpTestbed, node: int, host: str, port: int, timeout: flo
         raise SystemExit(f"nothing listens on {host}:{port} after {timeout:.0f} s")
 
 
+class _Direct:
+    """The baseline without the radio: every process in this namespace, on 127.0.0.1."""
+
+    def __init__(self, robots: int) -> None:
+        self.nodes = list(range(robots + 1))
+        self.children: list[subprocess.Popen[Any]] = []
+
+    def __enter__(self) -> _Direct:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.children:
+            try:
+                os.killpg(p.pid, 15)
+                p.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+
+    def address(self, node: int) -> str:
+        return "127.0.0.1"
+
+    def popen(self, node: int, argv: list[str], **kw: Any) -> subprocess.Popen[Any]:
+        if "--node-config" in argv:  # each SuperNode its own ClientAppIo port
+            argv = [*argv, "--port", str(9194 + node)]
+        proc = subprocess.Popen(argv, start_new_session=True, **kw)
+        self.children.append(proc)
+        return proc
+
+    def run(self, node: int, argv: list[str], timeout: float = 120.0, **kw: Any) -> Any:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kw)
+
+    def stats(self) -> dict[int, Any]:
+        return {}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """One Flower run over the tunnel; its measurements."""
     work = Path(args.workdir or f"/tmp/sfl-ip-flower-{os.getpid()}")
@@ -91,7 +126,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     out: dict[str, Any] = {"kind": args.kind, "robots": args.robots, "rounds": args.rounds}
     t_setup = time.perf_counter()
-    with LocalIpTestbed(args.robots, args.kind, channel=channel, mac=mac, workdir=work) as tb:
+    testbed: Any = (
+        _Direct(args.robots)
+        if args.direct
+        else LocalIpTestbed(args.robots, args.kind, channel=channel, mac=mac, workdir=work)
+    )
+    with testbed as tb:
         out["testbed_up_s"] = time.perf_counter() - t_setup
         server = tb.address(0)
         homes = {n: work / f"flwr-home-{n}" for n in tb.nodes}
@@ -258,7 +298,8 @@ def main() -> int:
         res["flwr"] = None
     args.out.parent.mkdir(parents=True, exist_ok=True)
     prev = json.loads(args.out.read_text()) if args.out.is_file() else {}
-    prev[args.kind + ("-auth" if args.auth else "")] = res
+    key = "direct" if args.direct else args.kind
+    prev[key + ("-auth" if args.auth else "")] = res
     args.out.write_text(json.dumps(prev, indent=2))
     log.info(
         "%s: flwr run rc %s in %.1f s; rounds %s",
