@@ -280,6 +280,7 @@ def main() -> int:
     p.add_argument("--idle-poll", type=float, default=None, help="MAC idle poll, s")
     p.add_argument("--timeout", type=float, default=1800.0)
     p.add_argument("--auth", action="store_true", help="TLS and Flower's SuperNode authentication")
+    p.add_argument("--direct", action="store_true", help="baseline: no radio, all on 127.0.0.1")
     p.add_argument("--workdir", default=None)
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "ip_flower.json")
     args = p.parse_args()
