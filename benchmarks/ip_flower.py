@@ -304,7 +304,7 @@ def main() -> int:
     args.out.write_text(json.dumps(prev, indent=2))
     log.info(
         "%s: flwr run rc %s in %.1f s; rounds %s",
-        args.kind,
+        key,
         res["flwr_run_rc"],
         res["flwr_run_s"],
         [(r["round"], round(r["wall_s"], 1)) for r in res["rounds_recorded"]],
