@@ -93,10 +93,11 @@ import json, socket, time
 for _ in range(200):
     try:
         t0 = time.time()
-        c = socket.create_connection(("{addr}", {port}), timeout=30)
+        c = socket.create_connection(("{addr}", {port}), timeout=60)
         break
     except (ConnectionRefusedError, OSError):
         time.sleep(0.1)
+c.settimeout(None)  # a slow medium: the transfer may take minutes
 c.sendall(bytes({nbytes}))
 c.shutdown(socket.SHUT_WR)
 c.recv(1)
@@ -134,6 +135,9 @@ def tcp_transfer(tb: LocalIpTestbed, src: int, dst: int, nbytes: int, port: int)
     )
     got = json.loads(sink.stdout.readline())
     sink.wait(timeout=30)
+    if source.returncode != 0:
+        sink.kill()
+        return {"bytes": 0, "s": None, "goodput_Bps": 0.0, "error": source.stderr[-500:]}
     start = json.loads(source.stdout.strip().splitlines()[-1])["start"]
     secs = got["end"] - start
     after = _nstat(tb, src)
