@@ -16,7 +16,7 @@ Real radios (USRP 2955 receives, a USRP 2900 transmits)::
 
 import sys
 
-from scaleflu.testbed.cli import server_main
+from scaleflu.cli.testbed import server_main
 
 if __name__ == "__main__":
     sys.exit(server_main())

@@ -14,7 +14,7 @@ On a MentorPi with its USRP 2900::
 
 import sys
 
-from scaleflu.testbed.cli import robot_main
+from scaleflu.cli.testbed import robot_main
 
 if __name__ == "__main__":
     sys.exit(robot_main())
