@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
 
 log = logging.getLogger("flower_run")
 
@@ -137,9 +136,9 @@ def flwr_run(args: argparse.Namespace, work: Path, fed: str) -> dict[str, Any]:
 
 def ours(args: argparse.Namespace, work: Path, fed: str) -> dict[str, Any]:
     """``scaleflu train`` + ``scaleflu unlearn`` on the same federation (library calls)."""
+    from scaleflu.cli.unlearn import run_unlearn
     from scaleflu.config import load_config
     from scaleflu.fl.run import train
-    from scaleflu.unlearn.cli import run_unlearn
 
     t0 = time.perf_counter()
     run_dir = work / "ours"

@@ -35,10 +35,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+from scaleflu.iplink.testbed import KINDS, SERVER, LocalIpTestbed
 
-from scaleflu.iplink.testbed import KINDS, SERVER, LocalIpTestbed  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("ip_bench")
 
@@ -181,7 +180,6 @@ def tunnel_run(args: argparse.Namespace, rep: int, reorder: bool = False) -> dic
 
 ROBOT_LINK = """
 import json, sys, time
-sys.path.insert(0, {py!r})
 from scaleflu.linkkinds import open_link
 link = open_link({kind!r}, 1, **json.loads({opts!r}))
 link.set_peer_key(0, bytes(32))
@@ -219,7 +217,7 @@ def link_api_run(args: argparse.Namespace, rep: int) -> dict[str, Any]:
     try:
         ropts = tb.link_opts(1)
         robot = subprocess.Popen(
-            _py(ROBOT_LINK.format(py=str(ROOT / "python"), kind=args.kind, opts=json.dumps(ropts))),
+            _py(ROBOT_LINK.format(kind=args.kind, opts=json.dumps(ropts))),
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -38,10 +38,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+from scaleflu.iplink.testbed import KINDS, LocalIpTestbed
 
-from scaleflu.iplink.testbed import KINDS, LocalIpTestbed  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("ip_flower")
 

@@ -12,25 +12,22 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp.strategy import FedAvg, FedMedian
 
-pytest.importorskip("flwr")
-
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
-from flwr.clientapp import ClientApp  # noqa: E402
-from flwr.serverapp.strategy import FedAvg, FedMedian  # noqa: E402
-
-from scaleflu.config import ConfigError, load_config  # noqa: E402
-from scaleflu.fl.data import FASHION_MNIST_DIR  # noqa: E402
-from scaleflu.fl.history import HistoryStore  # noqa: E402
-from scaleflu.flower import UnlearningStrategy  # noqa: E402
-from scaleflu.flower import client as sfl  # noqa: E402
-from scaleflu.flower.grid import InProcessGrid  # noqa: E402
-from scaleflu.flower.wire import (  # noqa: E402
+from scaleflu.config import ConfigError, load_config
+from scaleflu.fl.data import FASHION_MNIST_DIR
+from scaleflu.fl.history import HistoryStore
+from scaleflu.flower import UnlearningStrategy
+from scaleflu.flower import client as sfl
+from scaleflu.flower.grid import InProcessGrid
+from scaleflu.flower.wire import (
     ACKS_KEY,
     IDENTITY_KEY,
     ClientRequest,
@@ -41,10 +38,21 @@ from scaleflu.flower.wire import (  # noqa: E402
     read_identity,
     state_from_arrays,
 )
-from scaleflu.unlearn.request import RequestError  # noqa: E402
+from scaleflu.unlearn.request import RequestError
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "examples" / "flower_unlearning"))
+EXAMPLE = ROOT / "examples" / "flower_unlearning"
+
+
+@pytest.fixture
+def example(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The example app's package (examples/flower_unlearning, a Flower app of its own)."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    import flower_unlearning.client_app
+    import flower_unlearning.server_app
+
+    return flower_unlearning
+
 
 needs_fmnist = pytest.mark.skipif(
     not any(FASHION_MNIST_DIR.glob("train-images-idx3-ubyte*")),
@@ -170,8 +178,10 @@ def test_record_only_without_a_config(tmp_path: Path) -> None:
 
 
 @needs_fmnist
-def test_strategy_leaves_out_hostile_replies_and_answers_requests(tmp_path: Path) -> None:
-    from flower_unlearning import client_app
+def test_strategy_leaves_out_hostile_replies_and_answers_requests(
+    tmp_path: Path, example: Any
+) -> None:
+    client_app = example.client_app
 
     fed = FED.replace("fl.clients_per_round=3", "fl.clients_per_round=4").replace(
         "data.train_subset=1200", "data.train_subset=400"
@@ -243,14 +253,14 @@ def test_strategy_leaves_out_hostile_replies_and_answers_requests(tmp_path: Path
 
 
 @needs_fmnist
-def test_flower_run_gives_the_runtimes_numbers(tmp_path: Path) -> None:
+def test_flower_run_gives_the_runtimes_numbers(tmp_path: Path, example: Any) -> None:
     """The example app under the strategy, and ``scaleflu train`` + ``scaleflu unlearn`` on the
     same config: the same models round by round (float noise: Flower aggregates in float32,
     the runtime in float64) and the same unlearning results for SCALE, Retrain, the control."""
-    from flower_unlearning import client_app, server_app
+    client_app, server_app = example.client_app, example.server_app
 
+    from scaleflu.cli.unlearn import run_unlearn
     from scaleflu.fl.run import train
-    from scaleflu.unlearn.cli import run_unlearn
 
     rc = {
         "num-server-rounds": ROUNDS,

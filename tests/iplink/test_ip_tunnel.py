@@ -265,6 +265,30 @@ def test_without_root_one_line_says_so() -> None:
     assert lines == [f"IpLinkPermissionError {ROOT_MESSAGE}"] * 2, out.stdout + out.stderr
 
 
+def test_commands_without_root_are_one_line(tmp_path: Path) -> None:
+    """``scaleflu iplink testbed`` / ``node`` as an unprivileged user: exit status 2 and one
+    ERROR line saying root is needed (before any file is read), no traceback."""
+    prefix = []
+    if os.geteuid() == 0:
+        prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    for cmd in (
+        ["testbed", "--robots", "1"],
+        ["node", "--node", "1", "--keys", str(tmp_path / "link-keys-1.json")],
+    ):
+        out = subprocess.run(
+            [*prefix, sys.executable, "-m", "scaleflu", "iplink", *cmd],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONPATH": str(ROOT / "python"), "HOME": "/tmp"},
+            cwd="/",
+        )
+        errors = [line for line in out.stderr.splitlines() if "ERROR" in line]
+        assert out.returncode == 2, (cmd, out.stdout, out.stderr)
+        assert len(errors) == 1 and ROOT_MESSAGE in errors[0], out.stderr
+        assert "Traceback" not in out.stderr
+
+
 class _Device:
     def __init__(self) -> None:
         self.written: list[bytes] = []

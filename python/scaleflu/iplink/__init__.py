@@ -12,7 +12,7 @@ refused): a node without a key cannot put a packet into another node's tunnel.
 * :mod:`scaleflu.iplink.tun`: the TUN device (Linux, ``/dev/net/tun``);
 * :mod:`scaleflu.iplink.netns`: network namespaces and interface set-up (``ip``);
 * :mod:`scaleflu.iplink.bridge`: the address plan, the bridge, the tunnel's link;
-* :mod:`scaleflu.iplink.node`: one node's process (``python -m scaleflu.iplink node``);
+* :mod:`scaleflu.iplink.node`: one node's process (``scaleflu iplink node``);
 * :mod:`scaleflu.iplink.testbed`: the local testbed, each node in its own namespace.
 
 Creating interfaces and namespaces needs root (CAP_NET_ADMIN); without it every entry point

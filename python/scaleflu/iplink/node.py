@@ -1,4 +1,4 @@
-"""One node of IP over the link, as a process: ``python -m scaleflu.iplink node ...``.
+"""One node of IP over the link, as a process: ``scaleflu iplink node ...``.
 
 Creates the node's TUN interface (in ``--netns`` if given: the interface moves there, the
 process and its link stay where they are, so the link's own transport -- the frame hub or the
@@ -69,33 +69,6 @@ def read_key_file(path: str | Path, node: int) -> dict[int, bytes]:
     return keys
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    """The node's command line."""
-    p = argparse.ArgumentParser(
-        prog="python -m scaleflu.iplink node",
-        description="One node of IP over the link: a TUN interface bridged to the node's link.",
-    )
-    p.add_argument("--node", type=int, required=True, help="this node's link id (0: the server)")
-    p.add_argument("--kind", default="frames-shared", help="link kind (scaleflu.linkkinds)")
-    p.add_argument("--link-opts", default="{}", help="JSON options of open_link (hub, ...)")
-    p.add_argument("--keys", required=True, help="this node's link key file (JSON, 0600)")
-    p.add_argument("--netns", default=None, help="move the interface into this namespace")
-    p.add_argument("--ifname", default=None, help="interface name (default sfl<node>)")
-    p.add_argument("--subnet", default=AddressPlan().subnet, help="the tunnel's IPv4 subnet")
-    p.add_argument("--mtu", type=int, default=None, help="interface MTU (default: one frame)")
-    p.add_argument("--rto-min-ms", type=int, default=None, help="TCP's minimum RTO on the route")
-    p.add_argument(
-        "--reorder", action="store_true", help="put each sender's messages back in its order"
-    )
-    p.add_argument("--max-inflight", type=int, default=4, help="messages in flight per peer")
-    p.add_argument("--max-batch", type=int, default=32768, help="bytes of one link message")
-    p.add_argument("--ready-file", default=None, help="written once the bridge runs")
-    p.add_argument("--stats-file", default=None, help="counters (JSON), rewritten periodically")
-    p.add_argument("--stats-every", type=float, default=5.0)
-    p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
-
-
 def node_stats(bridge: IpBridge, link: Any) -> dict[str, Any]:
     """The bridge's and the link's counters."""
     out: dict[str, Any] = {
@@ -113,10 +86,13 @@ def node_stats(bridge: IpBridge, link: Any) -> dict[str, Any]:
 
 
 def run_node(args: argparse.Namespace) -> int:
-    """Set up the interface and the link, bridge until signalled."""
+    """Set up the interface and the link, bridge until signalled.
+
+    ``args``: the options of ``scaleflu iplink node`` (:func:`scaleflu.cli.iplink.add_node_args`).
+    """
     check_root()
     keys = read_key_file(args.keys, args.node)
-    plan = AddressPlan(args.subnet)
+    plan = AddressPlan(args.subnet) if args.subnet else AddressPlan()
     opts = json.loads(args.link_opts)
     mtu = args.mtu or tunnel_mtu(int(opts.get("arq", {}).get("mtu", 1500)))
     ifname = args.ifname or f"sfl{args.node}"
@@ -162,14 +138,3 @@ def run_node(args: argparse.Namespace) -> int:
             link.close()
         tun.close()
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m scaleflu.iplink node``."""
-    args = parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s: %(message)s")
-    try:
-        return run_node(args)
-    except IpLinkError as exc:
-        log.error("%s", exc)
-        return 2

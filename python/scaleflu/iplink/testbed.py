@@ -170,7 +170,8 @@ class LocalIpTestbed:
                 argv = [
                     sys.executable,
                     "-m",
-                    "scaleflu.iplink",
+                    "scaleflu",
+                    "iplink",
                     "node",
                     "--node",
                     str(n),
