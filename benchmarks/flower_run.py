@@ -63,6 +63,8 @@ def flwr_run(args: argparse.Namespace, work: Path, fed: str) -> dict[str, Any]:
         "FLWR_DISABLE_UPDATE_CHECK": "1",
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]),
+        # Flower's processes start others (flower-superexec) by name: this environment's first
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
     }
     link_log = open(work / "superlink.log", "w")  # noqa: SIM115
     superlink = subprocess.Popen(

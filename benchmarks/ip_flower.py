@@ -120,6 +120,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]),
+        # Flower's processes start others (flower-superexec) by name: this environment's first
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         "OMP_NUM_THREADS": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
     }
