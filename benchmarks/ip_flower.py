@@ -9,8 +9,9 @@ and the robots in network namespaces of their own whose only interface is the tu
   the server's namespace: that traffic stays on the node);
 * robot n: ``flower-supernode --superlink <server>:9092 --node-config partition-id=n-1``.
 
-The app is the example (FedAvg on FashionMNIST, LeNet-5, the UnlearningStrategy; robot 1 asks
-to be forgotten in round 2 and SCALE serves it at the end, beside Retrain and the control).
+The app is the example (FedAvg on FashionMNIST, LeNet-5, the UnlearningStrategy; robot 2
+(client 1) asks to be forgotten in round 2 and SCALE serves it at the end, beside Retrain and
+the control; with one robot nobody asks).
 Recorded: the run's per-round wall time (the strategy's history: configure -> aggregate,
 transfers over the radio included), the whole run, the tunnel's counters per node, and the
 tail of ``flwr run``'s output, in ``benchmarks/results/ip_flower.json``.
@@ -21,7 +22,9 @@ tail of ``flwr run``'s output, in ``benchmarks/results/ip_flower.json``.
 ``--auth``: TLS between the SuperNodes and the SuperLink and Flower's SuperNode authentication
 (``--enable-supernode-auth``; a private CA and the robots' EC keys from
 :mod:`scaleflu.flower.deploy`, each robot's public key registered with ``flwr supernode
-register``), on top of the link's keys that authenticate every frame underneath.
+register``), on top of the link's keys that authenticate every frame underneath. An impostor
+SuperNode (the CA's certificate, but a key nobody registered) runs beside robot 1 during the
+run; what became of it is recorded (``impostor``).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ log = logging.getLogger("ip_flower")
 
 FED = (
     "seed=0 data.num_clients={n} data.train_subset=2000 data.test_subset=500 data.partition=iid "
-    "data.poison.backdoor_clients=[1] data.poison.backdoor_fraction=0.3 "
+    "data.poison.backdoor_clients={bd} data.poison.backdoor_fraction=0.3 "
     "fl.clients_per_round={n} fl.local_epochs=1 fl.lr=0.02 fl.momentum=0.5 fl.batch_size=32 "
     "fl.trainer=sequential fl.threads=1"
 )
@@ -97,7 +100,7 @@ class _Direct:
         return "127.0.0.1"
 
     def popen(self, node: int, argv: list[str], **kw: Any) -> subprocess.Popen[Any]:
-        if "--node-config" in argv:  # each SuperNode its own ClientAppIo port
+        if "--node-config" in argv and "--port" not in argv:  # each SuperNode its own port
             argv = [*argv, "--port", str(9194 + node)]
         proc = subprocess.Popen(argv, start_new_session=True, **kw)
         self.children.append(proc)
@@ -230,10 +233,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 ],
                 f"supernode-{n}",
             )
+        if auth:  # an impostor on robot 1's node: a SuperNode whose key nobody registered
+            key, _ = write_supernode_key(work / "tls", "impostor")
+            impostor = start(
+                1,
+                [
+                    _bin("flower-supernode"),
+                    "--root-certificates",
+                    str(auth["tls"].ca_cert),
+                    "--auth-supernode-private-key",
+                    str(key),
+                    "--superlink",
+                    f"{server}:9092",
+                    "--port",
+                    "9099",
+                    "--node-config",
+                    f"partition-id=0 num-partitions={args.robots}",
+                ],
+                "supernode-impostor",
+            )
         run_dir = work / "run"
+        # robot 2 (client 1, with a backdoor) asks to be forgotten; a lone robot does not (no
+        # client would remain)
+        forget = args.robots >= 2
         rc = (
             f"num-server-rounds={args.rounds} run-dir='{run_dir}' "
-            f"scaleflu-set='{FED.format(n=args.robots)}' forget-client=1 forget-round=2 "
+            f"scaleflu-set='{FED.format(n=args.robots, bd=[1] if forget else [])}' "
+            f"forget-client={1 if forget else -1} forget-round=2 "
             "unlearn-set='scale.eval.relearn_max_rounds=0'"
         )
         t0 = time.perf_counter()
@@ -264,6 +290,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ]
         side = run_dir / "unlearn" / "side_by_side.json"
         out["served"] = json.loads(side.read_text()) if side.is_file() else None
+        if auth:  # what became of the impostor, and how many nodes the SuperLink activated
+            superlink_log = (work / "superlink.log").read_text(errors="replace")
+            out["impostor"] = {
+                "exited": impostor.poll(),
+                "log_tail": (work / "supernode-impostor.log").read_text(errors="replace")[-1500:],
+                "superlink_activated_nodes": superlink_log.count("Activated node_id"),
+            }
         time.sleep(2.5)  # the nodes' counters are rewritten every 2 s
         out["tunnel"] = tb.stats()
         out["logs"] = {k: str(v) for k, v in logs.items()}
