@@ -128,12 +128,24 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "OMP_NUM_THREADS": "1",
         "FLWR_DISABLE_UPDATE_CHECK": "1",
     }
-    out: dict[str, Any] = {"kind": args.kind, "robots": args.robots, "rounds": args.rounds}
+    out: dict[str, Any] = {
+        "kind": args.kind,
+        "robots": args.robots,
+        "rounds": args.rounds,
+        "rto_min_ms": args.rto_min_ms,
+    }
     t_setup = time.perf_counter()
     testbed: Any = (
         _Direct(args.robots)
         if args.direct
-        else LocalIpTestbed(args.robots, args.kind, channel=channel, mac=mac, workdir=work)
+        else LocalIpTestbed(
+            args.robots,
+            args.kind,
+            channel=channel,
+            mac=mac,
+            workdir=work,
+            rto_min_ms=args.rto_min_ms,
+        )
     )
     with testbed as tb:
         out["testbed_up_s"] = time.perf_counter() - t_setup
@@ -313,6 +325,7 @@ def main() -> int:
     p.add_argument("--loss", type=float, default=None, help="frame loss (frame hub kinds)")
     p.add_argument("--idle-poll", type=float, default=None, help="MAC idle poll, s")
     p.add_argument("--timeout", type=float, default=1800.0)
+    p.add_argument("--rto-min-ms", type=int, default=None, help="TCP's minimum RTO (route)")
     p.add_argument("--auth", action="store_true", help="TLS and Flower's SuperNode authentication")
     p.add_argument("--direct", action="store_true", help="baseline: no radio, all on 127.0.0.1")
     p.add_argument("--workdir", default=None)
