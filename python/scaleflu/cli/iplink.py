@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 
 log = logging.getLogger("scaleflu.iplink")
@@ -36,9 +38,12 @@ def _cmd_testbed(args: argparse.Namespace) -> int:
 
     channel = {} if args.loss is None else {"loss": args.loss}
     mac = {} if args.idle_poll is None else {"idle_poll_s": args.idle_poll}
+    workdir = tempfile.mkdtemp(prefix="sfl-ip-")  # kept: the nodes' logs and counters
     try:
-        tb = LocalIpTestbed(args.robots, args.kind, channel=channel, mac=mac).start()
+        tb = LocalIpTestbed(args.robots, args.kind, channel=channel, mac=mac, workdir=workdir)
+        tb.start()
     except IpLinkError as exc:
+        shutil.rmtree(workdir, ignore_errors=True)
         log.error("%s", exc)
         return 2
     stop = threading.Event()

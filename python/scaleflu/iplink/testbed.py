@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -58,7 +59,9 @@ class LocalIpTestbed:
     default.yaml); ``medium``: the ofdm-shared medium's (``testbed.medium``); ``mac``: the MAC's
     settings over ``testbed.mac`` and :data:`TUNNEL_MAC`; ``arq``: the tunnel's ARQ over its
     defaults; ``rto_min_ms``: TCP's minimum RTO on the tunnel's route; ``reorder``: the
-    bridges put messages back in order (off by default: :class:`~scaleflu.iplink.bridge.IpBridge`).
+    bridges put messages back in order (off by default: :class:`~scaleflu.iplink.bridge.IpBridge`);
+    ``workdir``: where logs, counters and link keys go (default: a temporary folder that
+    :meth:`close` removes).
     """
 
     def __init__(
@@ -93,6 +96,8 @@ class LocalIpTestbed:
         self.rto_min_ms = rto_min_ms
         self.reorder = bool(reorder)
         self.tag = tag or uuid.uuid4().hex[:6]
+        # a folder of its own (logs, counters, link keys) is removed by close(); a given one stays
+        self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="sfl-ip-"))
         self.nodes = list(range(self.robots + 1))
         self.namespaces = {n: f"sfl-{self.tag}-{n}" for n in self.nodes}
@@ -283,6 +288,8 @@ class LocalIpTestbed:
             self._medium = None
         for ns in self.namespaces.values():
             delete_namespace(ns)
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> LocalIpTestbed:
         return self.start()
