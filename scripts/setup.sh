@@ -29,6 +29,7 @@ APT_PACKAGES=(
   cmake g++ make pkg-config git libboost-test-dev libzmq3-dev
   python3-venv python3-dev dataset-fashion-mnist
   python3-numpy python3-zmq python3-yaml
+  iproute2
 )
 # GNU Radio Companion's window: GTK 3's introspection data (with Pango, PangoCairo, GdkPixbuf).
 # Debian's gnuradio does not depend on it; without it gnuradio-companion stops at start with
