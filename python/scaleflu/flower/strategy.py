@@ -94,8 +94,8 @@ from scaleflu.log import fmt
 from scaleflu.unlearn.baselines.aoi_trace import annotate, replay_scale_trace
 from scaleflu.unlearn.outputs import write_unlearning
 from scaleflu.unlearn.registry import canonical_name
-from scaleflu.unlearn.run import run_unlearning
 from scaleflu.unlearn.request import UnlearnRequest, parse_request
+from scaleflu.unlearn.run import run_unlearning
 
 log = logging.getLogger(__name__)
 
