@@ -17,6 +17,10 @@ reported without the padding as well). Both are printed side by side, with their
 
     .venv/bin/python benchmarks/mac_sample_level.py                 # AWGN 20 dB, ~3 min on 2 cores
     .venv/bin/python benchmarks/mac_sample_level.py --fading rician # 20 dB mean, K = 6 dB
+    .venv/bin/python benchmarks/mac_sample_level.py --mcs stock     # the paper's uncoded PHY
+
+The PHY is the link kinds' default, the coded PHY with link adaptation (``--mcs``); the frame
+level runs the same MCS choices (``MacConfig.mcs``) on the same channel.
 
 Results: ``benchmarks/results/mac_sample_level[-<fading>-s<seed>].json``.
 """
@@ -34,14 +38,13 @@ from pathlib import Path
 
 from scaleflu.link.defaults import MAC_DEFAULTS
 from scaleflu.link.mac import MacConfig
+from scaleflu.link.mcs import FER_AWGN_1500, STOCK, mcs_name
 from scaleflu.linkkinds import open_link
 from scaleflu.radio.medium.framelevel import (
-    FER_1500,
-    FER_SNR_DB,
     LENET_BYTES,
     RX_LATENCY_S,
     START_QUANTUM_S,
-    fading_loss,
+    fading_snr,
     frame_level,
 )
 
@@ -59,13 +62,17 @@ def sample_level(args: argparse.Namespace, mac: dict) -> dict:
     w0, c0 = time.monotonic(), time.process_time()
     with MediumBroker(cfg).start() as br:
         arq = {"deadline": args.deadline}
-        srv = open_link(
-            "ofdm-shared", 0, broker=br.address, members=(1, 2, 3), seed=0, mac=mac, arq=arq
-        )
-        robots = {
-            r: open_link("ofdm-shared", r, broker=br.address, seed=r, mac=mac, arq=arq)
-            for r in (1, 2, 3)
-        }
+        kw = {"broker": br.address, "mac": mac, "arq": arq, "mcs": args.mcs}
+        srv = open_link("ofdm-shared", 0, members=(1, 2, 3), seed=0, **kw)
+        robots = {r: open_link("ofdm-shared", r, seed=r, **kw) for r in (1, 2, 3)}
+        # link adaptation starts from reports: the robots' idle polls give the server an SNR
+        # of every link before the payload goes out (as registration does in the testbed)
+        end = time.monotonic() + 120
+        while args.mcs != STOCK and time.monotonic() < end:
+            a = srv.mac.adaptation()["robots"]
+            if all(a.get(r, {}).get("down_snr_db") is not None for r in robots):
+                break
+            time.sleep(0.2)
         rng = random.Random(args.seed)
         model = rng.randbytes(args.size)
         ups = {r: rng.randbytes(args.size) for r in robots}
@@ -124,6 +131,10 @@ def sample_level(args: argparse.Namespace, mac: dict) -> dict:
                 and len(rx) == 3
                 and all(rx.values()),
                 "virtual_s": s1["virtual_s"] - s0["virtual_s"],
+                "adaptation": srv.mac.adaptation(),
+                "busy_speed": (s1["busy_samples"] - s0.get("busy_samples", 0))
+                / cfg.samp_rate
+                / max(1e-9, s1["busy_wall_s"] - s0.get("busy_wall_s", 0.0)),
                 "wall_s": time.monotonic() - w0,
                 "cpu_s": time.process_time() - c0,
                 "load": os.getloadavg(),
@@ -140,6 +151,9 @@ def main() -> int:
     ap.add_argument("--snr-db", type=float, default=20.0)
     ap.add_argument("--fading", default="none", choices=("none", "rayleigh", "rician"))
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument(
+        "--mcs", default="adaptive", help="adaptive (default) | stock (the paper's PHY) | an MCS"
+    )
     ap.add_argument("--turnaround-s", type=float, default=None, help="MAC turnaround (virtual s)")
     ap.add_argument("--guard-s", type=float, default=None, help="MAC guard (virtual s)")
     ap.add_argument("--deadline", type=float, default=60.0, help="virtual s")
@@ -153,21 +167,18 @@ def main() -> int:
     if args.guard_s is not None:
         mac["guard_s"] = args.guard_s
     mac["contention_slots"] = 0  # members configured: every transmission is scheduled
-    mcfg = MacConfig(**mac)
+    args.mcs = mcs_name(args.mcs)
+    mcfg = MacConfig(**mac, mcs=None if args.mcs == STOCK else args.mcs)
     res = {"args": vars(args), "mac": mac}
     res["sample_level"] = sample_level(args, mac)
-    loss_fn = None
-    if args.fading != "none":  # the same fading trace, from the sample level's start time
-        loss_fn = fading_loss(
-            args.seed, args.snr_db, args.fading, res["sample_level"]["t0_virtual_s"]
-        )
-    res["frame_level_ideal"] = frame_level(args.size, mcfg, args.seed, args.deadline, False)
-    res["frame_level"] = frame_level(args.size, mcfg, args.seed, args.deadline, True, loss_fn)
+    # the same channel (the fading trace from the sample level's start time; or none)
+    snr_fn = fading_snr(args.seed, args.snr_db, args.fading, res["sample_level"]["t0_virtual_s"])
+    res["frame_level_ideal"] = frame_level(args.size, mcfg, args.seed, args.deadline, False, snr_fn)
+    res["frame_level"] = frame_level(args.size, mcfg, args.seed, args.deadline, True, snr_fn)
     res["fit"] = {
         "start_quantum_s": START_QUANTUM_S,
         "rx_latency_s": RX_LATENCY_S,
-        "fer_snr_db": FER_SNR_DB if loss_fn else None,
-        "fer_1500": FER_1500 if loss_fn else None,
+        "fer_awgn_1500": {k: v for k, v in FER_AWGN_1500.items()},
     }
     f0, f, s = res["frame_level_ideal"], res["frame_level"], res["sample_level"]
     rows = []
@@ -185,11 +196,12 @@ def main() -> int:
         )
     res["agreement"] = rows
     name = "mac_sample_level" + ("" if args.fading == "none" else f"-{args.fading}")
+    name += "" if args.mcs == "adaptive" else f"-{args.mcs.replace('/', '')}"
     name += "" if args.seed == 1 else f"-s{args.seed}"
     dest = Path(args.out or f"benchmarks/results/{name}.json")
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(json.dumps(res, indent=1, default=str))
-    print(f"N = 3, {args.snr_db} dB, fading {args.fading}, seed {args.seed}")
+    print(f"N = 3, {args.snr_db} dB, fading {args.fading}, seed {args.seed}, PHY {args.mcs}")
     print(
         f"{'virtual s':<16} {'frame ideal':>12} {'frame fitted':>13} {'sample level':>13} "
         f"{'sample/fitted':>13}"
@@ -207,8 +219,10 @@ def main() -> int:
         f"sample level: bit-exact {s['bit_exact']}, collided samples {s['collision_samples']}, "
         f"broadcast passes {s['bcast_passes']}, grants {s['grants']} "
         f"({s['grant_timeouts']} timed out), ARQ retransmissions {s['arq_retransmissions']}, "
-        f"wall {s['wall_s']:.0f} s, CPU {s['cpu_s']:.0f} s, load {s['load'][0]:.1f}"
+        f"wall {s['wall_s']:.0f} s, CPU {s['cpu_s']:.0f} s, load {s['load'][0]:.1f}, "
+        f"busy medium at {s['busy_speed']:.3f} x real time"
     )
+    print(f"bytes by MCS (server / robots): {s['adaptation']}")
     print(f"wrote {dest}")
     return 0
 

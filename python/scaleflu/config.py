@@ -345,6 +345,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.medium.doppler_hz": (0, 1000),
     "testbed.medium.block": (256, 1048576),
     "testbed.medium.idle_blocks": (1, None),
+    "testbed.medium.deaf_blocks": (1, None),
     "testbed.medium.node_timeout_s": (1, None),
 }
 RANGE_OPEN: set[str] = {
@@ -370,6 +371,22 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scale.heal_augment": ("none", "mix"),
     "scale.heal_params": ("all", "layers", "cut"),
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
+    # scaleflu.link.mcs: the link kinds' PHY, and the MCS names of table version 1
+    "testbed.mcs": (
+        "adaptive",
+        "auto",
+        "stock",
+        "none",
+        "bpsk-1/2",
+        "bpsk-3/4",
+        "qpsk-1/2",
+        "qpsk-3/4",
+        "16qam-1/2",
+        "16qam-3/4",
+        "64qam-2/3",
+        "64qam-3/4",
+        "qpsk-uncoded",
+    ),  # fmt: skip
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),
 }

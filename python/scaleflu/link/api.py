@@ -181,12 +181,13 @@ class ArqLink(Link):
         )
         self._thread.start()
 
-    def feed(self, raw: bytes) -> None:
-        """Hand one frame received from the transport to the endpoint (thread-safe)."""
+    def feed(self, raw: bytes, snr_db: float | None = None) -> None:
+        """Hand one frame received from the transport to the endpoint (thread-safe);
+        ``snr_db``: the SNR the PHY measured on it (link adaptation), when it measures one."""
         with self._wake:
             if self._closed:
                 return
-            self.endpoint.on_frame(raw)
+            self.endpoint.on_frame(raw, snr_db)
             # wake the timer thread only when a timer now falls due before it would wake
             # anyway: a wake-up per received frame cost a thread switch and the GIL per frame
             nd = self.endpoint.next_deadline()

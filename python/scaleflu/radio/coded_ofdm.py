@@ -103,8 +103,10 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
 
     Message ports: "in" PDUs -> "out" PDUs; "feedback" dicts with "snr_db" (a number) and
     optionally "peer" (or "node": the node whose reception it describes; absent: the whole
-    link) and "crc_ok" (False: that frame was lost). ``coded_ofdm_rx``'s "report" dicts are
-    such feedback. Malformed feedback is ignored and counted.
+    link) and "crc_ok" (False: that frame was lost), and/or "sent" and "lost" (frames whose
+    fate an ACK settled, and those it proved lost: ``McsPolicy.outcome``). ``coded_ofdm_rx``'s
+    "report" dicts and ``link_arq``'s "mcs_feedback" dicts (from the peer's ACKs) are such
+    feedback. Malformed feedback is ignored and counted.
 
     With ``target`` (the modulator) the choice is made late: the policy's MCS for each
     destination is written into the modulator's table (``set_dst_mcs``) after every report and
@@ -152,19 +154,27 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
     def _on_feedback(self, msg: Any) -> None:
         try:
             d = pmt.to_python(msg)
-            if not isinstance(d, dict) or "snr_db" not in d:
-                raise ValueError("no snr_db")
-            snr = float(d["snr_db"])
+            if not isinstance(d, dict) or ("snr_db" not in d and "sent" not in d):
+                raise ValueError("neither snr_db nor sent")
+            snr = None if d.get("snr_db") is None else float(d["snr_db"])
             peer = d.get("peer", d.get("node"))
             peer = None if peer is None else int(peer)
             ok = d.get("crc_ok")
             ok = None if ok is None else bool(ok)
+            sent = lost = 0
+            if "sent" in d:
+                sent, lost = int(d["sent"]), int(d.get("lost", 0))
+                if not 0 <= lost <= sent <= 1 << 32:
+                    raise ValueError(f"sent {sent} / lost {lost}")
         except (TypeError, ValueError, OverflowError) as exc:
             self.bad_feedback += 1
             logger.debug("ignoring MCS feedback %r: %s", msg, exc)
             return
         self.feedback += 1
-        self.policy.report(peer, snr, ok)
+        if snr is not None:
+            self.policy.report(peer, snr, ok)
+        if sent:
+            self.policy.outcome(peer, sent, lost)
         self._apply(peer)
 
 

@@ -97,6 +97,15 @@ COMMON_OPTIONS: list[Option] = [
             help="ofdm-pairs: fraction of received frames dropped (seeded)",
         ),
     ),
+    (
+        "link",
+        ("--mcs",),
+        dict(
+            default=None,
+            help="PHY: auto (coded OFDM, MCS adapted per link), stock (the paper's uncoded "
+            "QPSK) or an MCS name (bpsk-1/2 .. 64qam-3/4); default: testbed.mcs",
+        ),
+    ),
     ("uhd", ("-f", "--freq"), dict(type=eng_float, default=2.45e9, help="centre frequency, Hz")),
     (
         "uhd",
@@ -280,16 +289,21 @@ def build_link(
     rx_args: str | None,
 ) -> Link:
     """The node's Link from the command line and the ``testbed`` config section."""
+    from scaleflu.link.mcs import STOCK, mcs_name
     from scaleflu.linkkinds import canonical_kind, open_link
     from scaleflu.testbed.protocol import SERVER_ID
 
     kind = canonical_kind(args.link or str(cfg.testbed.link))
+    mcs = mcs_name(getattr(args, "mcs", None) or cfg.testbed.mcs)  # a bad name: one line
     opts: dict[str, Any] = {}
     if kind in ("frames", "frames-shared"):
         opts["hub"] = args.hub
+    if kind in ("ofdm-shared", "ofdm-pairs", "uhd"):
+        opts["mcs"] = mcs  # the PHY (and with a MAC, the MCS it chooses)
     if kind == "frames-shared":
         opts.update(
-            mac=dict(cfg.testbed.mac),
+            # the hub's frame-level PHY model times and loses frames by the MAC's MCS
+            mac={**dict(cfg.testbed.mac), "mcs": None if mcs == STOCK else mcs},
             members=tuple(peers) if node_id == SERVER_ID else (),
             rate_bytes_per_s=cfg.testbed.channel.rate_bytes_per_s,
             seed=int(cfg.seed) + node_id,
@@ -480,6 +494,8 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             server_public_key=enrol.server_public_key,
         )
         summary = robot.run(args.max_runtime)
+        if robot.refused:  # logged once, as the reason (e.g. another MCS table version)
+            return 2
     except KeyboardInterrupt:
         log.warning("robot %d interrupted", args.robot_id)
         return 130

@@ -61,6 +61,8 @@ class SharedMediumLink(GrLink):
         self.tb.connect(self.tx, self.port.tx_sink)
         self.tb.connect(self.port.rx_source, self.rx)
         self.tb.msg_connect(self.rx, "out", arq, "frames_in")
+        if self.phy.adaptive and mac is None:  # no MAC: the peers' ACKs steer the MCS
+            self.tb.msg_connect(arq, "mcs_feedback", self.tx, "feedback")
         super().__init__(arq, on_close=self._stop)
         self.virtual_clock = virtual_clock
         if virtual_clock:  # ARQ timers (and the MAC under the link) on the medium's time
@@ -78,10 +80,15 @@ class SharedMediumLink(GrLink):
                 return arq.frames_out_count
 
         self.port.frames_posted = frames_posted
+        arq.on_progress = self.port.poke  # a frame handled or put out: the lockstep looks again
         self.tb.start()
         self.port.start()
         if mac is not None:
             self._run_mac(mac)
+            m = self.mac
+            # the server's MAC expects traffic (an answer to its grant, its own frames): no
+            # idle stride, however late a robot's receiver decodes the grant
+            self.port.hold = lambda: bool(getattr(m, "busy", False))
 
     def _wait_limit(self, timeout: float | None) -> float | None:
         # On the medium's clock the ARQ ends every send at its deadline in virtual time,
@@ -115,6 +122,7 @@ class SharedMediumLink(GrLink):
             "tx_samples": self.port.tx_samples,
             "stalls_tx": self.port.stalls["tx"],
             "stalls_rx": self.port.stalls["rx"],
+            **{f"wait_{k}_s": round(v, 3) for k, v in self.port.wait_s.items()},
         }
 
     def _stop(self) -> None:

@@ -87,6 +87,8 @@ class UhdLink(GrLink):
         self.tx = self.phy.tx(node_id, amplitude=amplitude)
         self.tb.msg_connect(arq, "frames_out", self.tx, "in")
         self.tb.connect(self.tx, self.sink)
+        if self.phy.adaptive and mac is None:  # point to point: the peers' ACKs steer the MCS
+            self.tb.msg_connect(arq, "mcs_feedback", self.tx, "feedback")
         self.rx_chains = [
             # a radio hears noise between bursts: gr-digital's demux (docs/link.md 8.3 item 5)
             _attach_rx(

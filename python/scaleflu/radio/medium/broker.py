@@ -4,9 +4,11 @@ One **broker** (ROUTER socket) runs the :class:`~scaleflu.radio.medium.model.Med
 step it waits until every attached node has sent its block of transmitted samples (REQ/REP per
 block, as in srsRAN's multi-UE ZeroMQ set-up), computes the step and answers each node with
 what its receiver hears, so a slow node makes the whole medium wait and the physics does not
-depend on CPU speed. When nothing has been on air for ``idle_blocks`` steps the broker stops
-sending noise to the receivers and paces virtual time at ``idle_speed`` x real time, and while
-no node has anything to send a step covers ``idle_stride`` blocks. :class:`MediumClient` is one
+depend on CPU speed. A receiver that has heard no transmitter for ``deaf_blocks`` steps gets no
+samples (noise alone decodes to nothing); when nothing has been on air for ``idle_blocks`` steps
+the broker paces virtual time at ``idle_speed`` x real time, and while no node has anything to
+send and none holds it back (a MAC expecting an answer sets the step's hold flag) a step covers
+``idle_stride`` blocks. :class:`MediumClient` is one
 node's end of it (tests and benchmarks drive it with hand-made bursts; ``MediumPort`` wraps it
 in a flowgraph).
 """
@@ -38,7 +40,8 @@ class MediumError(RuntimeError):
 # Messages (multipart): request [kind, header, payload]; kinds:
 #   b"J" join:  header = u16 node              -> b"W" welcome: u32 block, f64 samp_rate, u64 step
 #   b"S" step:  header = u64 step, u8 flags    -> b"R" rx: u64 step, u8 flags (1 = idle), samples
-#               payload = block complex64 samples, or empty = all zeros
+#               payload = block complex64 samples, or empty = all zeros; request flag 1 (hold):
+#               the node expects traffic soon (its MAC has a grant open): no idle stride now
 #   b"L" leave -> b"B";  b"Q" stats -> b"T" JSON;  any error -> b"E" text
 _JOIN = struct.Struct("<H")
 
@@ -50,6 +53,9 @@ _STEP = struct.Struct("<QB")
 
 
 _FLAG_IDLE = 1
+
+
+_FLAG_HOLD = 1  # in a step request: do not stride over idle blocks now
 
 
 class MediumBroker:
@@ -73,6 +79,8 @@ class MediumBroker:
         self._by_ident: dict[bytes, int] = {}
         self._pending: dict[int, np.ndarray] = {}
         self._silent: set[int] = set()  # nodes whose pending block is all zeros (empty payload)
+        self._hold = False  # a node of the pending step asked not to stride
+        self.holds = 0  # steps in which a node held the stride back
         self._waiting_since: float | None = None
         self._started = not config.nodes
         self._stop = threading.Event()
@@ -85,6 +93,12 @@ class MediumBroker:
         self._last_step_wall: float | None = None
         self.busy_wall_s = 0.0  # wall time of steps in which receivers got samples
         self.busy_samples = 0  # ... and their virtual samples
+        self.compute_s = 0.0  # wall seconds computing steps (the model)
+        # per node: wall seconds from the broker's answer to the node's next block (the node's
+        # own part of a step: its receiver, transmitter and threads), summed over steps
+        self.node_cycle_s: dict[int, float] = {}
+        self._answered: dict[int, float] = {}
+        self.pace_s = 0.0  # ... sleeping to hold an idle medium at idle_speed
         self._zero = np.zeros(config.block, np.complex64)
 
     def start(self) -> MediumBroker:
@@ -154,7 +168,7 @@ class MediumBroker:
             return self._reply(ident, b"B")
         if kind != b"S" or len(rest) != 2 or len(rest[0]) != _STEP.size:
             return self._error(ident, "bad request")
-        step, _flags = _STEP.unpack(rest[0])
+        step, flags = _STEP.unpack(rest[0])
         if step != self.model.steps:
             return self._error(ident, f"step {step} is not the current step {self.model.steps}")
         payload = rest[1]
@@ -168,7 +182,12 @@ class MediumBroker:
             return self._error(ident, f"a step carries 0 or {8 * self.cfg.block} bytes")
         if node in self._pending:
             return self._error(ident, "step sent twice")
+        t_ans = self._answered.pop(node, None)
+        if t_ans is not None:
+            self.node_cycle_s[node] = self.node_cycle_s.get(node, 0.0) + time.monotonic() - t_ans
         self._pending[node] = x
+        if flags & _FLAG_HOLD:
+            self._hold = True
         if len(payload) == 0:
             self._silent.add(node)
         if self._waiting_since is None:
@@ -181,17 +200,26 @@ class MediumBroker:
         if set(self._pending) != set(self.model.nodes):
             return
         idle_before = self.model.quiet_steps >= self.cfg.idle_blocks
-        deaf_before = {
-            n: self.model.deaf_steps.get(n, 0) >= self.cfg.idle_blocks for n in self._pending
-        }
+        deaf_n = self.cfg.deaf_blocks
+        deaf_before = {n: self.model.deaf_steps.get(n, 0) >= deaf_n for n in self._pending}
         all_silent = self._silent >= set(self._pending)
+        hold, self._hold = self._hold, False
+        self.holds += hold and idle_before and all_silent
         self._silent = set()
+        tc = time.monotonic()
         with self._lock:
-            if idle_before and all_silent and self.cfg.idle_stride > 1 and self.model.can_skip():
+            if (
+                idle_before
+                and all_silent
+                and not hold
+                and self.cfg.idle_stride > 1
+                and self.model.can_skip()
+            ):
                 self.model.skip(self.cfg.idle_stride)  # nobody sends: jump, nobody hears
                 out = dict.fromkeys(self._pending, None)
             else:
                 out = self.model.step(self._pending)
+        self.compute_s += time.monotonic() - tc
         self._pending = {}
         self._waiting_since = None
         idle = idle_before and self.model.quiet_steps >= self.cfg.idle_blocks
@@ -206,10 +234,11 @@ class MediumBroker:
             self._idle_t0 = None
         for node, y in out.items():
             # a receiver that has heard no one for idle_blocks steps gets nothing (saves its CPU)
-            deaf = deaf_before[node] and self.model.deaf_steps.get(node, 0) >= self.cfg.idle_blocks
+            deaf = deaf_before[node] and self.model.deaf_steps.get(node, 0) >= deaf_n
             quiet = idle or deaf or y is None
             header = _STEP.pack(self.model.steps, _FLAG_IDLE if quiet else 0)
             self._reply(self._ident[node], b"R", header, b"" if quiet else y.tobytes())
+            self._answered[node] = time.monotonic()
 
     def _pace(self) -> None:
         """While idle, keep virtual time at most ``idle_speed`` x wall time (saves CPU)."""
@@ -223,6 +252,7 @@ class MediumBroker:
         ahead = (self.model.t - s0) / self.cfg.samp_rate / self.cfg.idle_speed - (now - t0)
         if ahead > 0:
             time.sleep(min(ahead, 0.1))
+            self.pace_s += min(ahead, 0.1)
 
     def _leave(self, node: int) -> None:
         ident = self._ident.pop(node, None)
@@ -258,6 +288,10 @@ class MediumBroker:
         # speed of the lockstep while receivers get samples (virtual s per wall s)
         s["busy_samples"] = self.busy_samples
         s["busy_wall_s"] = self.busy_wall_s
+        s["compute_s"] = self.compute_s
+        s["holds"] = self.holds
+        s["node_cycle_s"] = {str(n): v for n, v in self.node_cycle_s.items()}
+        s["pace_s"] = self.pace_s
         return s
 
     def close(self) -> None:
@@ -304,10 +338,12 @@ class MediumClient:
             raise MediumError(reply[1].decode(errors="replace") if len(reply) > 1 else "error")
         return reply[0], reply[1:]
 
-    def exchange(self, tx: np.ndarray | None) -> np.ndarray | None:
-        """Send this step's block (None = zeros); the received block, or None while idle."""
+    def exchange(self, tx: np.ndarray | None, hold: bool = False) -> np.ndarray | None:
+        """Send this step's block (None = zeros); the received block, or None while idle.
+        ``hold``: this node expects traffic soon: the broker does not stride now."""
         payload = b"" if tx is None else np.ascontiguousarray(tx, np.complex64).tobytes()
-        kind, parts = self._call(b"S", _STEP.pack(self.step_no, 0), payload)
+        flags = _FLAG_HOLD if hold else 0
+        kind, parts = self._call(b"S", _STEP.pack(self.step_no, flags), payload)
         if kind != b"R" or len(parts) != 2:
             raise MediumError("bad reply from the medium broker")
         self.step_no, flags = _STEP.unpack(parts[0])
