@@ -11,7 +11,7 @@ sum (the SNR change of a frame on that link).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -79,3 +79,25 @@ class FadingTrace:
         """Power gain of the link at time ``t_s`` seconds (dB; 0 on average)."""
         g = float(np.sum(np.abs(self.taps_at(t_s * self.samp_rate)) ** 2))
         return 10 * math.log10(max(g, 1e-12))
+
+
+def link_snr(
+    seed: int,
+    snr_db: float,
+    fading: str = "rician",
+    k_factor_db: float = 6.0,
+    doppler_hz: float = 2.0,
+    t_offset: float = 0.0,
+) -> Callable[[int, int, float], float]:
+    """``snr_fn(src, dst, t)`` for the frame-level simulator (``scaleflu.link.macsim``): every
+    directed link's SNR at time ``t`` (+ ``t_offset``), mean ``snr_db`` through its own seeded
+    trace, the same trace the sample-level medium draws for that link with that seed."""
+    traces: dict[tuple[int, int], FadingTrace] = {}
+
+    def snr(src: int, dst: int, t: float) -> float:
+        tr = traces.get((src, dst))
+        if tr is None:
+            tr = traces[(src, dst)] = FadingTrace(seed, src, dst, fading, k_factor_db, doppler_hz)
+        return snr_db + tr.gain_db(t + t_offset)
+
+    return snr

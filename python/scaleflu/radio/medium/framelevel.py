@@ -22,8 +22,7 @@ from scaleflu.link.defaults import ARQ_DEFAULTS
 from scaleflu.link.mac import MacConfig
 from scaleflu.link.macsim import simulate_round
 
-from .config import LinkChannel, MediumConfig
-from .model import _Link
+from scaleflu.link.fading import link_snr
 
 LENET_BYTES = 247210  # the LeNet-5 state dict in the wire format (raw float32)
 
@@ -55,23 +54,9 @@ def fading_snr(
     doppler_hz: float = 2.0,
 ) -> Callable[[int, int, float], float]:
     """snr_fn for MacSim: the SNR of each link at virtual time t, from the medium's own fading
-    trace (``FadingTrace`` with the medium's seed, links and sample clock; ``t_offset``: the
-    medium's virtual time at the simulation's t = 0)."""
-    cfg = MediumConfig(
-        seed=seed,
-        default=LinkChannel(
-            snr_db=snr_db, fading=fading, k_factor_db=k_factor_db, doppler_hz=doppler_hz
-        ),
-    )
-    links: dict = {}
-
-    def snr(src: int, dst: int, t: float) -> float:
-        lk = links.get((src, dst))
-        if lk is None:
-            lk = links[(src, dst)] = _Link(cfg, src, dst)
-        return snr_db + lk.fade.gain_db(t + t_offset)
-
-    return snr
+    trace (``scaleflu.link.fading.link_snr``: the trace ``MediumModel`` draws for that link with
+    that seed; ``t_offset``: the medium's virtual time at the simulation's t = 0)."""
+    return link_snr(seed, snr_db, fading, k_factor_db, doppler_hz, t_offset)
 
 
 def frame_level(
