@@ -375,8 +375,18 @@ CHOICES: dict[str, tuple[str, ...]] = {
     # scaleflu.link.mcs: the link kinds' PHY, and the MCS names of table version 1
     "history.link_fading": ("none", "rician", "rayleigh"),
     "history.link_phy": (
-        "adaptive", "auto", "stock", "bpsk-1/2", "bpsk-3/4", "qpsk-1/2", "qpsk-3/4",
-        "16qam-1/2", "16qam-3/4", "64qam-2/3", "64qam-3/4", "qpsk-uncoded",
+        "adaptive",
+        "auto",
+        "stock",
+        "bpsk-1/2",
+        "bpsk-3/4",
+        "qpsk-1/2",
+        "qpsk-3/4",
+        "16qam-1/2",
+        "16qam-3/4",
+        "64qam-2/3",
+        "64qam-3/4",
+        "qpsk-uncoded",
     ),  # fmt: skip
     "testbed.mcs": (
         "adaptive",

@@ -461,7 +461,7 @@ def test_virtual_time_follows_the_lockstep_not_the_wall():
 
 
 def test_idle_medium_strides_and_wakes_up_for_a_burst():
-    cfg = _cfg(nodes=(0, 1), idle_stride=16, idle_speed=0.0, idle_blocks=4)
+    cfg = _cfg(nodes=(0, 1), idle_stride=16, idle_speed=0.0, idle_blocks=4, deaf_blocks=4)
     with MediumBroker(cfg).start() as br:
         a = MediumClient(0, br.address, timeout=10)
         b = MediumClient(1, br.address, timeout=10)

@@ -39,6 +39,7 @@ from scaleflu.link.mcs import (
     MCS_TABLE,
     McsPolicy,
     McsPolicyConfig,
+    frame_samples,
     parse_mcs,
     payload_symbols,
 )
@@ -218,7 +219,11 @@ class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             sw1, sw2, cp_len, default, mtu, post_padding, framing, src, dst, len_tag_key
         )
         self.framer.set_amplitude(float(amplitude))
-        # the longest burst must fit the output buffer of the modulator and its readers
+        # the longest burst must fit the output buffer of the modulator and its readers, with
+        # room for several: with two bpsk-1/2 bursts of room the modulator waited on its reader
+        # for each burst (64 frames took 7.5 s to reach a Python sink, 0.04 s with 8)
+        longest = max(frame_samples(m, mtu, cp_len, post_padding) for m in MCS_TABLE)
+        self.framer.set_min_output_buffer(0, max(8192, 1 << (8 * longest).bit_length()))
         self.adapter = mcs_adapter(
             policy or McsPolicy(policy_config), self.framer if self.adaptive else None
         )

@@ -76,14 +76,26 @@ class PhyConfig:
             m = McsPolicy().robust
         return frame_samples(m, frame_bytes, self.cp_len, self.post_padding)
 
-    def tx(self, node_id: int, amplitude: float = 1.0, dst: int = BROADCAST) -> ofdm_link_tx:
-        """A transmitter for ``node_id`` (``dst``: the address of frames given without one)."""
+    def tx(
+        self,
+        node_id: int,
+        amplitude: float = 1.0,
+        dst: int = BROADCAST,
+        mac_chooses: bool = False,
+    ) -> ofdm_link_tx:
+        """A transmitter for ``node_id`` (``dst``: the address of frames given without one).
+        ``mac_chooses``: a MAC stamps every frame's MCS (``link_arq``'s "mcs" metadata), so an
+        adaptive coded transmitter needs no policy of its own: frames without one go at the
+        most robust MCS."""
         if self.mcs is not None:
+            mcs = self.mcs
+            if mac_chooses and mcs == ADAPTIVE:
+                mcs = McsPolicy().robust
             return coded_ofdm_tx(
                 mtu=self.mtu,
                 src=node_id,
                 dst=dst,
-                mcs=self.mcs,
+                mcs=mcs,
                 cp_len=self.cp_len,
                 post_padding=self.post_padding,
                 amplitude=amplitude,

@@ -46,7 +46,9 @@ class SharedMediumLink(GrLink):
         self.phy = phy or PhyConfig()
         self.tb = gr.top_block(f"shared_medium_node_{node_id}")
         arq = _arq_block(node_id, self.phy, arq_opts)
-        self.tx = self.phy.tx(node_id, amplitude=1.0 / math.sqrt(burst_power(self.phy)))
+        self.tx = self.phy.tx(
+            node_id, amplitude=1.0 / math.sqrt(burst_power(self.phy)), mac_chooses=mac is not None
+        )
         # whole checked frames into link_arq (no per-frame re-encode in Python); the
         # parser counts a frame in frames_ok() exactly when it publishes it, in either
         # mode, so rx_pending below stays exact

@@ -154,6 +154,7 @@ class MediumPort:
         frames_built: Any = None,
         rx_depth: int = 4,
         rx_lag: int | None = None,
+        pipeline: int = 2,
     ) -> None:
         self.client = MediumClient(node_id, address, timeout)
         self.block = self.client.block
@@ -178,6 +179,12 @@ class MediumPort:
         # before the next step (None: only the queue's depth bounds it). Small values keep a
         # node's decoding latency, in virtual time, a few blocks whatever the CPU load.
         self.rx_lag = rx_lag
+        # step requests in flight: 1 is strict lockstep (a node's block of step k is decided
+        # after it heard step k - 1); 2 lets the broker compute a step while the nodes take in
+        # the one before, at one block (1.6 ms at 8192 / 5 MS/s) more reaction delay
+        if not 1 <= pipeline <= 8:
+            raise ValueError("pipeline must be within 1..8 steps")
+        self.pipeline = pipeline
         self._rx_queued = 0  # samples put in the receiver's queue
         # lockstep waits that ran out (30 s wall) and went on anyway: the transmitter never
         # reported a frame built / the receiver never caught up (each one stalls the medium)
@@ -295,20 +302,28 @@ class MediumPort:
 
     def _run(self) -> None:
         w = self.wait_s
+        in_flight = 0
         try:
             while not self._stop.is_set():
-                t0 = time.monotonic()
-                self._flush_wait()
-                t1 = time.monotonic()
-                self._rx_wait()
+                while in_flight < self.pipeline and not self._stop.is_set():
+                    # this node's block of a step is decided before it has heard the step
+                    # before it (pipeline - 1 blocks of reaction delay): the broker computes a
+                    # step while the nodes' receivers work on the one before
+                    t0 = time.monotonic()
+                    self._flush_wait()
+                    t1 = time.monotonic()
+                    self._rx_wait()
+                    x = self.tx_sink.take(self.block)
+                    if x is not None:
+                        self.tx_samples += int(np.count_nonzero(x))
+                    hold = bool(self.hold()) if self.hold is not None else False
+                    self.client.send_block(x, hold=hold)
+                    in_flight += 1
+                    w["tx"] += t1 - t0
                 t2 = time.monotonic()
-                x = self.tx_sink.take(self.block)
-                if x is not None:
-                    self.tx_samples += int(np.count_nonzero(x))
-                hold = bool(self.hold()) if self.hold is not None else False
-                y = self.client.exchange(x, hold=hold)
+                y = self.client.recv_block()
+                in_flight -= 1
                 t3 = time.monotonic()
-                w["tx"] += t1 - t0
                 w["exchange"] += t3 - t2
                 self.steps += 1
                 for cb in self.on_step:
