@@ -279,8 +279,9 @@ def expected_frame_airtime_s(
 ) -> float:
     """Expected airtime to deliver one frame of ``frame_bytes``: the mean airtime of a
     transmission over the mean success rate (1 - FER) of one, at mean SNR ``snr_db`` over the
-    link's fading (each transmission sees the gain of one draw). ``mcs``: one MCS or ``"stock"`` (the same MCS whatever the
-    fade), or ``"adaptive"``: each frame at the MCS ``McsPolicy`` picks for the frame's own SNR
+    link's fading (each transmission sees the gain of one draw). ``mcs``: one MCS or
+    ``"stock"`` (the same MCS whatever the fade), or ``"adaptive"``: each frame at the MCS
+    ``McsPolicy`` picks for the frame's own SNR
     (``margin_db`` over the 10 % FER SNR, the most robust below; the adaptation knows the
     channel: a bound on what the MAC achieves). ``math.inf`` when no frame gets through."""
     m = parse_phy_mcs(mcs)

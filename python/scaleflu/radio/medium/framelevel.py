@@ -19,10 +19,9 @@ from collections.abc import Callable
 
 from scaleflu.link.arq import ArqConfig
 from scaleflu.link.defaults import ARQ_DEFAULTS
+from scaleflu.link.fading import link_snr
 from scaleflu.link.mac import MacConfig
 from scaleflu.link.macsim import simulate_round
-
-from scaleflu.link.fading import link_snr
 
 LENET_BYTES = 247210  # the LeNet-5 state dict in the wire format (raw float32)
 
