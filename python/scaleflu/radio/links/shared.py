@@ -14,6 +14,7 @@ from typing import Any
 from gnuradio import gr
 
 from scaleflu.link.maclink import MacSetup
+from scaleflu.link.mcs import MCS_TABLE
 
 from ..medium.broker import broker_stats
 from ..medium.config import DEFAULT_MEDIUM_ADDRESS
@@ -72,6 +73,16 @@ class SharedMediumLink(GrLink):
             self.port.on_step.append(arq.link.clock_advanced)
         self.port.on_error = self._medium_lost
         self.port.rx_pending = lambda: self.rx.frames_ok() - arq.frames_done
+        # ... and until its receiver's demux has decided on all but the last block and the
+        # frame in progress: a receiver starved of CPU (a robot training beside its radio)
+        # otherwise decoded a grant many blocks late when the medium ran fast, and answered
+        # past the grant's window (collided samples)
+        hpd = self.rx.hpd
+        self.port.rx_progress = lambda: int(hpd.nitems_read(0))
+        longest = self.phy.frame_samples(self.phy.mtu)
+        if self.phy.coded:  # any MCS may come in
+            longest = max(self.phy.frame_samples(self.phy.mtu, m.index) for m in MCS_TABLE)
+        self.port.rx_slack = longest + 4096
         link_lock = arq.link._lock
 
         def frames_posted() -> int:

@@ -45,7 +45,9 @@ class MediumError(RuntimeError):
 #               MAX_IN_FLIGHT requests waiting: pipelining), each the node's block of the next
 #               step; the reply's step is the medium's step after it (a stride covers several
 #               blocks). payload = block complex64 samples, or empty = all zeros; request flag
-#               1 (hold): the node expects traffic soon (its MAC has a grant open): no stride
+#               1 (hold): the node expects traffic soon (its MAC has a grant open): no stride;
+#               flag 2 (ahead): the node sends its next request without waiting for this
+#               reply (pipelining): no stride before that next request is in and silent too
 #   b"L" leave -> b"B";  b"Q" stats -> b"T" JSON;  any error -> b"E" text
 _JOIN = struct.Struct("<H")
 
@@ -60,6 +62,9 @@ _FLAG_IDLE = 1
 
 
 _FLAG_HOLD = 1  # in a step request: do not stride over idle blocks now
+
+
+_FLAG_AHEAD = 2  # in a step request: the node's next request comes without waiting for this one
 
 
 MAX_IN_FLIGHT = 8  # step requests of one node waiting for the others at most
@@ -84,8 +89,8 @@ class MediumBroker:
             self.address = config.address
         self._ident: dict[int, bytes] = {}  # node -> ZeroMQ identity
         self._by_ident: dict[bytes, int] = {}
-        # per node its step requests not computed yet, in order: (block, silent, hold)
-        self._queues: dict[int, deque[tuple[np.ndarray, bool, bool]]] = {}
+        # per node its step requests not computed yet, in order: (block, silent, hold, ahead)
+        self._queues: dict[int, deque[tuple[np.ndarray, bool, bool, bool]]] = {}
         self._next_req: dict[int, int] = {}  # per node the number its next request must have
         self.holds = 0  # steps in which a node held the stride back
         self._waiting_since: float | None = None
@@ -196,7 +201,7 @@ class MediumBroker:
         if t_ans is not None:
             self.node_cycle_s[node] = self.node_cycle_s.get(node, 0.0) + time.monotonic() - t_ans
         self._next_req[node] += 1
-        q.append((x, len(payload) == 0, bool(flags & _FLAG_HOLD)))
+        q.append((x, len(payload) == 0, bool(flags & _FLAG_HOLD), bool(flags & _FLAG_AHEAD)))
         if self._waiting_since is None:
             self._waiting_since = time.monotonic()
         while self._maybe_step():
@@ -208,17 +213,21 @@ class MediumBroker:
             return False
         if any(not self._queues.get(n) for n in self.model.nodes):
             return False
+        idle_before = self.model.quiet_steps >= self.cfg.idle_blocks
+        # a stride only while every block of every node, those still waiting included, is
+        # silent and none holds it back; a node that decided its next block before hearing
+        # this step (ahead) must have sent it: its next burst is never pushed behind a stride
+        # that its MAC's clock did not see coming (the grant window it computed would close
+        # early)
+        queues = [self._queues[n] for n in self.model.nodes]
+        all_silent = all(b[1] and not b[2] for q in queues for b in q)
+        if idle_before and all_silent and self.cfg.idle_stride > 1 and self.model.can_skip():
+            if any(q[0][3] and len(q) < 2 for q in queues):
+                return False  # wait for those nodes' next requests before striding
         heads = {n: self._queues[n].popleft() for n in self.model.nodes}
         pending = {n: h[0] for n, h in heads.items()}
-        idle_before = self.model.quiet_steps >= self.cfg.idle_blocks
         deaf_n = self.cfg.deaf_blocks
         deaf_before = {n: self.model.deaf_steps.get(n, 0) >= deaf_n for n in pending}
-        # a stride only while every block of every node, those still waiting included, is
-        # silent and none holds it back: a node's next burst is never pushed behind a stride
-        all_silent = all(
-            h[1] and not h[2] and all(b[1] and not b[2] for b in self._queues[n])
-            for n, h in heads.items()
-        )
         hold = any(h[2] for h in heads.values())
         self.holds += hold and idle_before
         tc = time.monotonic()
@@ -354,12 +363,13 @@ class MediumClient:
             raise MediumError(reply[1].decode(errors="replace") if len(reply) > 1 else "error")
         return reply[0], reply[1:]
 
-    def send_block(self, tx: np.ndarray | None, hold: bool = False) -> None:
+    def send_block(self, tx: np.ndarray | None, hold: bool = False, ahead: bool = False) -> None:
         """Send this node's block of the next step not sent yet (None = zeros), without waiting
         for the answer (:meth:`recv_block`): up to ``MAX_IN_FLIGHT`` may be in flight.
-        ``hold``: this node expects traffic soon: the broker does not stride then."""
+        ``hold``: this node expects traffic soon: the broker does not stride then. ``ahead``:
+        the node will send its next block before it has this one's answer (pipelining)."""
         payload = b"" if tx is None else np.ascontiguousarray(tx, np.complex64).tobytes()
-        flags = _FLAG_HOLD if hold else 0
+        flags = (_FLAG_HOLD if hold else 0) | (_FLAG_AHEAD if ahead else 0)
         self._sock.send_multipart([b"S", _STEP.pack(self.sent, flags), payload], copy=False)
         self.sent += 1
 

@@ -90,6 +90,7 @@ class MediumModel:
         self._noise: dict[int, np.random.Generator] = {}
         self.airtime = {}  # node -> samples its transmitter was on
         self.collision_samples = 0  # samples where two or more transmitters were on
+        self.collisions: list[tuple[float, list[int], int]] = []  # (virtual s, nodes, samples)
         self.active_samples = 0  # samples where at least one transmitter was on
         self.steps = 0
         self.quiet_steps = 0  # consecutive steps with no transmitter on
@@ -151,7 +152,11 @@ class MediumModel:
             self.airtime[n] += c
             if c:
                 count += on[n]
-        self.collision_samples += int(np.count_nonzero(count >= 2))
+        collided = int(np.count_nonzero(count >= 2))
+        self.collision_samples += collided
+        if collided and len(self.collisions) < 64:  # when and who, for the stats
+            who = [n for n in self.nodes if on[n].any()]
+            self.collisions.append((self.t / self.cfg.samp_rate, who, collided))
         busy = np.flatnonzero(count)
         if len(busy):
             self.active_samples += len(busy)
@@ -262,6 +267,7 @@ class MediumModel:
             "active_samples": self.active_samples,
             "collision_samples": self.collision_samples,
             "collision_s": self.collision_samples / sr,
+            "collisions": [list(c) for c in self.collisions],
             "first_active": self.first_active,
             "last_active": self.last_active,
         }

@@ -198,6 +198,11 @@ class MediumPort:
         # them, so a node's answer to a frame (a robot's to its grant) does not depend on how
         # fast its Python threads run
         self.rx_pending: Any = None
+        # samples the receiver has processed (its demux has consumed: every frame before them
+        # decided), and how far that may trail what was fed (a frame in progress waits for all
+        # its samples): bounds the node's decoding delay in virtual time whatever the CPU load
+        self.rx_progress: Any = None
+        self.rx_slack = 0
         self.frames_posted: Any = None  # frames handed to the transmitter (link_arq frames_out)
         # True while this node's MAC expects traffic (an open grant, frames queued): the broker
         # then does not stride over idle blocks, whatever the receivers' delay in decoding
@@ -283,7 +288,10 @@ class MediumPort:
         seen = self._pokes
         while not self._stop.is_set():
             if not fed_ok:
-                fed_ok = self._rx_queued - self.rx_source.fed <= limit
+                fed_ok = self._rx_queued - self.rx_source.fed <= limit and (
+                    self.rx_progress is None
+                    or self._rx_queued - self.rx_progress() <= limit + self.rx_slack
+                )
                 if fed_ok:
                     t1 = time.monotonic()
                     self.wait_s["rx"] += t1 - t0
@@ -317,7 +325,7 @@ class MediumPort:
                     if x is not None:
                         self.tx_samples += int(np.count_nonzero(x))
                     hold = bool(self.hold()) if self.hold is not None else False
-                    self.client.send_block(x, hold=hold)
+                    self.client.send_block(x, hold=hold, ahead=self.pipeline > 1)
                     in_flight += 1
                     w["tx"] += t1 - t0
                 t2 = time.monotonic()
