@@ -46,7 +46,9 @@ class MacConfig:
     mcs_margin_db: float = 2.0  # McsPolicyConfig.margin_db of the server's policies
     mcs_up_after: int = 2  # reports above the next MCS's threshold before it is taken
     mcs_hold: int = 2  # reports held at a lower MCS after a loss-driven step down
-    mcs_fallback_after: int = 1  # missed grants in a row before the most robust MCS
+    # missed grants in a row before the most robust MCS: 2, as a robot that trains beside its
+    # radio may answer one grant late (a lost burst falls back at once: McsPolicy.outcome)
+    mcs_fallback_after: int = 2
     mcs_stale_s: float = 10.0  # no report for this long: the most robust MCS
 
     def airtime(self, nbytes: int, mcs: int | None = None) -> float:
