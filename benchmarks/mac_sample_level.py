@@ -23,6 +23,11 @@ The PHY is the link kinds' default, the coded PHY with link adaptation (``--mcs`
 level runs the same MCS choices (``MacConfig.mcs``) on the same channel.
 
 Results: ``benchmarks/results/mac_sample_level[-<fading>-s<seed>].json``.
+
+``--sweep 1-5``: the sample level only, on each seed with ``--fading`` and without fading,
+interleaved (the reference of the targets: median round at most 1.5 x the round without
+fading, worst at most 2 x the median); table and plot in
+``benchmarks/results/mac_sample_level-sweep.{json,md,png}``.
 """
 
 from __future__ import annotations
@@ -145,6 +150,90 @@ def sample_level(args: argparse.Namespace, mac: dict) -> dict:
     return out
 
 
+def sweep(args: argparse.Namespace, mac: dict) -> int:
+    """The sample-level round on several seeds, with the fading and without, interleaved."""
+    import copy
+
+    import numpy as np
+
+    a, b = (int(x) for x in args.sweep.split("-")) if "-" in args.sweep else (int(args.sweep),) * 2
+    seeds = list(range(a, b + 1))
+    fading = args.fading if args.fading != "none" else "rician"
+    rows: dict[str, list] = {fading: [], "none": []}
+    t0, load0 = time.monotonic(), os.getloadavg()
+    for seed in seeds:
+        for fad in (fading, "none"):
+            run = copy.copy(args)
+            run.seed, run.fading = seed, fad
+            r = sample_level(run, mac)
+            r.pop("adaptation", None)
+            r["seed"] = seed
+            rows[fad].append(r)
+            print(
+                f"seed {seed} {fad:8s} round {r['round_s']} s virtual, bit-exact "
+                f"{r['bit_exact']}, collided samples {r['collision_samples']}, grants "
+                f"{r['grants']} ({r['grant_timeouts']} timed out), wall {r['wall_s']:.0f} s",
+                flush=True,
+            )
+    summary = {}
+    for fad, rs in rows.items():
+        t = [r["round_s"] for r in rs if r["round_s"] is not None]
+        summary[fad] = {
+            "round_s": [min(t), float(np.median(t)), max(t)] if t else None,
+            "unfinished": sum(r["round_s"] is None for r in rs),
+            "airtime_s_median": float(np.median([r["airtime_total_s"] for r in rs])),
+            "bit_exact": all(r["bit_exact"] for r in rs),
+            "collision_samples": sum(r["collision_samples"] for r in rs),
+            "grant_timeouts": sum(r["grant_timeouts"] for r in rs),
+            "busy_speed_median": float(np.median([r["busy_speed"] for r in rs])),
+        }
+    f, n = summary[fading]["round_s"], summary["none"]["round_s"]
+    lines = [
+        f"sample level, N = 3, {args.snr_db:g} dB mean, PHY {args.mcs}, seeds {seeds}, "
+        f"{time.monotonic() - t0:.0f} s wall (load {load0[0]:.1f} -> {os.getloadavg()[0]:.1f})",
+        "",
+        "| channel | round s: min / median / max | unfinished | airtime s (median) | bit-exact "
+        "| collided samples | grant timeouts | busy medium x real time (median) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for fad, sm in summary.items():
+        rt = " / ".join(f"{x:.2f}" for x in sm["round_s"]) if sm["round_s"] else "-"
+        lines.append(
+            f"| {fad} | {rt} | {sm['unfinished']} | {sm['airtime_s_median']:.2f} | "
+            f"{sm['bit_exact']} | {sm['collision_samples']} | {sm['grant_timeouts']} | "
+            f"{sm['busy_speed_median']:.3f} |"
+        )
+    if f and n:
+        lines += [
+            "",
+            f"median with {fading} / median without fading = {f[1] / n[1]:.2f} (target <= 1.5); "
+            f"worst / median = {f[2] / f[1]:.2f} (target <= 2)",
+        ]
+    text = "\n".join(lines)
+    print(text)
+    dest = Path(args.out or "benchmarks/results/mac_sample_level-sweep.json")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(
+        json.dumps({"args": vars(args), "summary": summary, "rows": rows}, indent=1, default=str)
+    )
+    dest.with_suffix(".md").write_text(text + "\n")
+    from scaleflu.plots import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    for k, (fad, rs) in enumerate(rows.items()):
+        ys = [r["round_s"] for r in rs if r["round_s"] is not None]
+        ax.plot([k] * len(ys), ys, "o", alpha=0.7, label=fad)
+    ax.set_xticks([0, 1], list(rows))
+    ax.set_ylabel("round: broadcast to the last upload in (virtual s)")
+    ax.set_title(f"sample level, N = 3, {args.snr_db:g} dB, PHY {args.mcs}")
+    ax.grid(True, lw=0.3)
+    fig.tight_layout()
+    fig.savefig(dest.with_suffix(".png"), dpi=110)
+    print(f"wrote {dest} (.md, .png)")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", type=int, default=LENET_BYTES)
@@ -158,6 +247,7 @@ def main() -> int:
     ap.add_argument("--guard-s", type=float, default=None, help="MAC guard (virtual s)")
     ap.add_argument("--deadline", type=float, default=60.0, help="virtual s")
     ap.add_argument("--wall-limit", type=float, default=1500.0)
+    ap.add_argument("--sweep", default=None, help="seeds a-b: sample level, fading and not")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -169,6 +259,8 @@ def main() -> int:
     mac["contention_slots"] = 0  # members configured: every transmission is scheduled
     args.mcs = mcs_name(args.mcs)
     mcfg = MacConfig(**mac, mcs=None if args.mcs == STOCK else args.mcs)
+    if args.sweep:
+        return sweep(args, mac)
     res = {"args": vars(args), "mac": mac}
     res["sample_level"] = sample_level(args, mac)
     # the same channel (the fading trace from the sample level's start time; or none)

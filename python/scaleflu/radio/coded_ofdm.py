@@ -219,11 +219,7 @@ class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
             sw1, sw2, cp_len, default, mtu, post_padding, framing, src, dst, len_tag_key
         )
         self.framer.set_amplitude(float(amplitude))
-        # the longest burst must fit the output buffer of the modulator and its readers, with
-        # room for several: with two bpsk-1/2 bursts of room the modulator waited on its reader
-        # for each burst (64 frames took 7.5 s to reach a Python sink, 0.04 s with 8)
-        longest = max(frame_samples(m, mtu, cp_len, post_padding) for m in MCS_TABLE)
-        self.framer.set_min_output_buffer(0, max(8192, 1 << (8 * longest).bit_length()))
+        # the longest burst must fit the output buffer of the modulator and its readers
         self.adapter = mcs_adapter(
             policy or McsPolicy(policy_config), self.framer if self.adaptive else None
         )
@@ -253,6 +249,15 @@ class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         if self.adaptive:
             raise ValueError("this transmitter was built adaptive; give PDUs 'mcs' metadata")
         self.framer.set_mcs(_mcs_index(mcs))
+
+    def set_output_bursts(self, bursts: int) -> None:
+        """Room for ``bursts`` of the longest burst in the modulator's output buffer (before
+        the flowgraph starts). The modulator holds two; a slow reader (a Python block) then
+        makes it wait for each burst (64 bpsk-1/2 frames took 7.5 s to reach the shared
+        medium's Python tap, 0.05 s with 8). More room also lets it modulate further ahead of
+        link adaptation (frames take their MCS when they are modulated)."""
+        longest = max(frame_samples(m, self.mtu, self.cp_len, self.post_padding) for m in MCS_TABLE)
+        self.framer.set_min_output_buffer(0, max(8192, 1 << (bursts * longest).bit_length()))
 
     def set_amplitude(self, amplitude: float) -> None:
         """RMS amplitude of the bursts (1: unit mean power)."""

@@ -50,6 +50,8 @@ class SharedMediumLink(GrLink):
         self.tx = self.phy.tx(
             node_id, amplitude=1.0 / math.sqrt(burst_power(self.phy)), mac_chooses=mac is not None
         )
+        if self.phy.coded:  # the port's tap is a Python block: room for whole trains
+            self.tx.set_output_bursts(8)
         # whole checked frames into link_arq (no per-frame re-encode in Python); the
         # parser counts a frame in frames_ok() exactly when it publishes it, in either
         # mode, so rx_pending below stays exact
