@@ -24,6 +24,8 @@ level runs the same MCS choices (``MacConfig.mcs``) on the same channel.
 
 Results: ``benchmarks/results/mac_sample_level[-<fading>-s<seed>].json``.
 
+``--train-s`` / ``--train-jitter-s``: the robots train this long (on the medium's clock) between
+the model and their upload, as the frame level's ``mac_fading_tail.py`` round (1.5 + up to 0.5).
 ``--sweep 1-5``: the sample level only, on each seed with ``--fading`` and without fading,
 interleaved (the reference of the targets: median round at most 1.5 x the round without
 fading, worst at most 2 x the median); table and plot in
@@ -81,6 +83,7 @@ def sample_level(args: argparse.Namespace, mac: dict) -> dict:
         rng = random.Random(args.seed)
         model = rng.randbytes(args.size)
         ups = {r: rng.randbytes(args.size) for r in robots}
+        train_jitter = {r: rng.random() * args.train_jitter_s for r in robots}
         got: dict[int, bool] = {}
         t_model: dict[int, float] = {}
         sent: dict[int, str] = {}
@@ -91,6 +94,10 @@ def sample_level(args: argparse.Namespace, mac: dict) -> dict:
                 return
             got[r] = m[1] == model
             t_model[r] = robots[r].virtual_time() - t0
+            # training time on the medium's clock (the frame level's train_s + jitter)
+            until = robots[r].virtual_time() + args.train_s + train_jitter[r]
+            while robots[r].virtual_time() < until and time.monotonic() - w0 < args.wall_limit:
+                time.sleep(0.005)
             res = robots[r].send(0, ups[r], timeout=args.deadline)
             sent[r] = res.status.value
 
@@ -248,6 +255,8 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=60.0, help="virtual s")
     ap.add_argument("--wall-limit", type=float, default=1500.0)
     ap.add_argument("--sweep", default=None, help="seeds a-b: sample level, fading and not")
+    ap.add_argument("--train-s", type=float, default=0.0, help="robots train this long (virtual)")
+    ap.add_argument("--train-jitter-s", type=float, default=0.0, help="+ up to this, seeded")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -265,8 +274,11 @@ def main() -> int:
     res["sample_level"] = sample_level(args, mac)
     # the same channel (the fading trace from the sample level's start time; or none)
     snr_fn = fading_snr(args.seed, args.snr_db, args.fading, res["sample_level"]["t0_virtual_s"])
-    res["frame_level_ideal"] = frame_level(args.size, mcfg, args.seed, args.deadline, False, snr_fn)
-    res["frame_level"] = frame_level(args.size, mcfg, args.seed, args.deadline, True, snr_fn)
+    tkw = {"train_s": args.train_s, "train_jitter_s": args.train_jitter_s}
+    res["frame_level_ideal"] = frame_level(
+        args.size, mcfg, args.seed, args.deadline, False, snr_fn, **tkw
+    )
+    res["frame_level"] = frame_level(args.size, mcfg, args.seed, args.deadline, True, snr_fn, **tkw)
     res["fit"] = {
         "start_quantum_s": START_QUANTUM_S,
         "rx_latency_s": RX_LATENCY_S,
