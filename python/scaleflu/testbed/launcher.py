@@ -221,7 +221,7 @@ def build_config(args: argparse.Namespace) -> Config:
     demo["data"]["poison"]["backdoor_clients"] = []
     demo["fl"]["clients_per_round"] = n
     demo["testbed"] = {"robots": n, "rounds": args.rounds, "min_robots": n, "link": args.link}
-    if args.mcs:
+    if getattr(args, "mcs", None):
         from scaleflu.link.mcs import mcs_name
 
         demo["testbed"]["mcs"] = mcs_name(args.mcs)
