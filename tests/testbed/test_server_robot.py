@@ -235,48 +235,46 @@ def test_another_mcs_table_version_is_refused_at_registration_with_one_line(
     import logging
 
     import scaleflu.testbed.robot as robot_mod
+    import scaleflu.testbed.sessions as sessions_mod
 
     keys = generate_keys([1, 2, 3])
+
+    def register(server, robot) -> bool:
+        """The robot registers in a thread; the server handles messages here (its store is
+        this thread's)."""
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("ok", robot.register(timeout=20.0)))
+        t.start()
+        while t.is_alive():
+            server.poll(0.05)
+        return out["ok"]
+
     with MemoryChannel(seed=4) as ch:
         server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
-        stop = threading.Event()
+        monkeypatch.setattr(robot_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION + 1)
+        robot = RobotClient(ch.attach(1), 1, keys[1], cfg, data=robot_data[1])
+        with caplog.at_level(logging.ERROR):
+            assert not register(server, robot)
+        assert robot.done and 1 not in server.sessions.robots
+        want = f"robot 1 has {MCS_TABLE_VERSION + 1}, the server has {MCS_TABLE_VERSION}"
+        assert want in robot.refused
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert sum("MCS table version mismatch" in m for m in errors) == 2  # server, robot
+        assert all("\n" not in m for m in errors)
+        # the robot's own check: a server that accepts it but has another table
+        monkeypatch.setattr(robot_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION)
+        monkeypatch.setattr(sessions_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION + 7)
+        r2 = RobotClient(ch.attach(2), 2, keys[2], cfg, data=robot_data[2])
+        send = r2.ep.send
 
-        def serve() -> None:
-            while not stop.is_set():
-                server.poll(0.05)
+        def claim(mtype, *a, **kw):  # it claims the server's table: the server accepts
+            if mtype is MsgType.REGISTER:
+                a = (*a[:4], {**a[4], "mcs_table": MCS_TABLE_VERSION + 7}, *a[5:])
+            return send(mtype, *a, **kw)
 
-        t = threading.Thread(target=serve, daemon=True)
-        t.start()
-        try:
-            monkeypatch.setattr(robot_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION + 1)
-            robot = RobotClient(ch.attach(1), 1, keys[1], cfg, data=robot_data[1])
-            with caplog.at_level(logging.ERROR):
-                assert not robot.register(timeout=20.0)
-            assert robot.done and 1 not in server.sessions.robots
-            want = f"robot 1 has {MCS_TABLE_VERSION + 1}, the server has {MCS_TABLE_VERSION}"
-            assert want in robot.refused
-            errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
-            assert sum("MCS table version mismatch" in m for m in errors) == 2  # server, robot
-            assert all("\n" not in m for m in errors)
-            # the robot's own check: a server that accepts it but has another table
-            import scaleflu.testbed.sessions as sessions_mod
-
-            monkeypatch.setattr(robot_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION)
-            monkeypatch.setattr(sessions_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION + 7)
-            r2 = RobotClient(ch.attach(2), 2, keys[2], cfg, data=robot_data[2])
-            send = r2.ep.send
-
-            def claim(mtype, *a, **kw):  # it claims the server's table: the server accepts
-                if mtype is MsgType.REGISTER:
-                    a = (*a[:4], {**a[4], "mcs_table": MCS_TABLE_VERSION + 7}, *a[5:])
-                return send(mtype, *a, **kw)
-
-            r2.ep.send = claim
-            assert not r2.register(timeout=20.0)
-            assert f"the server has {MCS_TABLE_VERSION + 7}, this robot has" in r2.refused
-        finally:
-            stop.set()
-            t.join(5)
+        r2.ep.send = claim
+        assert not register(server, r2)
+        assert f"the server has {MCS_TABLE_VERSION + 7}, this robot has" in r2.refused
 
 
 def test_robot_client_id_mapping():
