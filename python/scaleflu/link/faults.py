@@ -1,7 +1,7 @@
 """Faults injected into a link's frame input, for tests and benchmarks (the link is unchanged).
 
-Each function wraps the ``feed(raw, snr_db=None)`` of a link (an ArqLink, or the ArqLink inside a GNU Radio
-back-end's ``link_arq`` block) so that chosen frames never reach it.
+Each function wraps the ``feed(raw, snr_db=None)`` of a link (an ArqLink, or the ArqLink inside a
+GNU Radio back-end's ``link_arq`` block) so that chosen frames never reach it.
 """
 
 from __future__ import annotations
