@@ -699,25 +699,30 @@ class MacServer:
         )
 
     def _pick(self, now: float) -> int | None:
-        """Next robot to grant: a robot whose poll is due (not granted for idle_poll_s, or its
-        backoff after missed grants over) first, so a robot with work never starves the
-        others; then round robin over robots with work."""
+        """Next robot to grant: round robin over robots with work, then idle ones due a poll.
+
+        A robot has work while its last REPORT said it has bytes waiting to be sent or its
+        burst lost frames (not while its frames are in flight, waiting for their ACKs: such a
+        robot, polled back to back, starved the others), or the server owes it or expects
+        something from it."""
         n = len(self._order)
         due = None
-        work = None
         for i in range(n):
             r = self._order[i]
             m = self.members[r]
-            if now >= m.next_poll:
+            if m.missed:
+                if now >= m.next_poll and due is None:
+                    due = i
+                continue
+            if m.want or m.backlog:
+                self._order.rotate(-(i + 1))
+                return r
+            if now >= m.next_poll and due is None:
                 due = i
-                break
-            if not m.missed and (m.want or m.backlog) and work is None:
-                work = i
-        pick = due if due is not None else work
-        if pick is None:
+        if due is None:
             return None
-        r = self._order[pick]
-        self._order.rotate(-(pick + 1))
+        r = self._order[due]
+        self._order.rotate(-(due + 1))
         return r
 
     def _send_grant(self, r: int, now: float) -> None:
