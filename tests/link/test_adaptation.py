@@ -232,3 +232,22 @@ def test_adaptive_round_on_a_fading_channel_is_bit_exact_and_faster_than_stock()
     assert res["adaptive"]["closed_s"] < res[None]["closed_s"]
     assert STOCK not in res["adaptive"]["bytes_by_mcs"]
     assert set(res[None]["bytes_by_mcs"]) == {STOCK}
+
+
+def test_without_any_snr_the_adaptive_mac_sends_at_the_phys_one_rate():
+    """A medium whose PHY measures no SNR (a frame hub without a PHY model): an adaptive MAC has
+    nothing to adapt from, so its grants name no MCS and DATA goes at the one rate."""
+    cfg = MacConfig(**MAC_DEFAULTS["virtual"], contention_slots=0, mcs="adaptive")
+    sim = MacSim(cfg, seed=1)  # no snr_fn: frames arrive without an SNR
+    eps = {n: ArqEndpoint(n, sim.transmitter(n), clock=sim.clock) for n in (0, 1)}
+    srv = MacServer(eps[0], sim.transmitter(0), cfg, members=[1], seed=0)
+    sim.add(0, srv)
+    sim.add(1, MacStation(eps[1], sim.transmitter(1), cfg, joined=True, seed=1))
+    done = {}
+    eps[0].on_message = lambda src, p: done.setdefault(src, p)
+    eps[1].send(0, bytes(20000), deadline=30)
+    sim.touch(1)
+    sim.run_until(lambda: 1 in done, max_time=10)
+    assert done == {1: bytes(20000)}
+    assert srv.mcs_up(1) is None and srv.mcs_broadcast([1]) is None
+    assert sim.stats.bytes_by_mcs.get(STOCK, 0) >= 20000  # the DATA at the one rate

@@ -37,8 +37,10 @@ class MacConfig:
     # None: the PHY has one rate (the stock PHY, a frame hub without a PHY model): GRANTs name
     # no MCS and airtime follows rate_bytes_per_s. "adaptive": the server chooses each robot's
     # uplink MCS (sent in its GRANT), the downlink MCS per robot and the broadcast's (the
-    # weakest open target's) from the SNRs and losses both ends measure; an MCS name: that MCS
-    # for every DATA frame. MAC control frames, ACKs and NACKs go at control_mcs.
+    # weakest open target's) from the SNRs and losses both ends measure (until the first SNR
+    # comes in, as over a frame hub without a PHY model, frames go without one: the PHY's one
+    # rate); an MCS name: that MCS for every DATA frame. MAC control frames, ACKs and NACKs go
+    # at control_mcs.
     mcs: str | None = None
     control_mcs: str = "bpsk-1/2"
     samp_rate: float = 5e6  # samples per second of the PHY (airtime per MCS)

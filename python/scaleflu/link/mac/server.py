@@ -257,6 +257,9 @@ class MacServer:
         self.down = McsPolicy(pcfg, clock=self.clock)
         self._ctl_mcs = cfg.control_index
         self.links: dict[int, RobotLink] = {}
+        # no SNR measured yet by anyone (a frame hub without a PHY model never measures one):
+        # frames go without an MCS, at the PHY's one rate, until the first SNR comes in
+        self._snr_seen = False
         self.bytes_by_mcs: dict[str, int] = {}  # every frame this server put on air, by MCS
         self.bcast_mcs: int | None = None  # MCS of the last broadcast frame
         self.on_mcs: Callable[[str, int, int | None, float | None], None] | None = None
@@ -300,6 +303,7 @@ class MacServer:
                         g.rx_bytes += len(raw)
                 if snr_db is not None:
                     self._link(key[1]).up_snr_db = float(snr_db)
+                    self._snr_seen = True
             self.ep.on_frame(raw, snr_db)
         self._schedule(now)
 
@@ -405,23 +409,27 @@ class MacServer:
         m = self._mode
         return None if m is None or isinstance(m, str) else m.index
 
+    def _no_mcs(self) -> bool:
+        """No MCS to choose: the PHY has one rate, or adaptive with no SNR measured yet."""
+        return self._mode is None or (self._fixed() is None and not self._snr_seen)
+
     def mcs_up(self, robot: int) -> int | None:
-        """MCS of ``robot``'s DATA in its next grant (None: the PHY has one rate)."""
-        if self._mode is None:
+        """MCS of ``robot``'s DATA in its next grant (None: the PHY's one rate)."""
+        if self._no_mcs():
             return None
         fixed = self._fixed()
         return fixed if fixed is not None else self.up.choose(robot)
 
     def mcs_down(self, robot: int) -> int | None:
         """MCS of the server's unicast DATA to ``robot``."""
-        if self._mode is None:
+        if self._no_mcs():
             return None
         fixed = self._fixed()
         return fixed if fixed is not None else self.down.choose(robot)
 
     def mcs_broadcast(self, targets: Iterable[int]) -> int | None:
         """MCS of a broadcast to ``targets``: the weakest target's downlink MCS."""
-        if self._mode is None:
+        if self._no_mcs():
             return None
         fixed = self._fixed()
         if fixed is not None:
@@ -444,6 +452,7 @@ class MacServer:
         if self._mode is None or peer not in self.members:
             return
         if snr_db is not None:
+            self._snr_seen = True
             self._link(peer).down_snr_db = snr_db
             self.down.report(peer, snr_db)
         self.down.outcome(peer, acked + lost, lost)
@@ -510,10 +519,12 @@ class MacServer:
                 lk.bytes_up_by_mcs[name] = lk.bytes_up_by_mcs.get(name, 0) + g.rx_bytes
             if self._mode is not None:
                 if snr_db is not None:  # what the server hears of it now (the REPORT's SNR)
+                    self._snr_seen = True
                     lk.up_snr_db = float(snr_db)
                     self.up.report(f.src, float(snr_db))
                 self.up.outcome(f.src, rep.sent, lost)
         if self._mode is not None and rep.snr_db is not None:
+            self._snr_seen = True
             lk.down_snr_db = rep.snr_db
             self.down.report(f.src, rep.snr_db)
         m.backlog = backlog
