@@ -218,9 +218,11 @@ class ArqLink(Link):
     def clock_advanced(self) -> None:
         """The link's clock moved (called by its owner): wake the timer threads that are due."""
         now = self._clock()
-        due = 0.0 < self._wait_until <= now or any(
-            0.0 < t <= now for t in self._timer_waits.values()
-        )
+        # a copy (one C call under the GIL): the timer threads add and remove their entries
+        # while this runs on the clock owner's thread ("dictionary keys changed during
+        # iteration" killed the shared medium's lockstep once it ran fast)
+        waits = list(self._timer_waits.values())
+        due = 0.0 < self._wait_until <= now or any(0.0 < t <= now for t in waits)
         if due:
             with self._wake:
                 self._wake.notify_all()

@@ -335,7 +335,12 @@ class MediumPort:
                 w["exchange"] += t3 - t2
                 self.steps += 1
                 for cb in self.on_step:
-                    cb()
+                    try:
+                        cb()
+                    except Exception:  # a listener's bug must not stop the medium's clock
+                        logger.exception(
+                            "medium node %d: step listener failed", self.client.node_id
+                        )
                 if y is None:
                     continue
                 while not self._stop.is_set():
