@@ -18,14 +18,15 @@ demo: setup
 test: setup lint test-cpp test-py
 
 test-cpp:
-	cd build && ctest --output-on-failure
+	cd build && ctest --output-on-failure -j $$(nproc)
 
+# both cores (one worker per core); tests sharing a module's fixture stay on one worker
 test-py:
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n auto --dist loadgroup $(PYTEST_ARGS)
 
 lint:
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check --no-cache .
+	$(VENV)/bin/ruff format --no-cache --check .
 
 format:
 	$(VENV)/bin/ruff format .

@@ -20,7 +20,7 @@ server's MAC chooses each robot's MCS), ``--mcs stock`` the paper's uncoded QPSK
 
 import sys
 
-from scaleflu.testbed.cli import server_main
+from scaleflu.cli.testbed import server_main
 
 if __name__ == "__main__":
     sys.exit(server_main())

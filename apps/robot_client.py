@@ -18,7 +18,7 @@ server's MAC chooses each robot's MCS), ``--mcs stock`` the paper's uncoded QPSK
 
 import sys
 
-from scaleflu.testbed.cli import robot_main
+from scaleflu.cli.testbed import robot_main
 
 if __name__ == "__main__":
     sys.exit(robot_main())

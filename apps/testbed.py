@@ -11,7 +11,7 @@ See docs/testbed.md.
 
 import sys
 
-from scaleflu.testbed.launcher import main
+from scaleflu.cli.testbed import launcher_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(launcher_main())

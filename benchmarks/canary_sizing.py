@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
 
 KEYS = (
     "test_acc",
@@ -50,7 +49,8 @@ def one_job(args: argparse.Namespace, k: int, r: int, seed: int, path: Path) -> 
     import torch
 
     from scaleflu.config import load_config
-    from scaleflu.experiments.table2 import RunKey, ensure_run, make_context
+    from scaleflu.experiments.cells import RunKey
+    from scaleflu.experiments.harness import ensure_run, make_context
     from scaleflu.fl.run import load_run
     from scaleflu.unlearn.registry import make_method
 

@@ -35,14 +35,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+from scaleflu.config import load_config
+from scaleflu.fl.data import load_fashion_mnist, partition_dirichlet
+from scaleflu.fl.fedavg import derive_seed, evaluate, select_clients
+from scaleflu.fl.models import build_model
+from scaleflu.fl.run import train
 
-from scaleflu.config import load_config  # noqa: E402
-from scaleflu.fl.data import load_fashion_mnist, partition_dirichlet  # noqa: E402
-from scaleflu.fl.fedavg import derive_seed, evaluate, select_clients  # noqa: E402
-from scaleflu.fl.models import build_model  # noqa: E402
-from scaleflu.fl.run import train  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 log = logging.getLogger("fl_bench")
 

@@ -1,4 +1,4 @@
-"""Cost of the history store's authenticated digests (issue 13, integrity at rest).
+"""Cost of the history store's authenticated digests (integrity at rest, docs/testbed.md).
 
 A :class:`scaleflu.fl.history.HistoryStore` is filled with ``--rounds`` rounds of
 ``--clients`` participants of a LeNet-5-sized state (61706 float32 parameters, 5 layers x

@@ -19,6 +19,10 @@ Everything runs in one process on this machine's CPU: "rate" here is how fast GN
 modulates, passes through the channel model and demodulates, not an air-interface rate (the
 on-air numbers at 5 MS/s are computed from samples per frame). Our stack and the stock chain are
 measured in the same run with the same FFT, CP, modulation, frame size and channel.
+
+The file is long (about 770 lines) because its measurements share the stock chain's flowgraph
+helpers and the result file: one function per measurement (``stock_*``, ``our_goodput``,
+``tail_*``, ``fer_point``, ``encoding_sizes``) and ``main`` choosing among them.
 """
 
 from __future__ import annotations

@@ -36,22 +36,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
-
-from scaleflu.config import load_config  # noqa: E402
-from scaleflu.experiments.cells import RunKey  # noqa: E402
-from scaleflu.experiments.table2 import run_config  # noqa: E402
-from scaleflu.fl.aggregation import aggregate  # noqa: E402
-from scaleflu.fl.data import ImageData  # noqa: E402
-from scaleflu.fl.fedavg import (  # noqa: E402
+from scaleflu.config import load_config
+from scaleflu.experiments.cells import RunKey
+from scaleflu.experiments.harness import run_config
+from scaleflu.fl.aggregation import aggregate
+from scaleflu.fl.data import ImageData
+from scaleflu.fl.fedavg import (
     LocalConfig,
     client_batches,
     evaluate,
     make_trainer,
     select_clients,
 )
-from scaleflu.fl.run import build_setup  # noqa: E402
+from scaleflu.fl.run import build_setup
+
+ROOT = Path(__file__).resolve().parents[1]
 
 BN = nn.modules.batchnorm._BatchNorm
 

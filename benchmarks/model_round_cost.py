@@ -24,12 +24,11 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+from scaleflu.fl.data import load_fashion_mnist
+from scaleflu.fl.fedavg import LocalConfig, evaluate, train_client
+from scaleflu.fl.models import build_model
 
-from scaleflu.fl.data import load_fashion_mnist  # noqa: E402
-from scaleflu.fl.fedavg import LocalConfig, evaluate, train_client  # noqa: E402
-from scaleflu.fl.models import build_model  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:

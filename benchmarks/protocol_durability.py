@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from scaleflu.config import load_config, resolve_config_path
-from scaleflu.experiments.table2 import RunKey, ensure_run, make_context
+from scaleflu.experiments.cells import RunKey
+from scaleflu.experiments.harness import ensure_run, make_context
 from scaleflu.fl.run import load_run
 
 KEYS = ("test_acc", "ra", "ra_clean", "fa", "fa_clean", "backdoor_asr")

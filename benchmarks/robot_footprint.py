@@ -22,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "python"))
+from scaleflu.config import load_config, save_config
+from scaleflu.link import ChannelModel
+from scaleflu.link.hub import FrameHub, FrameHubLink
+from scaleflu.testbed.keys import save_keys
+from scaleflu.testbed.protocol import generate_keys
+from scaleflu.testbed.server import EdgeServer
 
-from scaleflu.config import load_config, save_config  # noqa: E402
-from scaleflu.link import ChannelModel  # noqa: E402
-from scaleflu.link.hub import FrameHub, FrameHubLink  # noqa: E402
-from scaleflu.testbed.protocol import generate_keys, save_keys  # noqa: E402
-from scaleflu.testbed.server import EdgeServer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_MB = {"lenet": 400, "resnet18": 1536}
 

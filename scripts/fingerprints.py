@@ -77,7 +77,7 @@ def tensor_digest(path: Path) -> str:
 
 def table2_fingerprints(work: Path) -> dict[str, str]:
     out = work / "table2"
-    cmd = [sys.executable, "-m", "scaleflu.cli", "experiment", "table2", "--out", str(out)]
+    cmd = [sys.executable, "-m", "scaleflu", "experiment", "table2", "--out", str(out)]
     cmd += ["--no-progress", "--no-report"]
     for o in TOY:
         cmd += ["--set", o]

@@ -102,3 +102,19 @@ def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
         return target
 
     return get
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Two cores, one suite: what pytest-xdist (``-n auto --dist loadgroup``) needs to know.
+
+    A test that uses a module- or class-scoped fixture runs on the same worker as the other
+    tests of its module (``xdist_group``), so that fixture (a trained run, a testbed run) is
+    built once, not once per worker. The ``slow`` tests start first, so the workers do not end
+    with one of them alone.
+    """
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs if info is not None else {}
+        if any(d and d[-1].scope in ("module", "class") for d in defs.values()):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+    items.sort(key=lambda it: it.get_closest_marker("slow") is None)

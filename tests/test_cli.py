@@ -10,7 +10,7 @@ from scaleflu.cli import main
 
 def run(*args):
     return subprocess.run(
-        [sys.executable, "-m", "scaleflu.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "scaleflu", *args], capture_output=True, text=True, timeout=120
     )
 
 
@@ -42,7 +42,7 @@ def test_no_command_prints_help():
     assert "usage: scaleflu" in out.stdout
 
 
-# --- issue 14: lazy imports, packaged configs, global options, one-line errors ----------------
+# --- lazy imports, packaged configs, global options, one-line errors -------------------------
 
 
 def test_help_imports_neither_torch_nor_numpy():
@@ -56,20 +56,22 @@ def test_help_imports_neither_torch_nor_numpy():
 
 
 def test_no_subcommand_imports_scaleflu_cli_back():
-    import scaleflu.experiments.cli
-    import scaleflu.fl.cli
-    import scaleflu.testbed.cli
-    import scaleflu.unlearn.cli
+    import scaleflu.cli.experiment
+    import scaleflu.cli.keys
+    import scaleflu.cli.testbed
+    import scaleflu.cli.train
+    import scaleflu.cli.unlearn
 
     for mod in (
-        scaleflu.fl.cli,
-        scaleflu.unlearn.cli,
-        scaleflu.experiments.cli,
-        scaleflu.testbed.cli,
+        scaleflu.cli.train,
+        scaleflu.cli.unlearn,
+        scaleflu.cli.experiment,
+        scaleflu.cli.testbed,
+        scaleflu.cli.keys,
     ):
         src = open(mod.__file__).read()
         assert "from scaleflu.cli import" not in src, mod.__name__
-        assert "import scaleflu.cli" not in src, mod.__name__
+        assert "scaleflu.cli.main" not in src, mod.__name__
 
 
 def test_help_lists_testbed():
@@ -164,7 +166,7 @@ def test_missing_file_errors_are_one_line_with_nonzero_exit(tmp_path, capsys):
 
 
 def test_unexpected_exception_is_one_line(caplog):
-    from scaleflu.cliargs import run_one_line
+    from scaleflu.cli.args import run_one_line
 
     def boom() -> int:
         raise RuntimeError("kaput")
@@ -197,7 +199,7 @@ def test_demo_echoes_each_robot_evaluation_once():
 
 
 def test_testbed_subcommand_hands_every_option_to_the_launcher(monkeypatch):
-    import scaleflu.testbed.launcher as launcher
+    import scaleflu.cli.testbed as testbed_cli
 
     seen = {}
 
@@ -205,7 +207,7 @@ def test_testbed_subcommand_hands_every_option_to_the_launcher(monkeypatch):
         seen["argv"], seen["prog"] = list(argv), prog
         return 7
 
-    monkeypatch.setattr(launcher, "main", fake_main)
+    monkeypatch.setattr(testbed_cli, "launcher_main", fake_main)
     argv = ["--log-level", "info", "testbed", "--robots", "2", "--link", "frames", "--set", "a=1"]
     assert main(argv) == 7
     assert seen["prog"] == "scaleflu testbed"

@@ -19,7 +19,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("scaleflu.link",),
     ("scaleflu.radio",),
     ("scaleflu.linkkinds",),
-    ("scaleflu.linktest_cli",),
+    ("scaleflu.cli.linktest", "scaleflu.cli.medium"),
 ]
 
 # Imports that may wait inside a function, and why: the GNU Radio side (gnuradio, pmt, and

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from tiny_run_helpers import HAVE_FMNIST, tiny_config, tiny_run_dir
 
 
@@ -23,7 +24,7 @@ def tiny_run(build_once: Callable[..., Path]) -> Any:
 @pytest.fixture(scope="session")
 def make_ctx(tiny_run: Any) -> Callable[..., Any]:
     """Context factory: ``make_ctx("client:0")`` (cached per request)."""
-    from scaleflu.experiments.table2 import make_context
+    from scaleflu.experiments.harness import make_context
 
     cache: dict[str, Any] = {}
     cfg = tiny_config()

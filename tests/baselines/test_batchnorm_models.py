@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_run_helpers import needs_fmnist
 
 from scaleflu.config import load_config
 from scaleflu.unlearn.registry import make_method, method_names
+from tiny_run_helpers import needs_fmnist
 
 pytestmark = [needs_fmnist, pytest.mark.slow]
 
@@ -58,7 +58,8 @@ _RUNS: dict[str, Any] = {}
 
 
 def _ctx(model: str, tmp_path_factory: pytest.TempPathFactory, *extra: str) -> Any:
-    from scaleflu.experiments.table2 import RunKey, ensure_run, make_context
+    from scaleflu.experiments.cells import RunKey
+    from scaleflu.experiments.harness import ensure_run, make_context
     from scaleflu.fl.run import load_run
 
     name = "-".join([model, *extra])

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import torch
 from test_protocol_power import POWER
+
 from tiny_run_helpers import needs_fmnist, tiny_config
 
 pytestmark = needs_fmnist
@@ -33,7 +34,8 @@ CANARIES = [
 @pytest.fixture(scope="module")
 def canary_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
     """The protocol-with-power run plus canaries (about a minute on one core)."""
-    from scaleflu.experiments.table2 import RunKey, ensure_run
+    from scaleflu.experiments.cells import RunKey
+    from scaleflu.experiments.harness import ensure_run
     from scaleflu.fl.run import load_run
 
     cfg = tiny_config(*POWER, *CANARIES)
@@ -47,7 +49,7 @@ def canary_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str,
 def test_canary_mia_finds_the_trained_model_not_retrain(
     canary_run: tuple[Any, dict[str, Any]], request_text: str
 ) -> None:
-    from scaleflu.experiments.table2 import make_context
+    from scaleflu.experiments.harness import make_context
     from scaleflu.unlearn.baselines import get_method
 
     run, cfg = canary_run
@@ -71,7 +73,7 @@ def test_a_class_request_holds_too_few_canaries_to_audit(
     canary_run: tuple[Any, dict[str, Any]],
 ) -> None:
     """class:1 holds only the canaries labelled 1 by chance: counted, not scored."""
-    from scaleflu.experiments.table2 import make_context
+    from scaleflu.experiments.harness import make_context
 
     run, cfg = canary_run
     cfg = {**cfg, "scale": {**cfg["scale"], "eval": {**cfg["scale"]["eval"], "mia_shadows": 0}}}

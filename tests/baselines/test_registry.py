@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_run_helpers import needs_fmnist, tiny_config
 
 from scaleflu.config import ConfigError
 from scaleflu.unlearn import registry
@@ -20,6 +19,7 @@ from scaleflu.unlearn.registry import (
     register,
     run_unlearning,
 )
+from tiny_run_helpers import needs_fmnist, tiny_config
 
 
 def test_names_aliases_and_unknown_method() -> None:
@@ -34,9 +34,9 @@ def test_names_aliases_and_unknown_method() -> None:
 
 def test_every_caller_uses_the_registry() -> None:
     """The CLI's choices, table2's factory and baselines.get_method are the registry's."""
-    from scaleflu.experiments.table2 import default_factory
+    from scaleflu.cli.unlearn import METHODS
+    from scaleflu.experiments.harness import default_factory
     from scaleflu.unlearn.baselines import get_method
-    from scaleflu.unlearn.cli import METHODS
     from scaleflu.unlearn.retrain import RetrainUnlearner
 
     assert METHODS == method_names()
@@ -92,9 +92,9 @@ def test_registering_a_method_is_one_line() -> None:
 @needs_fmnist
 def test_retrain_is_one_class_in_cli_table2_and_testbed(tiny_run: Any, tmp_path: Path) -> None:
     """`unlearn --method retrain`, table2 and the testbed run one Retrain (bit-exact)."""
-    from scaleflu.experiments.table2 import default_factory, make_context
+    from scaleflu.cli.unlearn import run_unlearn
+    from scaleflu.experiments.harness import default_factory, make_context
     from scaleflu.testbed.unlearn_service import compare_unlearn, default_unlearn
-    from scaleflu.unlearn.cli import run_unlearn
     from scaleflu.unlearn.request import parse_request
 
     run_dir = Path(tiny_run.run_dir)

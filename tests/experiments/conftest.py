@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "baselines"))
-
-from tiny_run_helpers import HAVE_FMNIST, tiny_run_dir  # noqa: E402
+from tiny_run_helpers import HAVE_FMNIST, tiny_run_dir
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
 """A trained run is reused when only unlearning settings change, never when training ones do."""
 
 from scaleflu.config import load_config
-from scaleflu.experiments.table2 import training_view
+from scaleflu.experiments.harness import training_view
 
 
 def test_training_view_ignores_unlearning_settings():

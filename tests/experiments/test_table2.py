@@ -9,18 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tiny_run_helpers import tiny_config
 
-from scaleflu.experiments.table2 import (
-    Cell,
-    RunKey,
-    default_factory,
-    plan_cells,
-    read_result,
-    run_table2,
-)
+from scaleflu.experiments.cells import Cell, RunKey, plan_cells, read_result
+from scaleflu.experiments.harness import default_factory
+from scaleflu.experiments.table2 import run_table2
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from tiny_run_helpers import tiny_config
 
 
 class Spy:
@@ -183,7 +178,7 @@ def test_cli_registers_table2() -> None:
 
 def test_matched_control_reads_scale_cpu_time(tmp_path: Path) -> None:
     """finetune_matched's budget is SCALE's cpu_s on the same run and scenario; else an error."""
-    from scaleflu.experiments.table2 import matched_budget
+    from scaleflu.experiments.harness import matched_budget
     from scaleflu.unlearn.baselines import get_method
 
     key = RunKey("fashion_mnist", "lenet", 0.3, 0)

@@ -5,12 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from tiny_run_helpers import needs_fmnist
 
 from scaleflu.config import ConfigError, load_config, resolve_config_path
-from scaleflu.experiments.table2 import RunKey, plan_cells, run_config, run_table2
+from scaleflu.experiments.cells import RunKey, plan_cells
+from scaleflu.experiments.harness import run_config
+from scaleflu.experiments.table2 import run_table2
 from scaleflu.fl.run import validate_config
 from scaleflu.unlearn.registry import method_names
+from tiny_run_helpers import needs_fmnist
 
 
 def test_gpu_config_plans_three_models_seven_methods() -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scaleflu.fl import data as data_mod
 from scaleflu.fl.data import CIFAR100_RECORD, DataError, download_file, load_cifar100
+from scaleflu.fl.data import datasets as data_mod
 
 
 def _write_cifar(folder: Path, n_train: int = 60, n_test: int = 30) -> None:

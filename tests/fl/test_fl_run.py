@@ -13,8 +13,8 @@ import torch
 from fl_helpers import needs_fmnist
 from safetensors.torch import load_file
 
+from scaleflu.cli.train import add_train_parser
 from scaleflu.config import ConfigError, load_config
-from scaleflu.fl.cli import add_train_parser
 from scaleflu.fl.run import load_run, train, validate_config
 
 CfgFactory = Callable[..., dict[str, Any]]

@@ -121,7 +121,7 @@ def test_linktest_launcher_uhd_one_line():
         [
             sys.executable,
             "-m",
-            "scaleflu.linktest_cli",
+            "scaleflu.cli.linktest",
             "--kind",
             "uhd",
             "--node",

@@ -408,11 +408,11 @@ def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1", GR_DONT_LOAD_PREFS="1")
     py = [sys.executable, "-m"]
     broker = subprocess.Popen(
-        [*py, "scaleflu.radio.medium", "--nodes", "0,1", "--address", address,
+        [*py, "scaleflu.cli.medium", "--nodes", "0,1", "--address", address,
          "--config", str(cfg)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
-    common = [*py, "scaleflu.linktest_cli", "--kind", "ofdm-shared", "--broker", address]
+    common = [*py, "scaleflu.cli.linktest", "--kind", "ofdm-shared", "--broker", address]
     try:
         rx = subprocess.Popen(
             [*common, "--node", "1", "--recv", "1", "--timeout", "90", "--linger", "8"],
@@ -432,7 +432,7 @@ def test_three_processes_broker_and_two_linktest_nodes(tmp_path):
         broker.terminate()
         broker.wait(10)
     bad = subprocess.run(
-        [*py, "scaleflu.radio.medium", "--config", str(tmp_path / "nope.yaml")],
+        [*py, "scaleflu.cli.medium", "--config", str(tmp_path / "nope.yaml")],
         capture_output=True, text=True, env=env, timeout=60,
     )  # fmt: skip
     assert bad.returncode != 0 and "Traceback" not in bad.stderr

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from scaleflu.linktest_cli import payload
+from scaleflu.cli.linktest import payload
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.timeout(120)]
 
@@ -38,7 +38,7 @@ def test_two_processes_deliver_bit_exact():
     common = [
         sys.executable,
         "-m",
-        "scaleflu.linktest_cli",
+        "scaleflu.cli.linktest",
         "--kind",
         "ofdm-pairs",
         "--base-port",

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from scaleflu.testbed import cli
+from scaleflu.cli import testbed as cli
 from scaleflu.testbed.keys import KeyStore
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from testbed_helpers import run_federation
 
 from scaleflu.config import load_config
 from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, robust_aggregate
@@ -18,6 +17,7 @@ from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID
 from scaleflu.testbed.robot import RobotClient
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import run_federation
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -14,8 +14,9 @@ import torch
 from scaleflu.config import load_config
 from scaleflu.fl.history import HistoryIntegrityError, HistoryStore
 from scaleflu.fl.integrity import IntegrityError, load_model, mac_path, save_model, trust, untrust
+from scaleflu.keys import history_key, load_integrity_key, write_integrity_key
 from scaleflu.link import MemoryChannel
-from scaleflu.testbed.keys import KeyStore, history_key, load_integrity_key, write_integrity_key
+from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID
 from scaleflu.testbed.server import EdgeServer
 
@@ -189,7 +190,7 @@ def test_integrity_key_files_must_be_private(tmp_path):
 
 
 def test_server_app_refuses_a_tampered_run_folder_in_one_line(tmp_path, capfd, monkeypatch):
-    from scaleflu.testbed import cli
+    from scaleflu.cli import testbed as cli
 
     cfg = load_config(None, OVERRIDES)
     store = KeyStore.create([1, 2, 3])

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from scaleflu.testbed.keys import Enrolment, KeyStore
+from scaleflu.keys import derive_key
+from scaleflu.testbed.keys import Enrolment, KeyStore, load_keys
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     CounterSource,
@@ -15,8 +16,6 @@ from scaleflu.testbed.protocol import (
     MsgType,
     ProtocolError,
     ReplayGuard,
-    derive_key,
-    load_keys,
     open_envelope,
     seal,
 )

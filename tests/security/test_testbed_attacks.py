@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from testbed_helpers import TESTBED_OVERRIDES, robot_data, run_federation
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
@@ -20,6 +19,7 @@ from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID, MsgType
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import TESTBED_OVERRIDES, robot_data, run_federation
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from scaleflu.testbed.cli import (
+from scaleflu.cli.testbed import (
     COMMON_OPTIONS,
     ROBOT_OPTIONS,
     SERVER_OPTIONS,

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from testbed_helpers import base_config
 
 from scaleflu.link import MemoryChannel
 from scaleflu.testbed.common import (
@@ -22,6 +21,7 @@ from scaleflu.testbed.common import (
 from scaleflu.testbed.protocol import SERVER_ID, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import base_config
 
 pytestmark = pytest.mark.timeout(240)
 

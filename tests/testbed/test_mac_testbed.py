@@ -6,13 +6,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testbed_helpers import (
-    TESTBED_OVERRIDES,
-    closer,
-    drop_broadcast_bodies,
-    run_federation,
-    three_robots,
-)
 
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
@@ -22,6 +15,13 @@ from scaleflu.testbed.protocol import SERVER_ID, generate_keys, state_sha256
 from scaleflu.testbed.transport import (
     pack_broadcast_body,
     unpack_broadcast_body,
+)
+from testbed_helpers import (
+    TESTBED_OVERRIDES,
+    closer,
+    drop_broadcast_bodies,
+    run_federation,
+    three_robots,
 )
 
 pytestmark = pytest.mark.timeout(300)

@@ -8,10 +8,16 @@ import io
 import pytest
 
 from scaleflu import linkkinds
+from scaleflu.cli import testbed as cli
+from scaleflu.cli.testbed import (
+    COMMON_OPTIONS,
+    ROBOT_OPTIONS,
+    SERVER_OPTIONS,
+    add_launcher_args,
+    build_app_parser,
+)
 from scaleflu.config import check_config, default_config, load_config
-from scaleflu.testbed import cli, transport
-from scaleflu.testbed.cli import COMMON_OPTIONS, ROBOT_OPTIONS, SERVER_OPTIONS, build_app_parser
-from scaleflu.testbed.launcher import add_launcher_args
+from scaleflu.testbed import transport
 from scaleflu.testbed.report import print_summary
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from scaleflu.testbed.common import decode_state, encode_state
+from scaleflu.testbed.keys import load_keys, save_keys
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     CounterSource,
@@ -18,10 +19,8 @@ from scaleflu.testbed.protocol import (
     ProtocolError,
     ReplayGuard,
     generate_keys,
-    load_keys,
     open_envelope,
     peek,
-    save_keys,
     seal,
     state_sha256,
     validate_update,

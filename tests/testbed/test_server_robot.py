@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data, run_federation
 
 from scaleflu.config import Config, load_config
 from scaleflu.link import MemoryChannel
@@ -20,6 +19,7 @@ from scaleflu.testbed.common import arrays
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data, run_federation
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -182,8 +182,8 @@ def test_cli_erase_deletes_targets_updates_and_later_requests_work(
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    from scaleflu.cli.unlearn import run_unlearn
     from scaleflu.fl.history import HistoryStore
-    from scaleflu.unlearn.cli import run_unlearn
 
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)  # the shared run stays as it is
@@ -224,7 +224,7 @@ def test_cli_erase_deletes_targets_updates_and_later_requests_work(
 
 def test_sample_attribution_option(loaded_run: LoadedRun) -> None:
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import phase_one
+    from scaleflu.unlearn.sensitivity import phase_one
 
     def ctx(value: str) -> UnlearnContext:
         over = [*FAST_SCALE, f"scale.sample_attribution={value}"]
@@ -245,7 +245,8 @@ def test_sample_attribution_option(loaded_run: LoadedRun) -> None:
 def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
     """The sample request ranks by the forget set's saliency and heals on a disjoint val part."""
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import _selection_and_heal, phase_one
+    from scaleflu.unlearn.heal import split_selection_and_heal
+    from scaleflu.unlearn.sensitivity import phase_one
 
     def ctx(*extra: str) -> UnlearnContext:
         over = [*FAST_SCALE, "scale.ppo.episodes=10", *extra]
@@ -260,11 +261,12 @@ def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
     plain = phase_one(ctx(), "default")
     k = rep.top[0]
     assert not torch.equal(rep.attribution[k], plain.attribution[k])
-    select, heal = _selection_and_heal(c)
+    select, heal = split_selection_and_heal(c)
     assert heal is not None and len(select) + len(heal) == len(c.val_retain)
     rows = {tuple(r.tolist()) for r in select.inputs().flatten(1)[:, ::7]}
     assert not rows & {tuple(r.tolist()) for r in heal.inputs().flatten(1)[:, ::7]}
-    assert _selection_and_heal(ctx("scale.heal_epochs=0"))[1] is None  # off: every sample selects
+    # off: every sample selects
+    assert split_selection_and_heal(ctx("scale.heal_epochs=0"))[1] is None
     res = ScaleUnlearner().run(c)
     h = res.details["healing"]
     assert h["epochs"] == 3 and h["samples"] == len(heal)
@@ -279,13 +281,13 @@ def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
         with pytest.raises(ConfigError, match=key):
             x = ctx("scale.sample_attribution=saliency", "scale.heal_epochs=1", bad)
             phase_one(x, "default")
-            _selection_and_heal(x)
+            split_selection_and_heal(x)
 
 
 def test_distillation_healing(loaded_run: LoadedRun) -> None:
     """Healing by distillation from the model before unlearning on the server's samples."""
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import distill_targets, heal
+    from scaleflu.unlearn.heal import distill_targets, heal
 
     def ctx(request: str, *extra: str) -> UnlearnContext:
         over = [*FAST_SCALE, "scale.heal_loss=distill", *extra]

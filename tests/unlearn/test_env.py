@@ -210,10 +210,10 @@ def test_measure_every_episode_same_return_fewer_passes() -> None:
 
 def test_greedy_search_zeroes_the_top_attribution_entries() -> None:
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import _greedy
+    from scaleflu.unlearn.search import greedy_cut
 
     spec = _spec("default", budget=0.1)  # 24 parameters: 2 entries
-    layers, aoi, steps, zeroed = _greedy(spec)
+    layers, aoi, steps, zeroed = greedy_cut(spec)
     x = layers["x"].flatten()
     want = torch.arange(1.0, 17.0)
     want[[1, 6]] = 0.0  # attribution 5 and 4; entry 11 (3) is left
@@ -223,7 +223,7 @@ def test_greedy_search_zeroes_the_top_attribution_entries() -> None:
     assert [(s["layer"], s["changed_groups"]) for s in steps] == [("x", [0, 1])]
     assert aoi.payload_bytes([("x", 0), ("x", 1)]) == 32 and steps[0]["link_s"] > 0
     # never more than the entries with positive attribution
-    layers, _, _, zeroed = _greedy(_spec("default", budget=0.5))
+    layers, _, _, zeroed = greedy_cut(_spec("default", budget=0.5))
     assert int((layers["x"] == 0).sum()) == 3 and zeroed == pytest.approx(3 / 24)
     with pytest.raises(ConfigError, match="budget"):
-        _greedy(_spec("default", budget=None))
+        greedy_cut(_spec("default", budget=None))

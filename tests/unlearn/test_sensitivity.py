@@ -10,6 +10,7 @@ import torch
 
 from scaleflu.fl.history import HistoryStore
 from scaleflu.fl.models import parameter_groups
+from scaleflu.plots import plot_sensitivity
 from scaleflu.unlearn.sensitivity import (
     alignment_score,
     class_saliency,
@@ -21,7 +22,6 @@ from scaleflu.unlearn.sensitivity import (
     kl_divergence,
     paper_sensitivity,
     pearson,
-    plot_sensitivity,
     top_layers,
     weight_distribution,
 )
@@ -101,7 +101,7 @@ def test_dominated_layer_ranks_first_default(tmp_path: Path) -> None:
 
 
 def test_paper_mode_raw_alignment_ranks_nothing(tmp_path: Path) -> None:
-    """GUIDE 3.1: raw weights correlate ~1 everywhere, so the literal score misranks."""
+    """Paper mode: raw weights correlate ~1 everywhere, so the literal score misranks."""
     store = _store(tmp_path)
     rep = paper_sensitivity(store, [0], LAYERS, lam=0.5, top_m=1)
     assert rep.mode == "paper" and rep.rounds == [3]

@@ -1,6 +1,6 @@
 """The Table II grid's cells and their results on disk (shared by the harness and the report).
 
-:mod:`scaleflu.experiments.table2` runs cells, :mod:`scaleflu.experiments.report` reads them;
+:mod:`scaleflu.experiments.harness` runs cells, :mod:`scaleflu.experiments.report` reads them;
 both import this module, neither imports the other at module level.
 """
 

@@ -2,7 +2,7 @@
 
 A file ``X`` that is protected has a sidecar ``X.mac`` holding ``HMAC-SHA256(key, name(X) || 0
 || bytes(X))`` in hex. The key is held by the server only (the testbed's edge server derives it
-from its Ed25519 signing key, :func:`scaleflu.testbed.keys.load_integrity_key`), so whoever can
+from its Ed25519 signing key, :func:`scaleflu.keys.load_integrity_key`), so whoever can
 write the run folder but not read the server's key store cannot produce a file the server
 accepts. A file whose digest is missing or does not match is refused with
 :class:`IntegrityError` (one line: the path and what is wrong).

@@ -17,6 +17,7 @@ to the most robust MCS after losses; ``coded_ofdm_tx(mcs="adaptive")`` and a MAC
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -256,8 +257,6 @@ def _fade_gains_db(fading: str, k_factor_db: float) -> tuple[float, ...]:
         return (0.0,)
     if fading not in ("rician", "rayleigh"):
         raise ValueError(f"fading must be none, rayleigh or rician, got {fading!r}")
-    import random
-
     rng = random.Random(0)
     k = 10 ** (k_factor_db / 10.0) if fading == "rician" else 0.0
     los, nlos = math.sqrt(k / (k + 1)), math.sqrt(1 / (2 * (k + 1)))

@@ -1,6 +1,7 @@
 """Key material of the testbed: the server's store, robots' enrolment files, model signatures.
 
-Two kinds of file, both JSON, both written 0600 and refused when group/other can read them:
+Two kinds of file, both key files (:mod:`scaleflu.keys`: JSON, written 0600, refused when
+group/other can read them):
 
 * the **server store** (``keys.json`` on the control PC)::
 
@@ -17,68 +18,37 @@ Two kinds of file, both JSON, both written 0600 and refused when group/other can
   It holds that robot's key and nothing of any other robot. The server's public key lets the
   robot check that a model (and a grant) was signed by the server, not by someone holding K_3.
 
-``K_r`` is never used directly: :func:`scaleflu.testbed.protocol.derive_key` derives the
-per-direction message keys and the link key from it with HKDF-SHA256. Key bytes are never
-logged; :func:`describe` prints fingerprints only.
+``K_r`` is never used directly: :func:`scaleflu.keys.derive_key` derives the per-direction
+message keys and the link key from it with HKDF-SHA256. Key bytes are never logged;
+:meth:`KeyStore.describe` prints fingerprints only. A robots-only key file (``{"robots": ...}``,
+:func:`save_keys`) serves the tests and benchmarks that start robots without a server store.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-import os
 import secrets
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from cryptography.hazmat.primitives.serialization import (
-    Encoding,
-    NoEncryption,
-    PrivateFormat,
-    PublicFormat,
-)
 
-from scaleflu.testbed.protocol import KEY_BYTES, MAX_ROBOT_ID, check_key_file_mode, derive_key
+from scaleflu.keys import (
+    KEY_BYTES,
+    MIN_KEY_BYTES,
+    fingerprint,
+    private_bytes,
+    public_bytes,
+    read_key_file,
+    write_key_file,
+)
+from scaleflu.testbed.protocol import MAX_ROBOT_ID, generate_keys
 
 log = logging.getLogger(__name__)
-
-
-def public_bytes(sk: Ed25519PrivateKey) -> bytes:
-    """Raw 32-byte Ed25519 public key of ``sk``."""
-    return sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-
-
-def private_bytes(sk: Ed25519PrivateKey) -> bytes:
-    """Raw 32-byte Ed25519 private key."""
-    return sk.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-
-
-def fingerprint(key: bytes) -> str:
-    """A short, non-secret name of a key (first 8 hex of SHA-256)."""
-    return hashlib.sha256(b"scaleflu-fp" + bytes(key)).hexdigest()[:8]
-
-
-def _write_private(path: Path, data: dict[str, Any]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(json.dumps(data, indent=2) + "\n")
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
-    return path
-
-
-def _read_private(path: Path) -> dict[str, Any]:
-    check_key_file_mode(path)
-    raw = json.loads(Path(path).read_text())
-    if not isinstance(raw, dict):
-        raise ValueError(f"{path}: not a key file (expected a JSON object)")
-    return raw
 
 
 def _robot_id(x: Any, path: Path) -> int:
@@ -102,10 +72,7 @@ class KeyStore:
     @classmethod
     def create(cls, robot_ids: list[int]) -> KeyStore:
         """Fresh random keys for ``robot_ids`` and a fresh server identity."""
-        return cls(
-            {int(r): secrets.token_bytes(KEY_BYTES) for r in robot_ids},
-            Ed25519PrivateKey.generate(),
-        )
+        return cls(generate_keys(robot_ids), Ed25519PrivateKey.generate())
 
     @property
     def public_key(self) -> bytes:
@@ -114,8 +81,8 @@ class KeyStore:
 
     def save(self, path: str | Path) -> Path:
         """Write the store (0600, atomically)."""
-        return _write_private(
-            Path(path),
+        return write_key_file(
+            path,
             {
                 "robots": {str(r): k.hex() for r, k in sorted(self.robots.items())},
                 "revoked": sorted(set(self.revoked)),
@@ -127,14 +94,14 @@ class KeyStore:
     def load(cls, path: str | Path) -> KeyStore:
         """Read a store; PermissionError for a loose mode, ValueError for a bad file."""
         path = Path(path)
-        raw = _read_private(path)
+        raw = read_key_file(path)
         robots_raw = raw.get("robots")
         if not isinstance(robots_raw, dict):
             raise ValueError(f"{path}: expected {{'robots': {{'<id>': '<hex key>'}}, ...}}")
         robots = {}
         for k, v in robots_raw.items():
             key = bytes.fromhex(str(v))
-            if len(key) < 16:
+            if len(key) < MIN_KEY_BYTES:
                 raise ValueError(f"{path}: key of robot {k} is shorter than 16 bytes")
             robots[_robot_id(k, path)] = key
         sk_hex = raw.get("server_signing_key")
@@ -154,7 +121,7 @@ class KeyStore:
 
     def write_enrolment(self, robot: int, path: str | Path) -> Path:
         """Write robot ``robot``'s enrolment file (0600)."""
-        return _write_private(Path(path), self.enrolment(robot))
+        return write_key_file(path, self.enrolment(robot))
 
     def enrol(self, robot: int) -> None:
         """Give a new robot a key (ValueError if it has one: use rotate)."""
@@ -198,12 +165,12 @@ class Enrolment:
     def load(cls, path: str | Path, robot: int) -> Enrolment:
         """Read robot ``robot``'s enrolment (or a server store, for a local test)."""
         path = Path(path)
-        raw = _read_private(path)
+        raw = read_key_file(path)
         robots = raw.get("robots")
         if not isinstance(robots, dict) or str(robot) not in robots:
             raise ValueError(f"{path}: no key for robot {robot}")
         key = bytes.fromhex(str(robots[str(robot)]))
-        if len(key) < 16:
+        if len(key) < MIN_KEY_BYTES:
             raise ValueError(f"{path}: key of robot {robot} is shorter than 16 bytes")
         pub = raw.get("server_public_key")
         if pub is None and isinstance(raw.get("server_signing_key"), str):
@@ -212,42 +179,29 @@ class Enrolment:
         return cls(robot, key, bytes.fromhex(pub) if isinstance(pub, str) else None)
 
 
-# ----------------------------------------------------------------------------- at rest
+# ----------------------------------------------------------------------------- robots only
 
 
-def history_key(sk: Ed25519PrivateKey) -> bytes:
-    """The server's integrity key of its stored history and models (HKDF of its signing key)."""
-    return derive_key(private_bytes(sk), "history", 0)
+def save_keys(keys: Mapping[int, bytes], path: str | Path) -> Path:
+    """Write robots' keys as ``{"robots": {"1": "<hex>"}}`` (a key file, 0600)."""
+    return write_key_file(path, {"robots": {str(k): v.hex() for k, v in sorted(keys.items())}})
 
 
-def load_integrity_key(path: str | Path) -> bytes:
-    """The integrity key (``scaleflu.fl.integrity``) from a key file, mode 0600 only.
-
-    A server store (``keys.json``) gives :func:`history_key` of its signing key, so
-    ``scaleflu unlearn --keys keys.json`` checks a testbed run as its server does; a file
-    ``{"integrity_key": "<hex, >= 16 bytes>"}`` gives that key (``scaleflu keys integrity``).
-    PermissionError for a loose mode, ValueError for a file holding neither.
-    """
+def load_keys(path: str | Path) -> dict[int, bytes]:
+    """Every robot's key of a key file (:func:`save_keys`, an enrolment file or a store)."""
     path = Path(path)
-    raw = _read_private(path)
-    sk_hex = raw.get("server_signing_key")
-    if isinstance(sk_hex, str) and len(sk_hex) == 64:
-        return history_key(Ed25519PrivateKey.from_private_bytes(bytes.fromhex(sk_hex)))
-    k = raw.get("integrity_key")
-    try:
-        key = bytes.fromhex(k) if isinstance(k, str) else b""
-    except ValueError:
-        key = b""
-    if len(key) < 16:
-        raise ValueError(
-            f"{path}: no server_signing_key and no integrity_key (>= 16 bytes hex) in it"
-        )
-    return key
-
-
-def write_integrity_key(path: str | Path) -> Path:
-    """Write a fresh random integrity key file (0600) for runs outside the testbed."""
-    return _write_private(Path(path), {"integrity_key": secrets.token_bytes(KEY_BYTES).hex()})
+    raw = read_key_file(path)
+    robots = raw.get("robots")
+    if not isinstance(robots, dict) or not robots:
+        raise ValueError(f"{path}: expected {{'robots': {{'<id>': '<hex key>'}}}}")
+    out: dict[int, bytes] = {}
+    for k, v in robots.items():
+        rid = _robot_id(k, path)
+        key = bytes.fromhex(str(v))
+        if len(key) < MIN_KEY_BYTES:
+            raise ValueError(f"{path}: key of robot {rid} is shorter than 16 bytes")
+        out[rid] = key
+    return out
 
 
 # ----------------------------------------------------------------------------- signatures

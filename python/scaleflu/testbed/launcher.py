@@ -1,6 +1,7 @@
 """The one-command local testbed: an edge server and N robots as processes on one machine.
 
-``apps/testbed.py`` (``make demo``) generates random pre-shared keys, writes the resolved config
+:func:`run_testbed` (``apps/testbed.py``, ``scaleflu testbed``, ``make demo``; the command line
+is :mod:`scaleflu.cli.testbed`) generates random pre-shared keys, writes the resolved config
 (the demo settings below over the defaults, then the user's file and ``--set`` overrides),
 starts the channel (``ofdm-shared``, the default: the sample-level shared medium's broker, one
 simulated frequency with fading, every node an OFDM transmitter and receiver with the MAC; the
@@ -28,7 +29,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -42,11 +42,9 @@ from scaleflu.config import (
     save_config,
 )
 from scaleflu.link import ChannelModel
-from scaleflu.linkkinds import ALIASES, app_kinds, canonical_kind
-from scaleflu.log import setup_logging
+from scaleflu.linkkinds import canonical_kind
 from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import client_of, robot_of
-from scaleflu.unlearn.registry import method_names
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +65,7 @@ def app_command(name: str) -> list[str]:
     script = APPS / f"{name}.py"
     if script.is_file():
         return [sys.executable, str(script)]
-    return [sys.executable, "-m", "scaleflu.testbed.cli", name]  # an installed package
+    return [sys.executable, "-m", "scaleflu.cli.testbed", name]  # an installed package
 
 
 # Small enough for a few minutes on 2 cores, large enough to learn and to show the backdoor.
@@ -287,129 +285,6 @@ def start_medium(cfg: Config, args: argparse.Namespace) -> tuple[Any, str]:
         f"{mcfg.samp_rate / 1e6:g} MS/s; {phy}; server-scheduled MAC, broadcast downlink"
     )
     return broker, desc
-
-
-# the launcher runs every kind whose nodes are processes, on this machine: all but real radios
-LAUNCHER_KINDS = tuple(k for k in app_kinds() if k != "uhd")
-
-DESCRIPTION = (
-    "Local SCALE testbed: edge server + robots as processes over a simulated channel, FL "
-    "rounds on FashionMNIST, one robot asks to be forgotten, report."
-)
-
-
-def add_launcher_args(p: argparse.ArgumentParser) -> None:
-    """The testbed's options (``apps/testbed.py`` and ``scaleflu testbed``)."""
-    p.add_argument("--robots", type=int, default=3, help="robot processes")
-    p.add_argument("--rounds", type=int, default=3, help="FL rounds")
-    p.add_argument(
-        "--link",
-        choices=(*LAUNCHER_KINDS, *(old for old, new in ALIASES.items() if new in LAUNCHER_KINDS)),
-        default="ofdm-shared",
-        help="ofdm-shared (default): every node on one simulated frequency at sample level "
-        "(OFDM/QPSK PHY in every process, a fading channel, bursts that overlap collide) with "
-        "the server-scheduled MAC and the broadcast downlink; frames-shared: the same at frame "
-        "level, no PHY (cheaper); frames: ideal frame hub (no collisions); ofdm-pairs: OFDM over "
-        "ZeroMQ, a private channel per pair (ideal FDMA)",
-    )
-    p.add_argument(
-        "--mcs",
-        default=None,
-        help="PHY of the radio links: auto (coded OFDM, the MAC chooses each robot's MCS from "
-        "the SNRs both ends measure), stock (the paper's uncoded QPSK) or an MCS name; "
-        "frames-shared: the hub's frame-level PHY model (default: testbed.mcs)",
-    )
-    p.add_argument(
-        "--fading",
-        choices=("rician", "rayleigh", "none"),
-        default=None,
-        help="ofdm-shared, frames-shared: fading of every link (default: testbed.medium.fading)",
-    )
-    p.add_argument(
-        "--method",
-        choices=method_names(),  # the unlearning-method registry
-        default=None,
-        help="unlearning method (default: testbed.unlearn.method)",
-    )
-    p.add_argument(
-        "--backdoor-robot",
-        type=int,
-        default=None,
-        help="robot whose data carries the trigger and who asks to be forgotten "
-        "(default: the one with the most data)",
-    )
-    p.add_argument("--unlearn", choices=("client", "class", "sample", "none"), default="client")
-    p.add_argument(
-        "--unlearn-after-round",
-        type=int,
-        default=None,
-        help="the requesting robot asks after this round (default: the last)",
-    )
-    p.add_argument("--loss", type=float, default=None, help="frames link: frame loss")
-    p.add_argument(
-        "--snr-db",
-        type=float,
-        default=None,
-        help="ofdm-shared: mean SNR of every link (default: testbed.medium.snr_db); "
-        "ofdm-pairs: receive SNR (default 20), dB",
-    )
-    p.add_argument("--drop-rate", type=float, default=0.02, help="ofdm-pairs: frame drop rate")
-    p.add_argument(
-        "--kill-robot",
-        type=int,
-        default=None,
-        help="this robot dies on receiving the model of --kill-round, then rejoins",
-    )
-    p.add_argument("--kill-round", type=int, default=2, help="round of --kill-robot's death")
-    p.add_argument(
-        "--attacker-robot",
-        type=int,
-        default=None,
-        help="this robot also sends NaN, wrong-shape, duplicate, replayed, forged "
-        "and garbage uploads in round 1",
-    )
-    p.add_argument(
-        "--outsider-rate",
-        type=float,
-        default=0.0,
-        help="frames link: a keyless outsider process floods the hub with this many frames/s "
-        "(keyless partial messages, forged robot/server DATA, ACK and NACK, garbage; "
-        "scaleflu.testbed.outsider)",
-    )
-    p.add_argument(
-        "--restart-server-after-round",
-        type=int,
-        default=None,
-        help="kill -9 the server once this round is recorded, then restart it",
-    )
-    p.add_argument("--out", default=None, help="run folder (default runs/testbed-<time>)")
-    from scaleflu.cliargs import add_config_args
-
-    add_config_args(p, example="testbed.rounds=2")
-    p.add_argument("--timeout", type=float, default=1800.0, help="give up after this long, s")
-    p.add_argument("--quiet", action="store_true", help="do not echo progress lines")
-
-
-def main(argv: Sequence[str] | None = None, prog: str = "testbed.py") -> int:
-    """``apps/testbed.py`` and ``scaleflu testbed``: run the local testbed end to end."""
-    from scaleflu.cliargs import LOG_LEVELS, DefaultsHelpFormatter, run_one_line
-
-    p = argparse.ArgumentParser(
-        prog=prog,
-        description=DESCRIPTION,
-        formatter_class=DefaultsHelpFormatter,
-    )
-    add_launcher_args(p)
-    p.add_argument(
-        "--log-level",
-        type=str.upper,
-        choices=LOG_LEVELS,
-        default=None,
-        help="the launcher's own messages (default WARNING or SCALEFLU_LOG)",
-    )
-    args = p.parse_args(argv)
-    setup_logging(args.log_level or os.environ.get("SCALEFLU_LOG", "WARNING"))
-    return run_one_line(run_testbed, args, logger=log)
 
 
 def run_testbed(args: argparse.Namespace) -> int:

@@ -1,4 +1,4 @@
-"""A keyless outsider on the frame hub: floods the link while the apps run (issue 13, item 3).
+"""A keyless outsider on the frame hub: floods the link while the apps run (a test tool).
 
 ``python -m scaleflu.testbed.outsider --hub tcp://127.0.0.1:PORT --robots 3`` connects to a
 :class:`scaleflu.link.hub.FrameHub` as node ``--node`` (default 77, holding no key) and sends

@@ -17,42 +17,38 @@ Every message on the link is one envelope (big-endian)::
     36   12   AEAD nonce (random)
     48   J+B+16  ChaCha20-Poly1305(direction key, nonce, meta || body, aad = bytes 0..47)
 
-meta is a UTF-8 JSON object (control fields), body a scaleflu.link wire message (tensors) or
-empty; both are encrypted, the header is authenticated as associated data. The robot's
-enrolment key ``K_r`` (32 random bytes, held by the server and by robot r only) is never used
-directly: :func:`derive_key` (HKDF-SHA256) gives one key per direction (``up``: robot -> server,
+meta is a UTF-8 JSON object (control fields), body a scaleflu.link wire message (tensors) or empty;
+both are encrypted, the header is authenticated as associated data. The robot's enrolment key
+``K_r`` (32 random bytes, held by the server and by robot r only) is never used directly:
+:func:`scaleflu.keys.derive_key` (HKDF-SHA256) gives one key per direction (``up``: robot -> server,
 ``down``: server -> robot) and one for the link layer (``link``). A receiver accepts an envelope
 only when: it parses, the AEAD tag verifies under the direction key of the robot the message
-concerns (the claimed sender on the server, itself on a robot), the link source equals the
-claimed sender, the session is the current one (REGISTER: the session the server announced, so
-a REGISTER recorded before a restart is refused as ``bad_session``), and the counter has not
-been accepted before (replay window). Counters are committed only after the tag verified, so
-forged traffic cannot advance them. Nothing is ever unpickled: meta is JSON, tensors use the
-versioned wire format.
+concerns (the claimed sender on the server, itself on a robot), the link source equals the claimed
+sender, the session is the current one (REGISTER: the session the server announced, so a REGISTER
+recorded before a restart is refused as ``bad_session``), and the counter has not been accepted
+before (replay window). Counters are committed only after the tag verified, so forged traffic cannot
+advance them. Nothing is ever unpickled: meta is JSON, tensors use the versioned wire format.
 """
 
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import json
 import logging
-import os
 import secrets
 import struct
 import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from scaleflu.keys import KEY_BYTES, derive_key
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +59,6 @@ HEADER_SIZE = HEADER.size  # 36
 NONCE_SIZE = 12
 TAG_SIZE = 16
 MAC_SIZE = NONCE_SIZE + TAG_SIZE  # bytes an envelope adds to meta + body besides the header
-HKDF_SALT = b"scaleflu-testbed-v2"
 MAX_META = 64 * 1024
 SERVER_ID = 0
 MAX_ROBOT_ID = 0xFFFE
@@ -77,9 +72,6 @@ def client_of(robot: int) -> int:
 def robot_of(client: int) -> int:
     """The robot id of FL client ``client`` (the inverse of :func:`client_of`)."""
     return int(client) + 1
-
-
-KEY_BYTES = 32
 
 
 class MsgType(enum.IntEnum):
@@ -127,52 +119,6 @@ class Envelope:
 def generate_keys(robot_ids: list[int]) -> dict[int, bytes]:
     """Fresh random 32-byte pre-shared keys for the given robots."""
     return {int(r): secrets.token_bytes(KEY_BYTES) for r in robot_ids}
-
-
-def save_keys(keys: Mapping[int, bytes], path: str | Path) -> Path:
-    """Write keys as JSON ``{"robots": {"1": "<hex>"}}`` readable by the owner only (0600)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.dumps({"robots": {str(k): v.hex() for k, v in sorted(keys.items())}}, indent=2)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(data + "\n")
-    return path
-
-
-def check_key_file_mode(path: str | Path) -> None:
-    """Refuse a key file readable or writable by others than its owner (PermissionError)."""
-    mode = os.stat(path).st_mode & 0o777
-    if mode & 0o077:
-        raise PermissionError(
-            f"{path}: key file has mode {mode:04o}; run chmod 600 {path} (owner only)"
-        )
-
-
-def load_keys(path: str | Path) -> dict[int, bytes]:
-    """Read a key file written by :func:`save_keys`; keys must be >= 16 bytes, mode 0600."""
-    check_key_file_mode(path)
-    raw = json.loads(Path(path).read_text())
-    robots = raw.get("robots") if isinstance(raw, dict) else None
-    if not isinstance(robots, dict) or not robots:
-        raise ValueError(f"{path}: expected {{'robots': {{'<id>': '<hex key>'}}}}")
-    out: dict[int, bytes] = {}
-    for k, v in robots.items():
-        rid = int(k)
-        if not 1 <= rid <= MAX_ROBOT_ID:
-            raise ValueError(f"{path}: robot id {rid} outside 1..{MAX_ROBOT_ID}")
-        key = bytes.fromhex(str(v))
-        if len(key) < 16:
-            raise ValueError(f"{path}: key of robot {rid} is shorter than 16 bytes")
-        out[rid] = key
-    return out
-
-
-@functools.lru_cache(maxsize=4096)
-def derive_key(master: bytes, purpose: str, robot: int) -> bytes:
-    """HKDF-SHA256 key for ``purpose`` (``up``, ``down``, ``link``) of robot ``robot``."""
-    hk = HKDF(hashes.SHA256(), 32, HKDF_SALT, f"scaleflu/{purpose}/{int(robot)}".encode())
-    return hk.derive(bytes(master))
 
 
 def direction_of(sender: int, receiver: int) -> tuple[str, int]:

@@ -55,10 +55,10 @@ from scaleflu.fl.run import (
     write_training_outputs,
 )
 from scaleflu.fl.strategy import FedAvg
+from scaleflu.keys import history_key
 from scaleflu.link import Link
 from scaleflu.testbed.common import federation_config, link_clock
 from scaleflu.testbed.downlink import Downlink
-from scaleflu.testbed.keys import history_key
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,

@@ -12,11 +12,12 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from scaleflu.keys import public_bytes
 from scaleflu.link import Link
 from scaleflu.link.arq import SendHandle
 from scaleflu.link.mcs import MCS_TABLE_VERSION
 from scaleflu.testbed.common import Endpoint, LinkDeadline, install_link_keys, wait_on_clock
-from scaleflu.testbed.keys import public_bytes, sign
+from scaleflu.testbed.keys import sign
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, client_of
 from scaleflu.testbed.records import Records
 from scaleflu.testbed.validation import RegisterMeta

@@ -1,4 +1,4 @@
-"""Age of Information of parameter groups (GUIDE 3.3), in rounds and in link seconds.
+"""Age of Information of parameter groups, in rounds and in link seconds (docs/scale.md, "AoI").
 
 Group (l, j) keeps T_lj, when its latest version reached the clients: a round index and the
 simulated link clock (seconds) at the end of that broadcast. ``A_lj = now - T_lj`` in both

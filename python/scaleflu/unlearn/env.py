@@ -12,9 +12,9 @@ becomes K levels (``scale.s_levels``); s = 0 is left out (it changes nothing). F
 layer does not have (G_l < G) are ignored; an action with no valid flag changes nothing and
 earns 0 (the paper's R_c divides by |G| and is undefined there).
 
-Sparsify (GUIDE 3.4): ``paper`` zeroes the floor(s |W_lj|) smallest-magnitude entries of each
-chosen group (the authors' magnitude pruning); ``default`` zeroes the round(s |W_lj|) entries
-with the largest attribution: the accumulated target contribution |C|
+Sparsify (docs/scale.md, "Phase II"): ``paper`` zeroes the floor(s |W_lj|) smallest-magnitude
+entries of each chosen group (the authors' magnitude pruning); ``default`` zeroes the round(s
+|W_lj|) entries with the largest attribution: the accumulated target contribution |C|
 (:mod:`scaleflu.unlearn.sensitivity`), or for a class removed from the whole federation a class
 saliency on the server's validation set (``EnvSpec.attribution``; ``subtract`` removes
 ``EnvSpec.contribution``, C_l, whichever map orders the entries).

@@ -2,9 +2,10 @@
 
 * RA, FA, FR: the paper's equations (Sec. V-B) on D_r and D_u *as the clients hold them*
   (a triggered sample carries the target label, a flipped one its wrong label).
-* ``fa_protocol`` (GUIDE 3.6): backdoor -> attack success on the *triggered test set* (true
-  label != target); class -> accuracy on the test images of the forgotten classes;
-  label_flip / clean -> FA. ``fa_clean`` is the accuracy on D_u's clean images and true labels.
+* ``fa_protocol`` (docs/reproducing.md, "Evaluation protocol"): backdoor -> attack success on the
+  *triggered test set* (true label != target); class -> accuracy on the test images of the forgotten
+  classes; label_flip / clean -> FA. ``fa_clean`` is the accuracy on D_u's clean images and true
+  labels.
 * MIA: members = remaining training samples, non-members = held-out test samples. A 1-D
   threshold attack is fitted on the per-sample loss (loss-threshold MIA) and on the prediction
   entropy (the entropy feature of the SVC MIA used in unlearning papers; a linear SVC on one

@@ -9,7 +9,7 @@ For every sensitivity layer l (Conv/Linear weights, :func:`scaleflu.fl.models.se
   the global layer without the target, W_{l,-n};
 * combined ``S = lambda S^a + (1 - lambda) S^d`` and the top-M layers.
 
-Two input semantics (GUIDE 3.1, 3.2, 6):
+Two input semantics (docs/scale.md, "Phase I: sensitive layers"):
 
 * ``paper``: raw weights. W_{l,n} is the target's last local model Theta_{n,E}[t_n] (t_n its last
   round), W_l the aggregate of that round Theta[t_n + 1], and W_{l,-n} the weighted mean of the
@@ -22,7 +22,7 @@ Two input semantics (GUIDE 3.1, 3.2, 6):
   ``C_l = sum_t M_n / sum_{C[t]} M_j * share_n * update_{n,t}``; W_l is the final model and
   W_{l,-n} = W_l - C_l. Each score is divided by its maximum over layers before mixing.
 
-``C_l`` is also the attribution map the default Sparsify uses (GUIDE 3.4), except for a class
+``C_l`` is also the attribution map the default Sparsify uses, except for a class
 removed from the whole federation, where :func:`class_saliency` on the server's validation set
 replaces it (every client holds the class, so C_l is not class-specific).
 """
@@ -32,14 +32,20 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
+from scaleflu.config import ConfigError
 from scaleflu.fl.history import HistoryStore
+
+if TYPE_CHECKING:
+    from scaleflu.unlearn.base import UnlearnContext
 
 log = logging.getLogger(__name__)
 
@@ -311,9 +317,9 @@ def class_saliency(
     ``s_c = mean_i |w * dL_i/dw|`` over the samples of the forgotten ``classes`` (per-sample
     gradients of the cross-entropy, so opposite gradients of different samples do not cancel)
     and ``s_r`` the same over the other samples; each sum runs over all ``layers``. The result
-    is large where a weight matters for the forgotten classes and little for the rest (GUIDE
-    3.4 for class requests, computed on the server's validation set). Returns the map and
-    counts for the report.
+    is large where a weight matters for the forgotten classes and little for the rest (the
+    attribution of a class request, computed on the server's validation set). Returns the map
+    and counts for the report.
     """
     mask = torch.zeros(len(labels), dtype=torch.bool, device=labels.device)
     for c in classes:
@@ -325,10 +331,6 @@ def class_saliency(
     n_f, n_r = int(mask.sum()), int((~mask).sum())
     info = {"forget_val_samples": n_f, "rest_val_samples": n_r, "contrast": contrast}
     return out, info
-
-
-# The figure lives in scaleflu.plots; the name is kept for old importers.
-from scaleflu.plots import plot_sensitivity  # noqa: E402, F401
 
 
 def contrastive_contribution(
@@ -436,3 +438,173 @@ def forget_saliency(
     info = {"forget_samples": int(len(forget_y)), "rest_samples": int(len(rest_y))}
     info["contrast"] = contrast
     return out, info
+
+
+# ----------------------------------------------------------------------------- a request's Phase I
+
+
+def phase_one(
+    ctx: UnlearnContext, mode: str, timing: dict[str, float] | None = None
+) -> SensitivityReport:
+    """Sensitive-layer identification for the request's targets in the given mode.
+
+    ``timing`` (optional) receives the seconds of the parts: ``history_s`` (scores and C_l
+    from the stored updates), ``saliency_s`` (class saliency), ``contrast_s`` (contrast).
+    """
+    timing = {} if timing is None else timing
+    sc = ctx.scale_cfg
+    th = time.perf_counter()
+    from scaleflu.fl.models import sensitivity_layers
+
+    layers = [k for k in sensitivity_layers(ctx.new_model()) if k in ctx.groups]
+    lam, top_m, eps = float(sc["lambda"]), int(sc.top_m), float(sc.eps)
+    history = ctx.run.history
+    if mode == "paper":
+        return paper_sensitivity(history, ctx.request.targets, layers, lam, top_m, eps)
+    req = ctx.request.request
+    if req.kind == "client" and sc.top_m_client is not None:
+        top_m = int(sc.top_m_client)
+    if top_m < 1:
+        raise ConfigError(f"scale.top_m (and top_m_client) must be at least 1, got {top_m}")
+    sizes = ctx.run.setup.data_sizes
+    shares = {n: ctx.request.forget_share(n, sizes[n]) for n in ctx.request.targets}
+    report = historical_sensitivity(history, shares, layers, lam, top_m, eps)
+    report.contribution = dict(report.attribution)
+    timing["history_s"] = time.perf_counter() - th
+    attribution = str(sc.class_attribution)
+    if attribution not in ("saliency", "contribution"):
+        raise ConfigError(
+            f"scale.class_attribution must be saliency or contribution, got {attribution!r}"
+        )
+    if req.kind == "class" and not req.clients and attribution == "saliency":
+        # a class removed from the whole federation: every client holds it, so the clients'
+        # contribution C_l is nearly the whole model and not class-specific. Sparsify by a
+        # class-specific saliency on the server's validation set instead.
+        ts = time.perf_counter()
+        model = ctx.new_model(ctx.original_state()).to(ctx.device)  # fl.device
+        sal, info = class_saliency(
+            model,
+            ctx.val.inputs().to(ctx.device),
+            ctx.val.labels.to(ctx.device),
+            list(req.classes),
+            layers,
+            float(sc.class_saliency_contrast),
+        )
+        timing["saliency_s"] = time.perf_counter() - ts
+        if info["forget_val_samples"] == 0:
+            report.notes.append(
+                "class request: the validation set holds no sample of the class(es); "
+                "Sparsify keeps the contribution attribution"
+            )
+        else:
+            report.attribution = sal
+            report.notes.append(
+                "class request over the whole federation: Sparsify ranks parameters by class "
+                f"saliency on the validation set ({info['forget_val_samples']} samples of the "
+                f"class(es), {info['rest_val_samples']} others, contrast {info['contrast']})"
+            )
+            if str(sc.class_layers) == "saliency":
+                # every client holds the class, so the per-client history scores S_l do not
+                # point at it either: take the M layers where the saliency is densest
+                density = {k: float(sal[k].sum()) / max(sal[k].numel(), 1) for k in layers}
+                if any(v > 0 for v in density.values()):
+                    report.top = top_layers(density, layers, top_m)
+                    report.notes.append(
+                        "class request over the whole federation: top-M layers by class "
+                        "saliency per parameter ("
+                        + ", ".join(f"{k} {density[k]:.3g}" for k in report.top)
+                        + "), not by S_l"
+                    )
+    client_attr = str(sc.client_attribution)
+    if client_attr not in ("contrast", "contribution", "saliency"):
+        raise ConfigError(
+            "scale.client_attribution must be contrast, contribution or saliency, "
+            f"got {client_attr!r}"
+        )
+    sample_attr = str(sc.sample_attribution)
+    if sample_attr not in ("contrast", "contribution", "saliency"):
+        raise ConfigError(
+            "scale.sample_attribution must be contrast, contribution or saliency, "
+            f"got {sample_attr!r}"
+        )
+    local_class = req.kind == "class" and bool(req.clients)
+    chosen = client_attr if req.kind == "client" else sample_attr
+    if req.kind in ("client", "sample") or local_class:
+        if chosen == "saliency":
+            _forget_saliency(ctx, report, layers, top_m, timing)
+            return report
+    contrast = (req.kind == "client" and client_attr == "contrast") or (
+        req.kind == "sample" and sample_attr == "contrast"
+    )
+    if contrast and report.rounds:
+        # the targets' contribution C_l holds the task every client learns as well; rank the
+        # entries by how much more the targets moved them than the other participants did
+        tc = time.perf_counter()
+        attr, info = contrastive_contribution(
+            history, shares, layers, report.rounds, float(sc.client_contrast)
+        )
+        timing["contrast_s"] = time.perf_counter() - tc
+        if any(float(v.sum()) > 0 for v in attr.values()):
+            report.attribution = attr
+            report.notes.append(
+                "Sparsify ranks parameters by the targets' updates contrasted with the other "
+                f"participants' ({info['other_updates']} updates, contrast {info['contrast']})"
+            )
+    return report
+
+
+def _forget_saliency(
+    ctx: UnlearnContext,
+    report: SensitivityReport,
+    layers: list[str],
+    top_m: int,
+    timing: dict[str, float],
+) -> None:
+    """Sparsify (and, by default, the top-M layers) by the forget set's own saliency.
+
+    The requesting client holds D_u: it computes ``|w * dL/dw|`` on (at most
+    ``scale.forget_saliency_samples`` of) its forget samples at Theta and sends that one
+    tensor; the server contrasts it with the same saliency on its retained validation set
+    (:func:`~scaleflu.unlearn.sensitivity.forget_saliency`). Both parts are timed as Phase I.
+    """
+    sc = ctx.scale_cfg
+    ts = time.perf_counter()
+    n = sc.forget_saliency_samples
+    data = ctx.forget
+    if n is not None:
+        if int(n) < 1:
+            raise ConfigError(f"scale.forget_saliency_samples must be positive, got {n}")
+        if int(n) < len(data):
+            rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 46]))
+            data = data.subset(np.sort(rng.choice(len(data), size=int(n), replace=False)))
+    model = ctx.new_model(ctx.original_state()).to(ctx.device)
+    sal, info = forget_saliency(
+        model,
+        data.inputs().to(ctx.device),
+        data.labels.to(ctx.device),
+        ctx.val_retain.inputs().to(ctx.device),
+        ctx.val_retain.labels.to(ctx.device),
+        layers,
+        float(sc.forget_saliency_contrast),
+    )
+    timing["saliency_s"] = time.perf_counter() - ts
+    if not any(float(v.sum()) > 0 for v in sal.values()):
+        report.notes.append("forget-set saliency is zero everywhere; Sparsify keeps C_l")
+        return
+    report.attribution = sal
+    report.notes.append(
+        "Sparsify ranks parameters by the forget set's own saliency, computed by the client "
+        f"holding it ({info['forget_samples']} samples), contrasted with the retained "
+        f"validation set's ({info['rest_samples']} samples, contrast {info['contrast']})"
+    )
+    layer_rule = str(sc.forget_layers)
+    if layer_rule not in ("saliency", "score"):
+        raise ConfigError(f"scale.forget_layers must be saliency or score, got {layer_rule!r}")
+    if layer_rule == "saliency":
+        density = {k: float(sal[k].sum()) / max(sal[k].numel(), 1) for k in layers}
+        report.top = top_layers(density, layers, top_m)
+        report.notes.append(
+            "top-M layers by forget-set saliency per parameter ("
+            + ", ".join(f"{k} {density[k]:.3g}" for k in report.top)
+            + "), not by S_l"
+        )

@@ -20,7 +20,7 @@ Use (the Link of a node is ``scaleflu.radio.links.SharedMediumLink``, link kind
 ``ofdm-shared``)::
 
     cfg = MediumConfig(nodes=(0, 1, 2), seed=1, default=LinkChannel(snr_db=20, fading="rayleigh"))
-    broker = MediumBroker(cfg).start()             # thread; or `python -m scaleflu.radio.medium`
+    broker = MediumBroker(cfg).start()             # thread; or `python -m scaleflu.cli.medium`
     broker.stats()  # virtual time, airtime and collision samples per node, steps
     broker.close()
 

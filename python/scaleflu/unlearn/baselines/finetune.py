@@ -117,7 +117,7 @@ class FinetuneUnlearner:
 class MatchedFinetuneUnlearner(FinetuneUnlearner):
     """The cost-matched control: as many rounds as fit in ``match_cost_of``'s CPU time.
 
-    The harness (experiments/table2) reads the CPU time of the ``match_cost_of`` method's
+    The harness (experiments/harness) reads the CPU time of the ``match_cost_of`` method's
     result on the same request and sets ``budget_cpu_s`` before :meth:`run`.
     """
 

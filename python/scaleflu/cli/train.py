@@ -7,7 +7,7 @@ import logging
 import time
 from pathlib import Path
 
-from scaleflu.cliargs import add_config_args
+from scaleflu.cli.args import add_config_args, trust_keys
 
 log = logging.getLogger(__name__)
 
@@ -61,10 +61,7 @@ def run_train(args: argparse.Namespace) -> int:
         out = Path("runs") / time.strftime("fl-%Y%m%d-%H%M%S")
     try:
         cfg = load_config(args.config, overrides)
-        if args.keys is not None:
-            from scaleflu.unlearn.cli import trust_keys
-
-            trust_keys(out, args.keys)
+        trust_keys(out, args.keys)
         result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     except ConfigError as exc:
         log.error("%s", exc)

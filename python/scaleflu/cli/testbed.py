@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sqlite3
 import sys
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scaleflu.cliargs import LOG_LEVELS, DefaultsHelpFormatter, add_config_args, run_one_line
+from scaleflu.cli.args import LOG_LEVELS, DefaultsHelpFormatter, add_config_args, run_one_line
 from scaleflu.log import setup_logging
 
 if TYPE_CHECKING:
@@ -525,8 +526,6 @@ def add_testbed_parser(subparsers: Any) -> None:
 
 
 def _cmd_testbed(args: argparse.Namespace) -> int:
-    from scaleflu.testbed.launcher import main as launcher_main
-
     argv = list(args.launcher_args)
     level = getattr(args, "log_level", None)
     if level and "--log-level" not in argv:
@@ -534,9 +533,141 @@ def _cmd_testbed(args: argparse.Namespace) -> int:
     return launcher_main(argv, prog="scaleflu testbed")
 
 
-if __name__ == "__main__":  # python -m scaleflu.testbed.cli edge_server|robot_client ...
+# ----------------------------------------------------------------------------- the local testbed
+
+
+def launcher_kinds() -> tuple[str, ...]:
+    """Link kinds the local testbed runs: every kind whose nodes are processes, but real radios."""
+    from scaleflu.linkkinds import app_kinds
+
+    return tuple(k for k in app_kinds() if k != "uhd")
+
+
+LAUNCHER_DESCRIPTION = (
+    "Local SCALE testbed: edge server + robots as processes over a simulated channel, FL "
+    "rounds on FashionMNIST, one robot asks to be forgotten, report."
+)
+
+
+def add_launcher_args(p: argparse.ArgumentParser) -> None:
+    """The testbed's options (``apps/testbed.py`` and ``scaleflu testbed``)."""
+    from scaleflu.linkkinds import ALIASES
+    from scaleflu.unlearn.registry import method_names
+
+    kinds = launcher_kinds()
+    p.add_argument("--robots", type=int, default=3, help="robot processes")
+    p.add_argument("--rounds", type=int, default=3, help="FL rounds")
+    p.add_argument(
+        "--link",
+        choices=(*kinds, *(old for old, new in ALIASES.items() if new in kinds)),
+        default="ofdm-shared",
+        help="ofdm-shared (default): every node on one simulated frequency at sample level "
+        "(OFDM/QPSK PHY in every process, a fading channel, bursts that overlap collide) with "
+        "the server-scheduled MAC and the broadcast downlink; frames-shared: the same at frame "
+        "level, no PHY (cheaper); frames: ideal frame hub (no collisions); ofdm-pairs: OFDM over "
+        "ZeroMQ, a private channel per pair (ideal FDMA)",
+    )
+    p.add_argument(
+        "--mcs",
+        default=None,
+        help="PHY of the radio links: auto (coded OFDM, the MAC chooses each robot's MCS from "
+        "the SNRs both ends measure), stock (the paper's uncoded QPSK) or an MCS name; "
+        "frames-shared: the hub's frame-level PHY model (default: testbed.mcs)",
+    )
+    p.add_argument(
+        "--fading",
+        choices=("rician", "rayleigh", "none"),
+        default=None,
+        help="ofdm-shared, frames-shared: fading of every link (default: testbed.medium.fading)",
+    )
+    p.add_argument(
+        "--method",
+        choices=method_names(),  # the unlearning-method registry
+        default=None,
+        help="unlearning method (default: testbed.unlearn.method)",
+    )
+    p.add_argument(
+        "--backdoor-robot",
+        type=int,
+        default=None,
+        help="robot whose data carries the trigger and who asks to be forgotten "
+        "(default: the one with the most data)",
+    )
+    p.add_argument("--unlearn", choices=("client", "class", "sample", "none"), default="client")
+    p.add_argument(
+        "--unlearn-after-round",
+        type=int,
+        default=None,
+        help="the requesting robot asks after this round (default: the last)",
+    )
+    p.add_argument("--loss", type=float, default=None, help="frames link: frame loss")
+    p.add_argument(
+        "--snr-db",
+        type=float,
+        default=None,
+        help="ofdm-shared: mean SNR of every link (default: testbed.medium.snr_db); "
+        "ofdm-pairs: receive SNR (default 20), dB",
+    )
+    p.add_argument("--drop-rate", type=float, default=0.02, help="ofdm-pairs: frame drop rate")
+    p.add_argument(
+        "--kill-robot",
+        type=int,
+        default=None,
+        help="this robot dies on receiving the model of --kill-round, then rejoins",
+    )
+    p.add_argument("--kill-round", type=int, default=2, help="round of --kill-robot's death")
+    p.add_argument(
+        "--attacker-robot",
+        type=int,
+        default=None,
+        help="this robot also sends NaN, wrong-shape, duplicate, replayed, forged "
+        "and garbage uploads in round 1",
+    )
+    p.add_argument(
+        "--outsider-rate",
+        type=float,
+        default=0.0,
+        help="frames link: a keyless outsider process floods the hub with this many frames/s "
+        "(keyless partial messages, forged robot/server DATA, ACK and NACK, garbage; "
+        "scaleflu.testbed.outsider)",
+    )
+    p.add_argument(
+        "--restart-server-after-round",
+        type=int,
+        default=None,
+        help="kill -9 the server once this round is recorded, then restart it",
+    )
+    p.add_argument("--out", default=None, help="run folder (default runs/testbed-<time>)")
+    add_config_args(p, example="testbed.rounds=2")
+    p.add_argument("--timeout", type=float, default=1800.0, help="give up after this long, s")
+    p.add_argument("--quiet", action="store_true", help="do not echo progress lines")
+
+
+def launcher_main(argv: Sequence[str] | None = None, prog: str = "testbed.py") -> int:
+    """``apps/testbed.py`` and ``scaleflu testbed``: run the local testbed end to end."""
+    from scaleflu.testbed.launcher import run_testbed
+
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description=LAUNCHER_DESCRIPTION,
+        formatter_class=DefaultsHelpFormatter,
+    )
+    add_launcher_args(p)
+    p.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=None,
+        help="the launcher's own messages (default WARNING or SCALEFLU_LOG)",
+    )
+    args = p.parse_args(argv)
+    setup_logging(args.log_level or os.environ.get("SCALEFLU_LOG", "WARNING"))
+    return run_one_line(run_testbed, args, logger=log)
+
+
+if __name__ == "__main__":  # python -m scaleflu.cli.testbed edge_server|robot_client ...
     _apps = {"edge_server": server_main, "robot_client": robot_main}
     if len(sys.argv) < 2 or sys.argv[1] not in _apps:
-        sys.stderr.write("usage: python -m scaleflu.testbed.cli edge_server|robot_client ...\n")
+        sys.stderr.write("usage: python -m scaleflu.cli.testbed edge_server|robot_client ...\n")
         sys.exit(2)
     sys.exit(_apps[sys.argv[1]](sys.argv[2:]))

@@ -33,7 +33,7 @@ def _cmd_keys(args: argparse.Namespace) -> int:
 
     store_path = Path(args.store)
     if args.action == "integrity":
-        from scaleflu.testbed.keys import fingerprint, load_integrity_key, write_integrity_key
+        from scaleflu.keys import fingerprint, load_integrity_key, write_integrity_key
 
         if store_path.exists():
             log.error("keys integrity: %s exists; not overwriting a key", store_path)

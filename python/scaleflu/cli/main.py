@@ -1,10 +1,10 @@
 """The ``scaleflu`` command: one entry point, one sub-command per job.
 
-Sub-commands register themselves from their sub-packages (``add_<name>_parser``), so the
-list in ``scaleflu --help`` grows as parts of the product arrive. Those modules import only
-:mod:`scaleflu.cliargs` and :mod:`scaleflu.config` at import time (never this module, never
-torch): ``scaleflu --help`` stays fast. Global options (``--log-level``) are accepted before and
-after the sub-command; every error is one log line and a non-zero exit status.
+Each sub-command is a module of this package that registers itself (``add_<name>_parser``).
+Those modules import only :mod:`scaleflu.cli.args` and :mod:`scaleflu.config` at import time
+(never this module, never torch): ``scaleflu --help`` stays fast. Global options
+(``--log-level``) are accepted before and after the sub-command; every error is one log line
+and a non-zero exit status.
 """
 
 from __future__ import annotations
@@ -16,9 +16,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import __version__
-from .cliargs import add_config_args, add_global_args, add_global_args_everywhere, run_one_line
-from .log import setup_logging
+from scaleflu import __version__
+from scaleflu.cli.args import (
+    add_config_args,
+    add_global_args,
+    add_global_args_everywhere,
+    run_one_line,
+)
+from scaleflu.log import setup_logging
 
 __all__ = ["add_config_args", "build_parser", "main"]
 
@@ -27,18 +32,18 @@ log = logging.getLogger("scaleflu")
 # (module, function that adds the sub-parser): each registers one or more sub-commands and
 # sets ``func`` on them. A module that is missing or fails to import is reported, not fatal.
 SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
-    ("scaleflu.fl.cli", "add_train_parser"),
-    ("scaleflu.unlearn.cli", "add_unlearn_parser"),
-    ("scaleflu.experiments.cli", "add_experiment_parser"),
-    ("scaleflu.testbed.cli", "add_testbed_parser"),
-    ("scaleflu.testbed.keys_cli", "add_keys_parser"),
+    ("scaleflu.cli.train", "add_train_parser"),
+    ("scaleflu.cli.unlearn", "add_unlearn_parser"),
+    ("scaleflu.cli.experiment", "add_experiment_parser"),
+    ("scaleflu.cli.testbed", "add_testbed_parser"),
+    ("scaleflu.cli.keys", "add_keys_parser"),
 ]
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
     import yaml
 
-    from .config import load_config
+    from scaleflu.config import load_config
 
     cfg = load_config(args.config, args.overrides)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))

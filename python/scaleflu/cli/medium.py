@@ -1,6 +1,7 @@
-"""``python -m scaleflu.radio.medium``: serve a shared medium (a broker) from the command line.
+"""``python -m scaleflu.cli.medium``: serve a shared medium (a broker) from the command line.
 
-A command-line entry point of its own; it belongs with the other command-line modules.
+The broker (:class:`scaleflu.radio.medium.MediumBroker`) is the one frequency of the
+``ofdm-shared`` link kind; every node's link connects to its address.
 """
 
 from __future__ import annotations
@@ -14,16 +15,16 @@ from typing import Any
 
 import yaml
 
-from .medium.broker import MediumBroker
-from .medium.config import DEFAULT_MEDIUM_ADDRESS, MediumConfig
+from scaleflu.radio.medium.broker import MediumBroker
+from scaleflu.radio.medium.config import DEFAULT_MEDIUM_ADDRESS, MediumConfig
 
 logger = logging.getLogger(__name__)
 
 
 # -- command line: run a broker ----------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m scaleflu.radio.medium --nodes 0,1,2 [--config medium.json]``: serve a medium."""
-    ap = argparse.ArgumentParser(prog="python -m scaleflu.radio.medium", description=main.__doc__)
+    """``python -m scaleflu.cli.medium --nodes 0,1,2 [--config medium.json]``: serve a medium."""
+    ap = argparse.ArgumentParser(prog="python -m scaleflu.cli.medium", description=main.__doc__)
     ap.add_argument("--nodes", default="", help="comma-separated node ids the first step waits for")
     ap.add_argument("--address", default=DEFAULT_MEDIUM_ADDRESS)
     ap.add_argument("--config", help="JSON or YAML file with MediumConfig keys")
@@ -63,3 +64,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         broker.close()
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

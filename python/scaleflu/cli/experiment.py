@@ -6,7 +6,7 @@ import argparse
 import logging
 from typing import Any
 
-from scaleflu.cliargs import add_config_args
+from scaleflu.cli.args import add_config_args
 
 log = logging.getLogger(__name__)
 

@@ -59,7 +59,8 @@ def tiny_config(*extra: str) -> dict[str, Any]:
 
 def tiny_run_dir(build_once: Callable[..., Path]) -> Path:
     """The tiny run, trained once for the whole test run (``build_once``: tests/conftest.py)."""
-    from scaleflu.experiments.table2 import RunKey, ensure_run
+    from scaleflu.experiments.cells import RunKey
+    from scaleflu.experiments.harness import ensure_run
 
     cfg = tiny_config()
     key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)

@@ -2,26 +2,25 @@
 
 Check a link end to end before running FL over it, e.g. two processes over ZeroMQ::
 
-    python -m scaleflu.linktest_cli --kind ofdm-pairs --node 1 --peers 0 --recv 1
-    python -m scaleflu.linktest_cli --kind ofdm-pairs --node 0 --peers 1 --send 250000
+    python -m scaleflu.cli.linktest --kind ofdm-pairs --node 1 --peers 0 --recv 1
+    python -m scaleflu.cli.linktest --kind ofdm-pairs --node 0 --peers 1 --send 250000
 
 or three processes on one simulated frequency (scaleflu.radio.medium; node 0 schedules the
 MAC, the others are its members)::
 
-    python -m scaleflu.radio.medium --nodes 0,1
-    python -m scaleflu.linktest_cli --kind ofdm-shared --node 1 --recv 1
-    python -m scaleflu.linktest_cli --kind ofdm-shared --node 0 --send 250000 --dst 1
+    python -m scaleflu.cli.medium --nodes 0,1
+    python -m scaleflu.cli.linktest --kind ofdm-shared --node 1 --recv 1
+    python -m scaleflu.cli.linktest --kind ofdm-shared --node 0 --send 250000 --dst 1
 
 or two radios (one command per machine; no MAC)::
 
-    python -m scaleflu.linktest_cli --kind uhd --node 1 \\
+    python -m scaleflu.cli.linktest --kind uhd --node 1 \\
         --tx-args type=b200,master_clock_rate=20e6 --recv 1
-    python -m scaleflu.linktest_cli --kind uhd --node 0 --tx-args type=b200 \\
+    python -m scaleflu.cli.linktest --kind uhd --node 0 --tx-args type=b200 \\
         --rx-args type=x300,addr=192.168.40.2,master_clock_rate=200e6 --send 250000 --dst 1
 
 The payload is seeded random bytes; both sides print its SHA-256. A missing radio ends the
-program with one line (RadioNotFound: ...) and exit status 1. A command-line entry point of its
-own; it belongs with the other command-line modules.
+program with one line (RadioNotFound: ...) and exit status 1.
 """
 
 from __future__ import annotations
@@ -57,7 +56,7 @@ def payload(size: int, seed: int) -> bytes:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m scaleflu.linktest_cli",
+        prog="python -m scaleflu.cli.linktest",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -75,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--broker",
         default="tcp://127.0.0.1:53100",
-        help="ofdm-shared: medium broker (python -m scaleflu.radio.medium --nodes 0,1)",
+        help="ofdm-shared: medium broker (python -m scaleflu.cli.medium --nodes 0,1)",
     )
     p.add_argument("--snr-db", type=float, default=None, help="ofdm-pairs: receive-side AWGN")
     p.add_argument("--cfo", type=float, default=0.0)

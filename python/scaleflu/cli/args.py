@@ -1,6 +1,6 @@
-"""Argument-parsing pieces shared by ``scaleflu`` and the apps (a leaf: argparse only).
+"""Argument-parsing pieces shared by ``scaleflu`` and the apps (argparse; the rest lazily).
 
-Sub-command modules import from here, never from :mod:`scaleflu.cli` (which imports them).
+Sub-command modules import from here, never from :mod:`scaleflu.cli.main` (which imports them).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ import argparse
 import logging
 import traceback
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("scaleflu")
@@ -96,6 +97,16 @@ def run_one_line(func: Callable[..., Any], *args: Any, logger: logging.Logger = 
         logger.error("failed: %s: %s", type(exc).__name__, exc)
         logger.debug("%s", traceback.format_exc())
         return 1
+
+
+def trust_keys(run_dir: str | Path, keys: str | Path | None) -> None:
+    """``--keys FILE``: check (and write) the run's authenticated digests under its key."""
+    if keys is None:
+        return
+    from scaleflu.fl.integrity import trust
+    from scaleflu.keys import load_integrity_key
+
+    trust(run_dir, load_integrity_key(keys))
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

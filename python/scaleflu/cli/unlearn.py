@@ -13,7 +13,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from scaleflu.cliargs import add_config_args
+from scaleflu.cli.args import add_config_args, trust_keys
 from scaleflu.unlearn.outputs import erase_history, write_unlearning
 from scaleflu.unlearn.registry import canonical_name, method_names, run_unlearning
 
@@ -44,16 +44,6 @@ def run_unlearn(
     method = canonical_name(method)
     done = run_unlearning(run_dir, request, method, mode, config, overrides, progress)
     return write_unlearning(done, request, method, out, erase)
-
-
-def trust_keys(run_dir: str | Path, keys: str | Path | None) -> None:
-    """``--keys FILE``: check (and write) the run's authenticated digests under its key."""
-    if keys is None:
-        return
-    from scaleflu.fl.integrity import trust
-    from scaleflu.testbed.keys import load_integrity_key
-
-    trust(run_dir, load_integrity_key(keys))
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:

@@ -1,0 +1,7 @@
+"""``python -m scaleflu``: the ``scaleflu`` command."""
+
+import sys
+
+from scaleflu.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,309 @@
+"""The data sets: FashionMNIST and CIFAR-100 from their official files, checked, cached, subsampled.
+
+Files are read as raw bytes (IDX for FashionMNIST, the *binary* version of CIFAR-100) and parsed
+strictly (magic, dimensions, sizes, label ranges: a bad file is a :class:`DataError` naming it);
+nothing is unpickled. A download is verified against the official MD5 sum. Parsed files are kept
+in memory (one data set at most) so a run, its evaluation and its unlearning in one process
+parse them once. :func:`load_datasets` gives the clean (train, test) pair of a ``data`` config
+section.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import logging
+import tarfile
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from scaleflu.config import ConfigError, config_section
+from scaleflu.fl.data.images import ImageData
+
+log = logging.getLogger(__name__)
+
+DATASET_NAMES = ("fashion_mnist", "cifar100")
+FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+CIFAR100_DIR = Path("data/cifar-100-binary")
+
+# Official files and their MD5 sums (Zalando's mirror; Krizhevsky's page).
+FASHION_MNIST_URL = "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/"
+FASHION_MNIST_FILES = {
+    "train-images-idx3-ubyte.gz": "8d4fb7e6c68d591d4c3dfef9ec88bf0d",
+    "train-labels-idx1-ubyte.gz": "25c81989df183df01b3e8a0aad5dffbe",
+    "t10k-images-idx3-ubyte.gz": "bef4ecab320f06d8554ea6380940ec79",
+    "t10k-labels-idx1-ubyte.gz": "bb300cfdad3c16e7a12a480ee83cd310",
+}
+CIFAR100_URL = "https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz"
+CIFAR100_MD5 = "03b5dce01913d631647c71ecec9e9cb8"
+
+FASHION_MNIST_MEAN, FASHION_MNIST_STD = (0.2860,), (0.3530,)
+CIFAR100_MEAN, CIFAR100_STD = (0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)
+
+_IDX_DTYPES = {
+    0x08: np.uint8,
+    0x09: np.int8,
+    0x0B: np.dtype(">i2"),
+    0x0C: np.dtype(">i4"),
+    0x0D: np.dtype(">f4"),
+    0x0E: np.dtype(">f8"),
+}
+CIFAR100_RECORD = 2 + 3072
+
+
+class DataError(ConfigError):
+    """A data file is missing, corrupt or does not match its format."""
+
+
+# ----------------------------------------------------------------------------- file formats
+
+
+def _open_maybe_gz(path: Path) -> bytes:
+    try:
+        if path.suffix == ".gz":
+            with gzip.open(path, "rb") as fh:
+                return fh.read()
+        return path.read_bytes()
+    except (OSError, EOFError, gzip.BadGzipFile) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from exc
+
+
+def read_idx(path: str | Path) -> np.ndarray:
+    """Parse an IDX file (optionally .gz) strictly: magic, dimensions and size must agree."""
+    path = Path(path)
+    raw = _open_maybe_gz(path)
+    if len(raw) < 4:
+        raise DataError(f"{path}: too short for an IDX header ({len(raw)} bytes)")
+    if raw[0] != 0 or raw[1] != 0:
+        raise DataError(f"{path}: bad IDX magic {raw[:4].hex()} (first two bytes must be zero)")
+    code, ndim = raw[2], raw[3]
+    if code not in _IDX_DTYPES:
+        raise DataError(f"{path}: unknown IDX data type code 0x{code:02x}")
+    if ndim < 1:
+        raise DataError(f"{path}: IDX file declares zero dimensions")
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError(f"{path}: truncated IDX header ({len(raw)} < {header} bytes)")
+    dims = tuple(int(d) for d in np.frombuffer(raw, dtype=">u4", count=ndim, offset=4))
+    dtype = np.dtype(_IDX_DTYPES[code])
+    expected = int(np.prod(dims, dtype=np.int64)) * dtype.itemsize
+    body = len(raw) - header
+    if body != expected:
+        raise DataError(f"{path}: IDX dims {dims} need {expected} data bytes, file holds {body}")
+    arr = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    return arr.astype(dtype.newbyteorder("="), copy=True)
+
+
+def _check_idx_pair(images: np.ndarray, labels: np.ndarray, where: str) -> None:
+    if images.ndim != 3 or labels.ndim != 1:
+        raise DataError(
+            f"{where}: expected images (M, H, W) and labels (M,), got {images.shape} and "
+            f"{labels.shape}"
+        )
+    if images.shape[0] != labels.shape[0]:
+        raise DataError(f"{where}: {images.shape[0]} images but {labels.shape[0]} labels")
+    if images.dtype != np.uint8 or labels.dtype != np.uint8:
+        raise DataError(f"{where}: images and labels must be unsigned bytes")
+    if labels.size and int(labels.max()) > 9:
+        raise DataError(f"{where}: label {int(labels.max())} outside 0..9")
+
+
+def read_cifar100_bin(path: str | Path, label: str = "fine") -> tuple[np.ndarray, np.ndarray]:
+    """Parse a CIFAR-100 binary file: records of coarse byte, fine byte, 3072 pixel bytes."""
+    path = Path(path)
+    raw = _open_maybe_gz(path)
+    if len(raw) == 0 or len(raw) % CIFAR100_RECORD:
+        raise DataError(
+            f"{path}: size {len(raw)} is not a positive multiple of the CIFAR-100 record "
+            f"({CIFAR100_RECORD} bytes)"
+        )
+    rec = np.frombuffer(raw, dtype=np.uint8).reshape(-1, CIFAR100_RECORD)
+    coarse, fine = rec[:, 0], rec[:, 1]
+    if coarse.max() > 19 or fine.max() > 99:
+        raise DataError(
+            f"{path}: label out of range (coarse max {coarse.max()}, fine max {fine.max()}); "
+            "is this the CIFAR-100 binary version?"
+        )
+    images = rec[:, 2:].reshape(-1, 3, 32, 32).copy()
+    return images, (fine if label == "fine" else coarse).astype(np.int64)
+
+
+def _md5(path: Path) -> str:
+    h = hashlib.md5()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download_file(url: str, dest: Path, md5: str) -> Path:
+    """Fetch ``url`` to ``dest`` and verify its MD5; a mismatch removes the file and raises."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_suffix(dest.suffix + ".part")
+    log.info("downloading %s -> %s", url, dest)
+    try:
+        with urllib.request.urlopen(url, timeout=60) as resp, tmp.open("wb") as fh:
+            for chunk in iter(lambda: resp.read(1 << 20), b""):
+                fh.write(chunk)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"download of {url} failed: {exc}") from exc
+    got = _md5(tmp)
+    if got != md5:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"checksum mismatch for {url}: md5 {got}, expected {md5}")
+    tmp.replace(dest)
+    return dest
+
+
+# ----------------------------------------------------------------------------- data sets
+
+
+# Parsed files, keyed by (path, size, mtime) of every file read: a run, its evaluation and its
+# unlearning in one process parse the (gzip) files once. Callers get clones.
+_PARSED: dict[tuple[Any, ...], tuple[ImageData, ImageData]] = {}
+
+
+def _file_key(paths: Sequence[Path]) -> tuple[Any, ...]:
+    return tuple((str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+
+
+def _cached(key: tuple[Any, ...], pair: tuple[ImageData, ImageData] | None = None) -> Any:
+    if pair is not None:
+        _PARSED.clear()  # keep one data set in memory at most
+        _PARSED[key] = pair
+    hit = _PARSED.get(key)
+    return None if hit is None else (hit[0].copy(), hit[1].copy())
+
+
+def load_fashion_mnist(
+    root: str | Path | None = None, download: bool = False
+) -> tuple[ImageData, ImageData]:
+    """FashionMNIST (train, test) from the IDX .gz (or unzipped) files in ``root``."""
+    root = Path(root) if root is not None else FASHION_MNIST_DIR
+
+    def find(name: str) -> Path | None:
+        for cand in (root / name, root / name.removesuffix(".gz")):
+            if cand.is_file():
+                return cand
+        return None
+
+    missing = [n for n in FASHION_MNIST_FILES if find(n) is None]
+    if missing and download:
+        for name in missing:
+            download_file(FASHION_MNIST_URL + name, root / name, FASHION_MNIST_FILES[name])
+        missing = []
+    if missing:
+        raise DataError(
+            f"FashionMNIST files missing in {root}: {', '.join(missing)}. Install the Debian "
+            "package dataset-fashion-mnist (files in /usr/share/datasets/fashion-mnist), point "
+            "data.root at a folder holding them, or set data.download=true"
+        )
+    files = {n: find(n) for n in FASHION_MNIST_FILES}
+    key = ("fashion_mnist", *_file_key(list(files.values())))  # type: ignore[arg-type]
+    hit = _cached(key)
+    if hit is not None:
+        return hit
+    arrays = {n: read_idx(p) for n, p in files.items()}  # type: ignore[arg-type]
+    out = []
+    for split in ("train", "t10k"):
+        images = arrays[f"{split}-images-idx3-ubyte.gz"]
+        labels = arrays[f"{split}-labels-idx1-ubyte.gz"]
+        _check_idx_pair(images, labels, f"FashionMNIST {split} in {root}")
+        out.append(
+            ImageData(
+                torch.from_numpy(images).unsqueeze(1).contiguous(),
+                torch.from_numpy(labels.astype(np.int64)),
+                FASHION_MNIST_MEAN,
+                FASHION_MNIST_STD,
+                10,
+                "fashion_mnist",
+            )
+        )
+    return _cached(key, (out[0], out[1]))
+
+
+def _extract_cifar(archive: Path, dest: Path) -> None:
+    try:
+        with tarfile.open(archive, "r:gz") as tar:
+            for member in tar.getmembers():
+                base = Path(member.name).name
+                if member.isfile() and base in ("train.bin", "test.bin"):
+                    fh = tar.extractfile(member)
+                    if fh is not None:
+                        dest.mkdir(parents=True, exist_ok=True)
+                        (dest / base).write_bytes(fh.read())
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise DataError(f"cannot extract {archive}: {exc}") from exc
+
+
+def load_cifar100(
+    root: str | Path | None = None, download: bool = False
+) -> tuple[ImageData, ImageData]:
+    """CIFAR-100 (train, test), fine labels, from ``cifar-100-binary`` or its .tar.gz."""
+    root = Path(root) if root is not None else CIFAR100_DIR
+    candidates = [root, root / "cifar-100-binary"]
+    folder = next((c for c in candidates if (c / "train.bin").is_file()), None)
+    if folder is None:
+        archives = [
+            p
+            for p in (root / "cifar-100-binary.tar.gz", root.parent / "cifar-100-binary.tar.gz")
+            if p.is_file()
+        ]
+        if not archives and download:
+            archives = [download_file(CIFAR100_URL, root / "cifar-100-binary.tar.gz", CIFAR100_MD5)]
+        if archives:
+            dest = root / "cifar-100-binary" if root.name != "cifar-100-binary" else root
+            _extract_cifar(archives[0], dest)
+            folder = dest
+    if folder is None or not (folder / "test.bin").is_file():
+        raise DataError(
+            f"CIFAR-100 binary files missing: need {root}/train.bin and test.bin (or "
+            f"{root}/cifar-100-binary.tar.gz from {CIFAR100_URL}); set data.root to their "
+            "folder or data.download=true"
+        )
+    key = ("cifar100", *_file_key([folder / "train.bin", folder / "test.bin"]))
+    hit = _cached(key)
+    if hit is not None:
+        return hit
+    out = []
+    for split in ("train", "test"):
+        images, labels = read_cifar100_bin(folder / f"{split}.bin")
+        out.append(
+            ImageData(
+                torch.from_numpy(images),
+                torch.from_numpy(labels),
+                CIFAR100_MEAN,
+                CIFAR100_STD,
+                100,
+                "cifar100",
+            )
+        )
+    return _cached(key, (out[0], out[1]))
+
+
+def _subsample(data: ImageData, size: int | None, seed: int, tag: int) -> ImageData:
+    if size is None or size >= len(data):
+        return data
+    if size < 1:
+        raise ConfigError(f"subset size must be >= 1, got {size}")
+    rng = np.random.default_rng(np.random.SeedSequence([seed, tag]))
+    idx = np.sort(rng.choice(len(data), size=size, replace=False))
+    return data.subset(idx)
+
+
+def load_datasets(data_cfg: Mapping[str, Any], seed: int = 0) -> tuple[ImageData, ImageData]:
+    """Clean (train, test) for the ``data`` config section, subsampled when asked."""
+    data = config_section("data", data_cfg)  # the checked choice: one of DATASET_NAMES
+    if data.dataset == "fashion_mnist":
+        train, test = load_fashion_mnist(data.root, bool(data.download))
+    else:
+        train, test = load_cifar100(data.root, bool(data.download))
+    train = _subsample(train, data.train_subset, seed, 101)
+    test = _subsample(test, data.test_subset, seed, 102)
+    return train, test

@@ -1,0 +1,77 @@
+"""The experiment harness's variants (a method under its own name and settings) and cell folders
+placed by the caller, as the seeded sweep and the unlearning benchmark use them."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from test_table2 import Spy
+
+from scaleflu.experiments.cells import Cell, RunKey, read_result
+from scaleflu.experiments.harness import Variant, matched_budget, run_cells
+from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from tiny_run_helpers import tiny_config
+
+
+class Recorder(Spy):
+    """A Spy that records its hyper-parameters and the context it ran in."""
+
+    def __init__(self, name: str, calls: list[str], seen: list[dict[str, Any]], **params: Any):
+        super().__init__(name, calls)
+        self.seen, self.params = seen, params
+
+    def run(self, ctx: UnlearnContext) -> UnlearnResult:
+        self.seen.append({"params": self.params, "w_u": float(ctx.scale_cfg.w_u), "ctx": id(ctx)})
+        result = super().run(ctx)
+        result.cost["cpu_s"] = 0.5 + len(self.seen)
+        return result
+
+
+def test_variants_get_their_params_and_settings_and_cells_go_where_asked(
+    tmp_path: Path, tiny_run_path: Path
+) -> None:
+    cfg = tiny_config()
+    cfg["experiment"]["scenarios"] = {"client": "client:0"}
+    key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    shutil.copytree(tiny_run_path, out / "runs" / key.slug)  # the session's trained run
+    calls: list[str] = []
+    seen: list[dict[str, Any]] = []
+
+    def factory(name: str, cfg: Any, **params: Any) -> Any:
+        return Recorder(name, calls, seen, **params)
+
+    variants = {
+        "retrain-b": Variant("retrain", params=(("seed", 7),)),
+        "no-utility": Variant("scale", ("scale.w_u=0",), (("mode", "default"),)),
+    }
+
+    def cell_dir(c: Cell) -> Path:
+        return c.dir(elsewhere if c.method == "retrain-b" else out)
+
+    cells = [Cell(key, "client", m) for m in ("retrain", "retrain-b", "no-utility")]
+    status = run_cells(
+        cfg, out, cells, factory, False, variants=variants, cell_dir=cell_dir, desc="test"
+    )
+    assert [s["status"] for s in status.values()] == ["done"] * 3
+    # the registered method under the variant's name, its hyper-parameters, its own settings
+    assert calls == ["retrain:client:0", "retrain:client:0", "scale:client:0"]
+    assert [s["params"] for s in seen] == [{}, {"seed": 7}, {"mode": "default"}]
+    base_w_u = float(cfg["scale"]["w_u"])
+    assert base_w_u != 0 and [s["w_u"] for s in seen] == [base_w_u, base_w_u, 0.0]
+    assert seen[0]["ctx"] == seen[1]["ctx"] != seen[2]["ctx"]  # params share the context
+    # the cell folders: where cell_dir put them, the status names them
+    assert read_result(cell_dir(cells[1]) / "result.json") is not None
+    assert not cells[1].dir(out).exists()
+    assert str(cell_dir(cells[1])) in status and cells[0].dir(Path()).as_posix() in status
+    # a rerun reuses all three, wherever they are
+    calls.clear()
+    run_cells(cfg, out, cells, factory, False, variants=variants, cell_dir=cell_dir)
+    assert calls == []
+
+    class Matched:
+        match_cost_of = "retrain-b"
+
+    assert matched_budget(cell_dir, cells[0], Matched()) == 2.5  # retrain-b's, through cell_dir
