@@ -51,6 +51,9 @@ def test_error_model_follows_the_measured_curves():
     assert frame_airtime_s("64qam-3/4", 1500) < frame_airtime_s(STOCK, 1500) / 2
     assert parse_phy_mcs(None) == parse_phy_mcs("none") == parse_phy_mcs("Stock") == STOCK
     assert mcs_name("auto") == "adaptive" and mcs_name(3) == "qpsk-3/4"
+    # a bad PHY name (config, --mcs) is one line naming the modes and the table's MCS
+    with pytest.raises(ValueError, match=r"'bogus': not auto \(adaptive\), stock .*bpsk-1/2"):
+        mcs_name("bogus")
 
 
 # -- ACK version 2: the receiver's SNR ------------------------------------------------------------

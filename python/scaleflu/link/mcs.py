@@ -164,7 +164,10 @@ def parse_phy_mcs(value: int | str | MCS | None) -> MCS | str:
     paper's uncoded stock PHY), ``"adaptive"`` (``"auto"``) or one MCS (name or index)."""
     if value is None or (isinstance(value, str) and value.strip().lower() in (STOCK, "none")):
         return STOCK
-    return parse_mcs(value)
+    try:
+        return parse_mcs(value)
+    except ValueError as exc:  # the PHY's own names too, not only the table's
+        raise ValueError(f"PHY {value!r}: not auto (adaptive), stock or an MCS: {exc}") from None
 
 
 def mcs_name(value: int | str | MCS | None) -> str:
