@@ -361,6 +361,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "history.keep_rounds": (1, None),
     "history.link_goodput": (0, None),
     "history.link_latency": (0, None),
+    "history.link_snr_db": (-20, 80),
     "history.update_tol": (0, None),
     "scale.groups_per_layer": (1, None),
     "scale.top_m": (1, None),
@@ -379,6 +380,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.medium.doppler_hz": (0, 1000),
     "testbed.medium.block": (256, 1048576),
     "testbed.medium.idle_blocks": (1, None),
+    "testbed.medium.deaf_blocks": (1, None),
     "testbed.medium.node_timeout_s": (1, None),
 }
 RANGE_OPEN: set[str] = {
@@ -404,6 +406,37 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scale.heal_augment": ("none", "mix"),
     "scale.heal_params": ("all", "layers", "cut"),
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
+    # scaleflu.link.mcs: the link kinds' PHY, and the MCS names of table version 1
+    "history.link_fading": ("none", "rician", "rayleigh"),
+    "history.link_phy": (
+        "adaptive",
+        "auto",
+        "stock",
+        "bpsk-1/2",
+        "bpsk-3/4",
+        "qpsk-1/2",
+        "qpsk-3/4",
+        "16qam-1/2",
+        "16qam-3/4",
+        "64qam-2/3",
+        "64qam-3/4",
+        "qpsk-uncoded",
+    ),  # fmt: skip
+    "testbed.mcs": (
+        "adaptive",
+        "auto",
+        "stock",
+        "none",
+        "bpsk-1/2",
+        "bpsk-3/4",
+        "qpsk-1/2",
+        "qpsk-3/4",
+        "16qam-1/2",
+        "16qam-3/4",
+        "64qam-2/3",
+        "64qam-3/4",
+        "qpsk-uncoded",
+    ),  # fmt: skip
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),
 }

@@ -106,6 +106,15 @@ COMMON_OPTIONS: list[Option] = [
             help="ofdm-pairs: fraction of received frames dropped (seeded)",
         ),
     ),
+    (
+        "link",
+        ("--mcs",),
+        dict(
+            default=None,
+            help="PHY: auto (coded OFDM, MCS adapted per link), stock (the paper's uncoded "
+            "QPSK) or an MCS name (bpsk-1/2 .. 64qam-3/4); default: testbed.mcs",
+        ),
+    ),
     ("uhd", ("-f", "--freq"), dict(type=eng_float, default=2.45e9, help="centre frequency, Hz")),
     (
         "uhd",
@@ -289,16 +298,21 @@ def build_link(
     rx_args: str | None,
 ) -> Link:
     """The node's Link from the command line and the ``testbed`` config section."""
+    from scaleflu.link.mcs import STOCK, mcs_name
     from scaleflu.linkkinds import canonical_kind, open_link
     from scaleflu.testbed.protocol import SERVER_ID
 
     kind = canonical_kind(args.link or str(cfg.testbed.link))
+    mcs = mcs_name(getattr(args, "mcs", None) or cfg.testbed.mcs)  # a bad name: one line
     opts: dict[str, Any] = {}
     if kind in ("frames", "frames-shared"):
         opts["hub"] = args.hub
+    if kind in ("ofdm-shared", "ofdm-pairs", "uhd"):
+        opts["mcs"] = mcs  # the PHY (and with a MAC, the MCS it chooses)
     if kind == "frames-shared":
         opts.update(
-            mac=dict(cfg.testbed.mac),
+            # the hub's frame-level PHY model times and loses frames by the MAC's MCS
+            mac={**dict(cfg.testbed.mac), "mcs": None if mcs == STOCK else mcs},
             members=tuple(peers) if node_id == SERVER_ID else (),
             rate_bytes_per_s=cfg.testbed.channel.rate_bytes_per_s,
             seed=int(cfg.seed) + node_id,
@@ -496,6 +510,8 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
         if args.max_runtime is not None:
             left = max(0.0, args.max_runtime - (time.monotonic() - started))
         summary = robot.run(left)
+        if robot.refused:  # logged once, as the reason (e.g. another MCS table version)
+            return 2
     except KeyboardInterrupt:
         log.warning("robot %d interrupted", args.robot_id)
         return 130
@@ -567,10 +583,17 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
         "ZeroMQ, a private channel per pair (ideal FDMA)",
     )
     p.add_argument(
+        "--mcs",
+        default=None,
+        help="PHY of the radio links: auto (coded OFDM, the MAC chooses each robot's MCS from "
+        "the SNRs both ends measure), stock (the paper's uncoded QPSK) or an MCS name; "
+        "frames-shared: the hub's frame-level PHY model (default: testbed.mcs)",
+    )
+    p.add_argument(
         "--fading",
         choices=("rician", "rayleigh", "none"),
         default=None,
-        help="ofdm-shared: fading of every link (default: testbed.medium.fading)",
+        help="ofdm-shared, frames-shared: fading of every link (default: testbed.medium.fading)",
     )
     p.add_argument(
         "--method",

@@ -162,7 +162,14 @@ def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
 def open_history(cfg: Config, run_dir: str | Path, model: nn.Module) -> HistoryStore:
     """The run's history store with the config's retention, precision, groups and link model."""
     h = cfg.history
-    link = LinkModel(float(h.link_goodput), float(h.link_latency), bool(h.count_uplink))
+    link = LinkModel(
+        float(h.link_goodput),
+        float(h.link_latency),
+        bool(h.count_uplink),
+        phy=str(h.link_phy),
+        snr_db=float(h.link_snr_db),
+        fading=str(h.link_fading),
+    )
     return HistoryStore(
         run_dir,
         keep_rounds=h.keep_rounds,

@@ -181,12 +181,13 @@ class ArqLink(Link):
         )
         self._thread.start()
 
-    def feed(self, raw: bytes) -> None:
-        """Hand one frame received from the transport to the endpoint (thread-safe)."""
+    def feed(self, raw: bytes, snr_db: float | None = None) -> None:
+        """Hand one frame received from the transport to the endpoint (thread-safe);
+        ``snr_db``: the SNR the PHY measured on it (link adaptation), when it measures one."""
         with self._wake:
             if self._closed:
                 return
-            self.endpoint.on_frame(raw)
+            self.endpoint.on_frame(raw, snr_db)
             # wake the timer thread only when a timer now falls due before it would wake
             # anyway: a wake-up per received frame cost a thread switch and the GIL per frame
             nd = self.endpoint.next_deadline()
@@ -217,9 +218,11 @@ class ArqLink(Link):
     def clock_advanced(self) -> None:
         """The link's clock moved (called by its owner): wake the timer threads that are due."""
         now = self._clock()
-        due = 0.0 < self._wait_until <= now or any(
-            0.0 < t <= now for t in self._timer_waits.values()
-        )
+        # a copy (one C call under the GIL): the timer threads add and remove their entries
+        # while this runs on the clock owner's thread ("dictionary keys changed during
+        # iteration" killed the shared medium's lockstep once it ran fast)
+        waits = list(self._timer_waits.values())
+        due = 0.0 < self._wait_until <= now or any(0.0 < t <= now for t in waits)
         if due:
             with self._wake:
                 self._wake.notify_all()

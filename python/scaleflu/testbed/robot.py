@@ -32,6 +32,7 @@ from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
 from scaleflu.fl.models import build_model
 from scaleflu.fl.run import build_data
 from scaleflu.link import Link
+from scaleflu.link.mcs import MCS_TABLE_VERSION
 from scaleflu.log import fmt
 from scaleflu.testbed.common import (
     Endpoint,
@@ -212,6 +213,7 @@ class RobotClient:
         self.rejects: list[dict[str, Any]] = []
         self.unlearn_ack: dict[str, Any] | None = None
         self.registrations = 0
+        self.refused: str | None = None  # why the server (or this robot) refused registration
         self.reregistrations = 0  # registrations after robot_idle_s of server silence
         self.done = False
         self._wall_deadline: float | None = None  # run(max_runtime): the operator's bound
@@ -234,6 +236,7 @@ class RobotClient:
             "num_samples": len(self.data),
             "model": self.data.model_args[0],
             "version": 2,
+            "mcs_table": MCS_TABLE_VERSION,  # the server refuses another table version
         }
         s = self._challenge or 0
         self.ep.send(MsgType.REGISTER, SERVER_ID, self.key, s, 0, meta, timeout=timeout)
@@ -326,9 +329,20 @@ class RobotClient:
                 log.warning("robot %d: REGISTER_ACK not signed by the server", self.robot_id)
                 return
             if not env.meta.get("accepted", False):
-                log.warning(
+                log.error(
                     "robot %d: registration refused: %s", self.robot_id, env.meta.get("reason")
                 )
+                self.refused = str(env.meta.get("reason", ""))
+                self.done = True
+                return
+            theirs = env.meta.get("mcs_table")
+            if theirs != MCS_TABLE_VERSION:  # this end checks too (a server without the check)
+                self.refused = (
+                    f"MCS table version mismatch: the server has "
+                    f"{'none (older software)' if theirs is None else theirs}, this robot "
+                    f"has {MCS_TABLE_VERSION}; update one of them"
+                )
+                log.error("robot %d: registration refused: %s", self.robot_id, self.refused)
                 self.done = True
                 return
             self.session = env.session
@@ -611,6 +625,7 @@ class RobotClient:
             "runtime_s": runtime_s,
             "load_s": self.load_s,
             "registrations": self.registrations,
+            "refused": self.refused,
             "idle_reregistrations": self.reregistrations,
             "rounds": self.rounds,
             "evals": self.evals,

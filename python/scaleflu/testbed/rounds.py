@@ -38,10 +38,17 @@ from scaleflu.testbed.protocol import (
 )
 from scaleflu.testbed.records import Records
 from scaleflu.testbed.sessions import RobotInfo, Sessions
-from scaleflu.testbed.transport import link_counters, round_link_row
+from scaleflu.testbed.transport import (
+    link_adaptation,
+    link_counters,
+    round_adaptation,
+    round_link_row,
+)
 from scaleflu.testbed.validation import UpdateMeta
 
 log = logging.getLogger(__name__)
+
+PROGRESS_S = 5.0  # wall seconds between the progress lines of a round in progress
 
 State = dict[str, torch.Tensor]
 
@@ -310,6 +317,7 @@ class Rounds:
         w0 = time.perf_counter()
         bytes0 = self.downlink.air_bytes()
         link0 = link_counters(self.link)
+        adapt0 = link_adaptation(self.link)
         fallbacks0 = self.downlink.unicast_fallbacks
         base = self.global_state
         rs = RoundState(t, base, self.clock() + float(tb.round_deadline_s))
@@ -319,7 +327,11 @@ class Rounds:
         rs.scheduled.update(chosen)
         self.downlink.send_many(chosen, base, "train", t, src_sha=src)
         self.records.event("round_start", round=t, scheduled=sorted(rs.scheduled))
+        next_progress = time.monotonic() + PROGRESS_S
         while self.clock() < rs.deadline:
+            if time.monotonic() >= next_progress:
+                next_progress = time.monotonic() + PROGRESS_S
+                self._progress(t, rs, adapt0)
             grace = float(tb.refused_grace_s)
             gone = rs.not_awaited(grace, self.link.receiving_from, self.clock())
             waiting = rs.scheduled - self.sessions.forgotten_ids() - gone
@@ -382,6 +394,9 @@ class Rounds:
             "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
         }
         row["link"] = round_link_row(link0, link_counters(self.link), air)
+        adapt = round_adaptation(adapt0, link_adaptation(self.link))
+        if adapt:
+            row["link"]["adaptation"] = adapt
         if hasattr(self.link, "broadcast"):  # a MAC link: model sends moved off the broadcast
             row["link"]["unicast_fallbacks"] = self.downlink.unicast_fallbacks - fallbacks0
         self._log(row)
@@ -396,6 +411,28 @@ class Rounds:
             wall,
         )
         return row
+
+    def _progress(self, t: int, rs: RoundState, adapt0: dict[str, Any] | None) -> None:
+        """One line per PROGRESS_S (wall) of a round in progress: for each robot whose update is
+        not in yet, the bytes it got through this round, its uplink MCS and SNR (MAC links)."""
+        now = round_adaptation(adapt0, link_adaptation(self.link))
+        parts = []
+        for r in sorted(rs.scheduled - set(rs.updates)):
+            a = now.get("robots", {}).get(r)
+            if a is None:
+                parts.append(f"robot {r} waiting")
+                continue
+            kb = sum(a["bytes_up_by_mcs"].values()) / 1e3
+            snr = "-" if a["up_snr_db"] is None else f"{a['up_snr_db']:.1f} dB"
+            parts.append(f"robot {r} {kb:.0f} kB up at {a['up_mcs']} ({snr})")
+        if parts:
+            bc = now.get("broadcast_mcs")
+            log.info(
+                "round %d progress: %s%s",
+                t,
+                ", ".join(parts),
+                f"; broadcast at {bc}" if bc else "",
+            )
 
     def _configure(self, t: int, active: list[int]) -> list[int]:
         """The robots the strategy has train round ``t`` among the ``active`` ones."""

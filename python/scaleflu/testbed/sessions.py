@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scaleflu.keys import public_bytes
 from scaleflu.link import Link
 from scaleflu.link.arq import SendHandle
+from scaleflu.link.mcs import MCS_TABLE_VERSION
 from scaleflu.testbed.common import Endpoint, LinkDeadline, install_link_keys, wait_on_clock
 from scaleflu.testbed.keys import sign
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, client_of
@@ -72,6 +73,7 @@ class Sessions:
         self.session = secrets.randbits(32) | 1
         self.robots: dict[int, RobotInfo] = {}
         self._forgotten_before: set[int] = set()  # client requests accepted before a restart
+        self._mcs_refused: dict[int, str] = {}  # robot -> nonce of its refused REGISTER (logged)
 
     # -- talking to robots ----------------------------------------------------------------
 
@@ -114,6 +116,31 @@ class Sessions:
         then unknown), False for a retry of the last one (acknowledged again)."""
         rm = RegisterMeta.parse(meta)
         nonce, num = rm.nonce, rm.num_samples
+        if rm.mcs_table != MCS_TABLE_VERSION:
+            # both ends must read the MCS in GRANTs and SIGNAL fields alike: refused, one line
+            theirs = "none (older software)" if rm.mcs_table is None else rm.mcs_table
+            reason = (
+                f"MCS table version mismatch: robot {r} has {theirs}, "
+                f"the server has {MCS_TABLE_VERSION}; update one of them"
+            )
+            if self._mcs_refused.get(r) != nonce:
+                self._mcs_refused[r] = nonce
+                log.error("robot %d refused: %s", r, reason)
+                self.records.event("register_refused", robot=r, reason=reason)
+            self.send(
+                MsgType.REGISTER_ACK,
+                r,
+                0,
+                {
+                    "nonce": nonce,
+                    "accepted": False,
+                    "reason": reason,
+                    "mcs_table": MCS_TABLE_VERSION,
+                    "sig": self.sign("register_ack", r, nonce=nonce),
+                },
+                timeout=20.0,
+            )
+            return False
         info = self.robots.get(r) or RobotInfo(r)
         if info.last_nonce == nonce:  # the same REGISTER again (retry): acknowledge, keep state
             self._send_register_ack(info, nonce)
@@ -141,6 +168,7 @@ class Sessions:
             "accepted": True,
             "reason": "forgotten: no training" if info.forgotten else "",
             "next_round": self.next_round(),
+            "mcs_table": MCS_TABLE_VERSION,
         }
         reply["sig"] = self.sign("register_ack", r, nonce=nonce)
         self.send(MsgType.REGISTER_ACK, r, 0, reply, timeout=20.0)
