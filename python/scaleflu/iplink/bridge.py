@@ -459,13 +459,13 @@ def refuse_broadcast(link: Link) -> Callable[[], int]:
     feed = arq.feed
     dropped = [0]
 
-    def guarded(raw: bytes) -> None:
+    def guarded(raw: bytes, snr_db: float | None = None) -> None:
         if len(raw) >= FRAME_HEADER_SIZE:
             _magic, _ver, ftype, _src, dst, msg_id = FRAME_HEADER.unpack_from(raw)[:6]
             if dst == BROADCAST and ftype == 0 and msg_id != RESERVED_MSG_ID:
                 dropped[0] += 1
                 return
-        feed(raw)
+        feed(raw, snr_db)
 
     arq.feed = guarded
     return lambda: dropped[0]
