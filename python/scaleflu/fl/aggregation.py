@@ -25,9 +25,11 @@ With fewer than ``small_round`` updates (default 3) the round's median cannot si
 scaled update (with two it is the mean of the honest and the scaled norm, with one the
 attacker's own), so the adaptive bound then also takes a **floor**: ``floor_factor x`` the
 median of the ``prior`` norms the caller gives (the edge server: the norms it accepted in the
-last ``norm_history`` rounds, or in a round without such history the norm of its own
-reference update, trained from the same global model on its validation slice with as many SGD
-steps as the round's largest robot). The bound is the smaller of the two. ``floor_factor``
+last ``norm_history`` rounds that had ``small_round`` updates or more, where the round's median
+bounded them, or else the norm of its own reference update, trained from the same global model
+on its validation slice with as many SGD steps as the round's largest robot: never the norms of
+small rounds, which the updates being bounded could walk up round by round). The bound is the
+smaller of the two. ``floor_factor``
 (default 10) is wider than ``norm_factor``: the trusted norms come from other rounds, robots or
 data (non-IID robots move further than the server's balanced validation data); the measured
 norms are in docs/testbed.md ("Robust aggregation").
@@ -77,8 +79,14 @@ class AggregationConfig:
     free_rider_tol: float = 0.0  # ||Delta|| <= this counts as free-riding
     small_round: int = 3  # rounds with fewer updates than this use the floor from prior norms
     floor_factor: float = 10.0  # the floor: x the median of the prior (trusted) norms
-    norm_history: int = 5  # the floor: accepted norms of the last this many rounds (0: none)
+    # the floor: norms accepted in the last this many rounds of small_round updates or more,
+    # where the round's median bounded them (0: none)
+    norm_history: int = 5
     reference_samples: int = 512  # server's reference update: validation samples (0: none)
+    # the candidate model's accuracy on the server's validation data may fall at most this far
+    # below the previous model's; else the round's candidate is refused (None: no check)
+    acceptance_margin: float | None = None
+    acceptance_samples: int = 1000  # validation samples of the acceptance check
 
     @classmethod
     def from_dict(
@@ -103,6 +111,13 @@ class AggregationConfig:
             raise ValueError(f"{where}.trim_fraction must be in [0, 0.5)")
         if int(c.krum_f) < 0:
             raise ValueError(f"{where}.krum_f must be >= 0")
+        m = c.acceptance_margin
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or m < 0):
+            raise ValueError(f"{where}.acceptance_margin must be >= 0 or null, got {m!r}")
+        if isinstance(c.acceptance_samples, bool) or not isinstance(c.acceptance_samples, int):
+            raise ValueError(f"{where}.acceptance_samples must be an int >= 1")
+        if c.acceptance_samples < 1:
+            raise ValueError(f"{where}.acceptance_samples must be an int >= 1")
         for name in ("small_round", "norm_history", "reference_samples"):
             v = getattr(c, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
