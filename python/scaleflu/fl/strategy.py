@@ -28,8 +28,9 @@ Who runs rounds through it: ``fl.run.train`` (training), ``UnlearnContext.fedavg
 (Retrain, the fine-tune control, PGA's post rounds, SCALE's recovery rounds, the MIA reference
 models), FedEraser (its calibration, through ``adjust``), FUSED (its adapters, with its own
 local trainer) and the edge server's round scheduler. Plug points: ``norm_prior`` (the trusted
-norms that bound the updates of small rounds) and ``checks`` (tests of the candidate model
-before it is accepted).
+norms that bound the updates of small rounds), ``reference`` (the server's own update, whose
+direction those updates must not oppose) and ``checks`` (tests of the candidate model before
+it is accepted).
 """
 
 from __future__ import annotations
@@ -116,6 +117,16 @@ class NormPrior(Protocol):
         ...
 
 
+class ReferenceUpdate(Protocol):
+    """The server's own update of round t for the direction test of a small round (or None)."""
+
+    def __call__(
+        self, t: int, base: Mapping[str, torch.Tensor], clients: list[int]
+    ) -> State | None:
+        """Its update ``Delta_ref`` (float64 tensors) from ``base`` for ``clients``' round."""
+        ...
+
+
 class AcceptanceCheck(Protocol):
     """A test of the candidate model before the round is accepted.
 
@@ -155,11 +166,10 @@ class ValidationCheck:
     """Acceptance check on the server's validation data (:class:`AcceptanceCheck`).
 
     A candidate is refused when its accuracy on ``data`` is more than ``margin`` below the
-    previous model's (the server saw its own model fall), and, in the round of
-    :class:`FedAvg`, when it is more than ``margin`` below the candidate without one of its
-    updates (that update drags the round down: near chance, where a model has little left to
-    lose, the first test alone sees nothing). ``model`` is the network the states are loaded
-    into (not the server's own evaluation model: a refused candidate must not linger in it).
+    previous model's: the server saw its own model fall. In the round of :class:`FedAvg` its
+    :meth:`score` also names the updates at fault (leave-one-out). ``model`` is the network the
+    states are loaded into (not the server's own evaluation model: a refused candidate must not
+    linger in it).
     """
 
     def __init__(
@@ -197,26 +207,12 @@ class ValidationCheck:
             )
         return None
 
-    def harm(self, after: float, without: float, client: int) -> str | None:
-        """Why client's update harms a candidate scoring ``after`` that scores ``without``
-        without it (None: within the margin)."""
-        if without - after > self.margin:
-            return (
-                f"validation accuracy {after:.3f}, {without - after:.3f} below the round "
-                f"without client {client}'s update ({without:.3f}; margin {self.margin:g})"
-            )
-        return None
-
     def __call__(self, previous: Mapping[str, torch.Tensor], result: RoundResult) -> str | None:
         """Why the candidate falls too far below ``previous`` on validation (None: accept)."""
         return self.fall(self.score(previous), self.score(result.state))
 
 
 NOT_EVALUATED: dict[str, Any] = {"test_acc": None, "test_loss": None}
-
-# a round of more updates is not judged update by update (each costs an aggregation and a
-# validation pass); its screening's median bounds every update already
-LEAVE_ONE_OUT_MAX = 16
 
 
 class CentralEvaluator:
@@ -252,8 +248,8 @@ class FedAvg:
     ``sizes``: every client's data size M_n (0: no data, never selected). ``seed`` and
     ``clients_per_round``: the selection (None: every available client). ``screening``: robust
     aggregation (None: plain FedAvg). ``recalibrate``: the BatchNorm re-estimation applied to
-    every aggregate. ``evaluator``: the central evaluation. ``norm_prior``, ``checks``: see the
-    module docstring.
+    every aggregate. ``evaluator``: the central evaluation. ``norm_prior``, ``reference``,
+    ``checks``: see the module docstring.
     """
 
     def __init__(
@@ -266,6 +262,7 @@ class FedAvg:
         recalibrate: Callable[[State], State] | None = None,
         evaluator: Callable[[Mapping[str, torch.Tensor]], dict[str, Any]] | None = None,
         norm_prior: NormPrior | None = None,
+        reference: ReferenceUpdate | None = None,
         checks: Sequence[AcceptanceCheck] = (),
     ) -> None:
         self.sizes = {int(n): int(m) for n, m in sizes.items()}
@@ -275,6 +272,7 @@ class FedAvg:
         self.recalibrate_fn = recalibrate
         self.evaluator = evaluator
         self.norm_prior = norm_prior
+        self.reference = reference
         self.checks = list(checks)
 
     @classmethod
@@ -322,28 +320,33 @@ class FedAvg:
         update, :class:`RoundRejectedError` when a check refuses the candidate.
         """
         prior: Sequence[float] = ()
+        ref: State | None = None
         if self.screening is not None and self.norm_prior is not None:
             prior = self.norm_prior(t, base, list(replies))
-        result = self._candidate(t, base, replies, prior, adjust)
+        if self.screening is not None and self.reference is not None:
+            ref = self.reference(t, base, list(replies))
+        screen = (prior, ref)
+        result = self._candidate(t, base, replies, screen, adjust)
         scorer = next((c for c in self.checks if isinstance(c, ValidationCheck)), None)
         if scorer is None:
             reason = self._check(base, result)
             if reason is not None:
                 raise RoundRejectedError(reason, result)
             return result
-        return self._validated(t, base, replies, prior, adjust, result, scorer)
+        return self._validated(t, base, replies, screen, adjust, result, scorer)
 
     def _candidate(
         self,
         t: int,
         base: Mapping[str, torch.Tensor],
         replies: Mapping[int, Mapping[str, torch.Tensor]],
-        prior: Sequence[float],
+        screen: tuple[Sequence[float], State | None],
         adjust: Callable[[State], State] | None,
     ) -> RoundResult:
-        """Screen and aggregate ``replies`` into the round's candidate (no checks)."""
+        """Screen and aggregate ``replies`` into the round's candidate (no checks);
+        ``screen``: the trusted norms and the reference update of the round."""
         sizes = {n: self.sizes[n] for n in replies}
-        agg = robust_aggregate(base, replies, sizes, self.screening, prior)
+        agg = robust_aggregate(base, replies, sizes, self.screening, *screen)
         state = agg.state if adjust is None else adjust(agg.state)
         return RoundResult(
             t,
@@ -375,23 +378,22 @@ class FedAvg:
         t: int,
         base: Mapping[str, torch.Tensor],
         replies: Mapping[int, Mapping[str, torch.Tensor]],
-        prior: Sequence[float],
+        screen: tuple[Sequence[float], State | None],
         adjust: Callable[[State], State] | None,
         result: RoundResult,
         scorer: ValidationCheck,
     ) -> RoundResult:
         """The round's candidate as the validation check accepts it, found by leave-one-out.
 
-        The candidate is scored on the server's validation data, and so is the candidate
-        without each of its updates (at most :data:`LEAVE_ONE_OUT_MAX` updates; a round of
-        one has none to leave out). It is refused when it falls more than the margin below
-        the previous model, below the round without one of its updates, or another check
-        refuses it; the update whose removal scores best is then named and left out, and the
-        candidate without it is judged the same way. At most half of the round's updates are
-        named (more at fault is not a few bad robots): the round is then refused
-        (:class:`RoundRejectedError`, the previous model stays). Leave-one-out rather than each
-        update's own contribution: an update is judged by what the round would have been
-        without it, the model the server would otherwise accept.
+        A candidate the checks refuse (its validation accuracy falls more than the margin below
+        the previous model's, or another check refuses it) is attributed greedily: of the
+        candidates without one more of its updates, the one scoring best on validation is
+        taken and that update named; this repeats until a candidate passes, naming at most half
+        of the round's accepted updates (more at fault is not a few bad robots). Then the round
+        is that candidate; else it is refused (:class:`RoundRejectedError`, the previous model
+        stays). Leave-one-out rather than each update's own contribution: an update is judged
+        by what the round would have been without it, the model the server would otherwise
+        accept, and it needs no model of how updates combine (screening, robust strategies).
         """
         rejection = CandidateRejection("")
         before = scorer.score(base)
@@ -400,32 +402,8 @@ class FedAvg:
         limit = len(remaining) // 2
         while True:
             after = scorer.score(cand.state)
-            without: dict[int, tuple[float, RoundResult]] = {}
-            if 2 <= len(remaining) <= LEAVE_ONE_OUT_MAX:
-                for n in remaining:
-                    rest = {m: replies[m] for m in remaining if m != n}
-                    try:
-                        other = self._candidate(t, base, rest, prior, adjust)
-                    except ValueError:  # the screening refuses every other update
-                        continue
-                    without[n] = (scorer.score(other.state), other)
-            worst = max(without, key=lambda n: without[n][0], default=None)
-            log.debug(
-                "round %d: validation %.3f before, %.3f candidate of %s, without: %s",
-                t,
-                before,
-                after,
-                remaining,
-                {n: round(v[0], 3) for n, v in without.items()},
-            )
-            reason = scorer.fall(before, after)
-            if reason is None and worst is not None:
-                reason = scorer.harm(after, without[worst][0], worst)
-            if reason is None:
-                reason = self._check(base, cand, skip=scorer)
-            if not rejection.reason:
-                rejection.scores["candidate"] = after
-                rejection.scores.update({f"without_{n}": v[0] for n, v in without.items()})
+            reason = scorer.fall(before, after) or self._check(base, cand, skip=scorer)
+            log.debug("round %d: validation %.3f before, %.3f with %s", t, before, after, remaining)
             if reason is None:
                 if cand is not result:
                     cand.refused = {**result.refused, **cand.refused, **rejection.named}
@@ -434,9 +412,23 @@ class FedAvg:
                 return cand
             if not rejection.reason:
                 rejection.reason = reason
-            if worst is None or len(rejection.named) >= limit:
+                rejection.scores["candidate"] = after
+            if len(rejection.named) >= limit:
                 raise RoundRejectedError(rejection.reason, result, rejection)
-            score, cand = without[worst]
+            best: tuple[float, int, RoundResult] | None = None
+            for n in remaining:
+                rest = {m: replies[m] for m in remaining if m != n}
+                try:
+                    other = self._candidate(t, base, rest, screen, adjust)
+                except ValueError:  # the screening refuses every other update
+                    continue
+                score = scorer.score(other.state)
+                rejection.scores[f"without_{n}"] = score
+                if best is None or score > best[0]:
+                    best = (score, n, other)
+            if best is None:
+                raise RoundRejectedError(rejection.reason, result, rejection)
+            score, worst, cand = best
             remaining.remove(worst)
             rejection.named[worst] = (
                 f"aggregate: the round without this update scores {score:.3f} on the "

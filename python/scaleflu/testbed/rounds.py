@@ -108,6 +108,7 @@ class TrustedNorms:
         self.records = records
         self.rounds: list[list[float]] = []  # per completed round: its accepted norms
         self._ref_norms: dict[tuple[int, int], float] = {}  # (round, size) -> reference norm
+        self._ref_update: tuple[tuple[int, int], dict[str, torch.Tensor]] | None = None
 
     def record(self, row: Mapping[str, Any]) -> None:
         """Keep the accepted norms of a round's row (``participants``, ``update_norms``: robot
@@ -137,15 +138,32 @@ class TrustedNorms:
             return [self.reference_norm(t, base, size)]
         return []
 
+    def reference_update(
+        self, t: int, base: Mapping[str, torch.Tensor], clients: list[int]
+    ) -> dict[str, torch.Tensor] | None:
+        """The server's own update of round t (:meth:`reference_norm`) for the direction test
+        of a round with fewer than ``small_round`` updates (the strategy's ``reference``);
+        None for larger rounds, without ``min_cosine`` or ``reference_samples``."""
+        cfg = self.cfg
+        if cfg.min_cosine is None or int(cfg.reference_samples) <= 0 or not clients:
+            return None
+        if len(clients) >= int(cfg.small_round):
+            return None
+        size = max(self.setup.data_sizes[n] for n in clients)
+        self.reference_norm(t, base, size)
+        assert self._ref_update is not None and self._ref_update[0] == (t, size)
+        return self._ref_update[1]
+
     def reference_norm(self, t: int, base: Mapping[str, torch.Tensor], size: int) -> float:
         """Norm of the server's own update of round t: ``base`` trained with the robots' local
         settings on the server's validation slice of the test split
         (``aggregation.reference_samples``, seeded), cycled to ``size`` samples (a robot's data
         size, known to the server, not claimed by the robot) so it takes as many SGD steps as
-        that robot. Cached per (round, size)."""
+        that robot. Cached per (round, size); the update itself for the latest of them."""
         cache = self._ref_norms
-        if (t, size) in cache:
-            return cache[(t, size)]
+        if (t, size) in cache and self._ref_update is not None:
+            if self._ref_update[0] == (t, size):
+                return cache[(t, size)]
         from scaleflu.fl.fedavg import LocalConfig, train_client
 
         seed = int(self.run_cfg.seed)
@@ -157,7 +175,11 @@ class TrustedNorms:
             self.setup.new_model(), base, np.resize(val, max(size, 1)), test, local, seed, t,
             1 << 20,
         )  # fmt: skip
-        value = norm(update_of(state, base))
+        delta = update_of(state, base)
+        value = norm(delta)
+        self._ref_update = ((t, size), delta)
+        if (t, size) in cache:  # computed again for its update: the event is already there
+            return value
         cache[(t, size)] = value
         self.records.event("reference_norm", round=t, samples=size, norm=round(value, 6))
         log.info(

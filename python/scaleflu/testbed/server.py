@@ -198,6 +198,7 @@ class EdgeServer:
             recalibrate=self.bn_recal,
             evaluator=self.setup.evaluator(self.model, int(self.cfg.fl.eval_batch_size)),
             norm_prior=trusted,
+            reference=trusted.reference_update,
             checks=[check] if check is not None else [],
         )
         self.rounds = Rounds(
