@@ -106,7 +106,11 @@ def _federation(tmp_path: Any, robots: tuple[int, ...], rounds: int, attack: Any
         fault = attack(server) if attack is not None else None
         clients = [
             RobotClient(
-                ch.attach(r), r, store.robots[r], cfg, server_public_key=store.public_key,
+                ch.attach(r),
+                r,
+                store.robots[r],
+                cfg,
+                server_public_key=store.public_key,
                 faults=fault if (r == 2 and fault is not None) else (),
             )  # fmt: skip
             for r in robots

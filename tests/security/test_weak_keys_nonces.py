@@ -69,7 +69,9 @@ def test_the_fix_works_rotate_reads_the_weak_store_and_replaces_the_key(tmp_path
     assert main(["keys", "list", "--store", str(path)]) == 0
     assert "robot 2: enrolled" in capsys.readouterr().out.replace("\n", " ")
     out = tmp_path / "enr"
-    assert main(["keys", "rotate", "--store", str(path), "--robot", "2", "--out-dir", str(out)]) == 0
+    assert (
+        main(["keys", "rotate", "--store", str(path), "--robot", "2", "--out-dir", str(out)]) == 0
+    )
     fixed = KeyStore.load(path)  # no longer refused
     assert weak_key_reason(fixed.robots[2]) is None
     assert fixed.robots[1] == store.robots[1]
@@ -90,7 +92,9 @@ def test_weak_keys_given_to_the_server_or_a_robot_in_code_are_refused():
 
 def test_random_keys_are_never_weak():
     assert all(weak_key_reason(secrets.token_bytes(32)) is None for _ in range(2000))
-    assert all(weak_key_reason(k) is None for k in KeyStore.create(list(range(1, 50))).robots.values())
+    assert all(
+        weak_key_reason(k) is None for k in KeyStore.create(list(range(1, 50))).robots.values()
+    )
 
 
 # --------------------------------------------------------------------------- nonces
