@@ -81,20 +81,25 @@ def _storm_run(tmp_path: Any, kind: str, *extra: str) -> tuple[Any, EdgeServer, 
             ch.attach(2), 2, store.robots[2], cfg, data=RobotData(cfg, 2),
             server_public_key=store.public_key,
         )  # fmt: skip
-        out: dict[str, Any] = {}
-        srv = threading.Thread(target=lambda: out.update(report=server.run()))
-        srv.start()
-        assert robot.register(timeout=60)  # it joins honestly, then storms the open round
         stop = threading.Event()
-        sent = [0]
-        storm = threading.Thread(target=lambda: sent.__setitem__(0, _storm(robot, kind, stop)))
-        start = server.clock()
+        sent, start, joined = [0], [0.0], [False]
+
+        def robot_side() -> None:  # it joins honestly, then storms the open round
+            joined[0] = robot.register(timeout=60)
+            if joined[0]:
+                start[0] = server.clock()
+                sent[0] = _storm(robot, kind, stop)
+
+        storm = threading.Thread(target=robot_side)
         storm.start()
-        srv.join(120)
-        stop.set()
-        storm.join(30)
-        minutes = (server.clock() - start) / 60.0
-    return out["report"], server, sent[0], minutes
+        try:  # the server runs in the thread that made it (its SQLite history)
+            report = server.run()
+        finally:
+            stop.set()
+            storm.join(30)
+        assert joined[0], "robot 2 did not register"
+        minutes = (server.clock() - start[0]) / 60.0
+    return report, server, sent[0], minutes
 
 
 @pytest.mark.parametrize("kind", ["register", "resync", "hello", "mixed"])
