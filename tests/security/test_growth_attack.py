@@ -87,7 +87,9 @@ class BiasAttack(RobotFaults):
         return out
 
 
-def _federation(tmp_path: Any, robots: tuple[int, ...], rounds: int, attack: Any = None):
+def _federation(
+    tmp_path: Any, robots: tuple[int, ...], rounds: int, attack: Any = None, seed: int = 0
+):
     cfg = load_config(
         None,
         [
@@ -96,6 +98,7 @@ def _federation(tmp_path: Any, robots: tuple[int, ...], rounds: int, attack: Any
             "testbed.round_deadline_s=60", "testbed.register_timeout_s=30",
             "testbed.unlearn.wait_s=0", "testbed.eval_test_samples=50",
             f"testbed.min_robots={len(robots)}", "testbed.refused_grace_s=0.5", "fl.threads=1",
+            f"seed={seed}",
         ],
     )  # fmt: skip
     store = KeyStore.create([1, 2])
