@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import platform
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -51,8 +52,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    import platform
-
     lines = [f"gr-scaleflu {__version__}", f"python {platform.python_version()}"]
     for mod, attr in (("numpy", "__version__"), ("torch", "__version__")):
         try:

@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from scaleflu.cli.args import add_config_args, trust_keys
-from scaleflu.unlearn.outputs import erase_history, write_unlearning
-from scaleflu.unlearn.registry import canonical_name, method_names, run_unlearning
+from scaleflu.unlearn.registry import canonical_name, method_names
 
 log = logging.getLogger(__name__)
 
 METHODS = method_names()  # the one registry (scaleflu.unlearn.registry)
-__all__ = ["METHODS", "add_unlearn_parser", "erase_history", "run_unlearn"]
+__all__ = ["METHODS", "add_unlearn_parser", "run_unlearn"]
 
 
 def run_unlearn(
@@ -36,12 +35,15 @@ def run_unlearn(
 ) -> Path:
     """Unlearn ``request`` from the run in ``run_dir``; write everything to the output folder.
 
-    The unlearning itself is :func:`scaleflu.unlearn.registry.run_unlearning` (in memory).
+    The unlearning itself is :func:`scaleflu.unlearn.run.run_unlearning` (in memory).
     ``erase``: afterwards delete the request's target clients' stored updates from the run's
     history store and make the unlearned model its final model (:func:`erase_history`); the
     result JSON records what was erased under ``erasure``.
     """
     method = canonical_name(method)
+    from scaleflu.unlearn.outputs import write_unlearning
+    from scaleflu.unlearn.run import run_unlearning
+
     done = run_unlearning(run_dir, request, method, mode, config, overrides, progress)
     return write_unlearning(done, request, method, out, erase)
 

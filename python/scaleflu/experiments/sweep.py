@@ -41,6 +41,7 @@ from scaleflu.experiments.harness import (
     ensure_run,
     run_cells,
 )
+from scaleflu.unlearn.search import sb3_startup
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +191,6 @@ def run_federation(
 
     Returns the federation's data (``complete`` once every cell has a result).
     """
-    from scaleflu.unlearn.search import sb3_startup
-
     out, work = Path(out), Path(work)
     run_root = work / "sweep" / fed.setting
     cell_root = out / "unlearn_sweep" / fed.setting

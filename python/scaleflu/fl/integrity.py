@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from safetensors.torch import load_file, save_file
+
 if TYPE_CHECKING:  # torch is imported when a model is saved or loaded, not for the error type
     import torch
 
@@ -103,8 +105,6 @@ def save_model(
     state: Mapping[str, torch.Tensor], path: str | Path, key: bytes | None = None
 ) -> Path:
     """Save a state dict as safetensors (atomically) with its digest (``key`` or trusted)."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     key = key if key is not None else key_for(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -118,8 +118,6 @@ def save_model(
 
 def load_model(path: str | Path, key: bytes | None = None) -> dict[str, torch.Tensor]:
     """Load a safetensors state dict, checking its digest first (``key`` or trusted)."""
-    from safetensors.torch import load_file
-
     key = key if key is not None else key_for(path)
     if key is not None:
         check_mac(key, path, "model")

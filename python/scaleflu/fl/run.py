@@ -46,7 +46,9 @@ from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, derive_seed, make_tr
 from scaleflu.fl.history import HistoryStore, LinkModel
 from scaleflu.fl.integrity import load_model, save_model
 from scaleflu.fl.models import build_model, layer_groups
+from scaleflu.fl.ray_backend import RayTrainer
 from scaleflu.fl.strategy import NOT_EVALUATED, CentralEvaluator, FedAvg, close_round
+from scaleflu.plots import plot_training
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +232,6 @@ def _make_trainer(setup: FLSetup, model: nn.Module, local: LocalConfig) -> Any:
     fl = setup.cfg.fl
     seed = int(setup.cfg.seed)
     if fl.backend == "ray":
-        from scaleflu.fl.ray_backend import RayTrainer
-
         return RayTrainer(
             setup.model_args(),
             setup.train,
@@ -402,8 +402,6 @@ def write_training_outputs(
     Every FedAvg run writes them: :func:`train` (``scaleflu train``, the Table II runs) and
     the testbed's edge server. A plotting failure is logged; the png is then None.
     """
-    from scaleflu.plots import plot_training
-
     run_dir = Path(run_dir)
     csv_path = write_metrics_csv(rows, run_dir / "metrics.csv", columns)
     try:

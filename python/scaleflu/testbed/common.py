@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from scaleflu.config import as_config
 from scaleflu.link import Encoding, Link
 from scaleflu.link.arq import SendHandle
 from scaleflu.link.wire import decode_tensors, encode_tensors
@@ -23,8 +24,6 @@ ENCODINGS = {"raw": Encoding.RAW, "fp16": Encoding.FP16, "int8": Encoding.INT8}
 def federation_config(cfg: Mapping[str, Any]) -> Any:
     """A checked copy of ``cfg`` as the testbed's federation runs it: ``fl.rounds`` :=
     ``testbed.rounds`` (also the lr schedule's T), the same on the server and on every robot."""
-    from scaleflu.config import as_config
-
     out = as_config(as_config(cfg).to_dict())
     out.fl.rounds = int(out.testbed.rounds)
     return out

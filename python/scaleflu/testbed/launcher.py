@@ -41,7 +41,9 @@ from scaleflu.config import (
     parse_override,
     save_config,
 )
+from scaleflu.fl.data import load_datasets, make_partitions
 from scaleflu.link import ChannelModel
+from scaleflu.link.hub import FrameHub
 from scaleflu.linkkinds import canonical_kind
 from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import client_of, robot_of
@@ -198,8 +200,6 @@ def _rounds_done(run_dir: Path) -> int:
 
 def largest_robot(cfg: Config) -> int:
     """The robot with the most training samples under the config's seeded partition."""
-    from scaleflu.fl.data import load_datasets, make_partitions
-
     clean, _ = load_datasets(cfg.data, int(cfg.seed))
     parts = make_partitions(cfg.data, clean.labels, int(cfg.seed))
     return robot_of(max(range(len(parts)), key=lambda n: len(parts[n])))
@@ -317,8 +317,6 @@ def run_testbed(args: argparse.Namespace) -> int:
         link_args += ["--broker", broker.address]
         out.write(f"channel: {desc}\n")
     elif args.link in ("frames", "frames-shared"):
-        from scaleflu.link.hub import FrameHub
-
         ch = dict(tb.channel)
         if args.loss is not None:
             ch["loss"] = args.loss

@@ -30,7 +30,9 @@ from scaleflu.config import as_config
 from scaleflu.fl.data import ImageData, add_trigger
 from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
 from scaleflu.fl.models import build_model
+from scaleflu.fl.run import build_data
 from scaleflu.link import Link
+from scaleflu.log import fmt
 from scaleflu.testbed.common import (
     Endpoint,
     LinkDeadline,
@@ -66,8 +68,6 @@ class RobotData:
 
     def __init__(self, cfg: Mapping[str, Any], robot_id: int) -> None:
         """Rebuild the seeded split from ``cfg`` and keep only this robot's samples."""
-        from scaleflu.fl.run import build_data
-
         cfg = as_config(cfg)
         seed = int(cfg.seed)
         n = client_of(robot_id)
@@ -564,8 +564,6 @@ class RobotClient:
         }
         self.evals[purpose] = rep
         self.ep.send(MsgType.EVAL_REPORT, SERVER_ID, self.key, self.session or 0, 0, rep)
-        from scaleflu.log import fmt
-
         log.info("robot %d: %s model: %s", self.robot_id, purpose, fmt(m))
 
     # -- main loop -------------------------------------------------------------------------

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, norm, update_of
+from scaleflu.fl.fedavg import LocalConfig, train_client
 from scaleflu.fl.run import append_jsonl
 from scaleflu.fl.strategy import (
     CandidateRejection,
@@ -164,8 +165,6 @@ class TrustedNorms:
         if (t, size) in cache and self._ref_update is not None:
             if self._ref_update[0] == (t, size):
                 return cache[(t, size)]
-        from scaleflu.fl.fedavg import LocalConfig, train_client
-
         seed = int(self.run_cfg.seed)
         test = self.setup.test
         val = validation_indices(seed, len(test), int(self.cfg.reference_samples))

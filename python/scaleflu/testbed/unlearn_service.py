@@ -21,13 +21,16 @@ import torch
 
 from scaleflu.fl.integrity import save_model
 from scaleflu.fl.run import LoadedRun, append_jsonl
+from scaleflu.log import fmt
 from scaleflu.testbed.common import arrays
 from scaleflu.testbed.downlink import Downlink
 from scaleflu.testbed.protocol import MsgType, ProtocolError, client_of, state_sha256
 from scaleflu.testbed.records import Records
 from scaleflu.testbed.sessions import RobotInfo, Sessions
 from scaleflu.testbed.validation import UNLEARN_KINDS, EvalMeta, UnlearnMeta
+from scaleflu.unlearn.outputs import erase_history, write_unlearning
 from scaleflu.unlearn.request import RequestError, UnlearnRequest
+from scaleflu.unlearn.run import run_unlearning
 
 log = logging.getLogger(__name__)
 
@@ -97,8 +100,6 @@ def default_unlearn(
     progress: bool,
 ) -> tuple[State, dict[str, Any]]:
     """Unlearn on the run the server holds (the method registry, in memory): (state, result)."""
-    from scaleflu.unlearn.registry import run_unlearning
-
     done = run_unlearning(
         run.run_dir, request, method, mode, overrides=list(overrides), progress=progress, run=run
     )
@@ -114,9 +115,6 @@ def compare_unlearn(
     ``run_dir/unlearn_compare/<method>``. Returns its result dict, or ``{"method", "error"}``
     when the method cannot run (e.g. not in this build).
     """
-    from scaleflu.unlearn.outputs import write_unlearning
-    from scaleflu.unlearn.registry import run_unlearning
-
     out = Path(run.run_dir) / "unlearn_compare" / method
     try:
         done = run_unlearning(
@@ -273,8 +271,6 @@ class UnlearningService:
         em = EvalMeta.parse(meta)
         self.eval_reports.setdefault(em.purpose, {})[robot.robot_id] = dict(meta)
         robot.link_bytes_tx = em.link_bytes_tx
-        from scaleflu.log import fmt
-
         log.info("robot %d evaluated the %s model: %s", robot.robot_id, em.purpose, fmt(em.metrics))
 
     # -- serving --------------------------------------------------------------------------
@@ -389,8 +385,6 @@ class UnlearningService:
         The targets are the clients holding forgotten data (the robot's client index for the
         testbed's requests); recorded in the report and in the served result's JSON.
         """
-        from scaleflu.unlearn.outputs import erase_history
-
         rq = result.get("request")
         targets = (rq.get("targets") if isinstance(rq, Mapping) else None) or list(
             req.request.clients

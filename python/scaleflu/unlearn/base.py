@@ -35,11 +35,29 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
-from scaleflu.config import Config, ConfigError, Section, as_config, default_config, merge
+from scaleflu.config import (
+    Config,
+    ConfigError,
+    Section,
+    _read_file,
+    as_config,
+    default_config,
+    merge,
+    parse_override,
+)
 from scaleflu.fl.data import ImageData, triggered_test_set
-from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, make_trainer, server_val_permutation
+from scaleflu.fl.device import config_device
+from scaleflu.fl.fedavg import (
+    BNRecalibrator,
+    LocalConfig,
+    derive_seed,
+    make_trainer,
+    server_val_permutation,
+)
 from scaleflu.fl.history import state_bytes
+from scaleflu.fl.models import build_model
 from scaleflu.fl.run import LoadedRun, load_run
 from scaleflu.fl.strategy import FedAvg
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
@@ -47,6 +65,7 @@ from scaleflu.unlearn.metrics import (
     class_matched_sets,
     communication_overhead,
     evaluate_model,
+    logit_confidence,
     predict,
     relearn_rounds,
     true_label_probs,
@@ -152,8 +171,6 @@ def resolve_unlearn_config(
     Only ``scale.*`` and ``baselines.*`` may differ from the run: data, model and FL settings
     belong to the run.
     """
-    from scaleflu.config import _read_file, parse_override
-
     cfg = copy.deepcopy(dict(run_cfg))
     defaults = default_config()
     for section in UNLEARN_SECTIONS:
@@ -366,8 +383,6 @@ class UnlearnContext:
         batch order.
         """
         seed = self.seed if seed is None else int(seed)
-        from tqdm import tqdm
-
         fl = self.cfg.fl
         local = local or self.local_config()
         parts = self.request.remaining
@@ -435,8 +450,6 @@ class UnlearnContext:
     @property
     def device(self) -> torch.device:
         """``fl.device`` resolved: where methods compute (states they return stay on the CPU)."""
-        from scaleflu.fl.device import config_device
-
         return config_device(self.cfg)
 
     @property
@@ -479,10 +492,6 @@ class UnlearnContext:
         ev = self.scale_cfg.eval
         n = int(ev.mia_shadows or 0)
         if self._mia_ref is None:
-            from scaleflu.fl.fedavg import derive_seed
-            from scaleflu.fl.models import build_model
-            from scaleflu.unlearn.metrics import logit_confidence
-
             rounds = int(ev.mia_shadow_rounds or self.cfg.fl.rounds)
             t0 = time.perf_counter()
             sets = (

@@ -1,7 +1,7 @@
 """Writing an unlearning's outputs, and erasing a served request from the history store.
 
 Library functions (the ``unlearn`` sub-command and the testbed's server use them):
-:func:`write_unlearning` writes what :func:`scaleflu.unlearn.registry.run_unlearning` returned
+:func:`write_unlearning` writes what :func:`scaleflu.unlearn.run.run_unlearning` returned
 in memory — ``model.safetensors``, ``result.json``, ``config.yaml`` and, for SCALE,
 ``sensitivity.json`` and its figures; :func:`erase_history` deletes a request's targets'
 stored updates.
@@ -12,6 +12,13 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 from typing import Any
+
+from scaleflu.config import save_config
+from scaleflu.fl.integrity import key_for, save_model
+from scaleflu.log import fmt
+from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
+from scaleflu.unlearn.base import resolve_unlearn_config
+from scaleflu.unlearn.registry import canonical_name
 
 log = logging.getLogger(__name__)
 
@@ -25,13 +32,6 @@ def write_unlearning(
     the request's targets from the run's history (:func:`erase_history`), recorded in the
     result's ``erasure``. Returns the folder.
     """
-    from scaleflu.config import save_config
-    from scaleflu.fl.integrity import key_for, save_model
-    from scaleflu.log import fmt
-    from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
-    from scaleflu.unlearn.base import resolve_unlearn_config
-    from scaleflu.unlearn.registry import canonical_name
-
     method = canonical_name(method)
     ctx, result, unlearner, state = done.ctx, done.result, done.unlearner, done.state
     slug = ctx.request.request.slug
