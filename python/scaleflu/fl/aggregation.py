@@ -21,10 +21,11 @@ to every update and returns the ones refused with their reason:
 * **free-riding**: an update equal to the model it was trained from (``||Delta_n|| == 0``) is
   flagged and carries no weight;
 * **direction** (rounds of fewer than ``small_round`` updates, given the server's own reference
-  update of the round): an update whose cosine with it is below ``min_cosine`` (default 0:
-  pointing away from the server's own descent) is refused. Honest robots' updates had cosines
-  of 0.2 to 0.97 with the reference in the measurements of docs/testbed.md; the growth
-  attack's, which climbs the robot's own loss, -0.46 to -0.98.
+  update of the round): an update whose cosine with it is below ``min_cosine`` (default -0.2:
+  pointing clearly away from the server's own descent) is refused. A non-IID robot's honest
+  update can be orthogonal to the reference (cosine -0.005 in a first round of the testbed's
+  tests); the growth attack's, which climbs the robot's own loss, had -0.35 to -0.91
+  (docs/testbed.md, "Direction of small rounds").
 
 With fewer than ``small_round`` updates (default 3) the round's median cannot single out a
 scaled update (with two it is the mean of the honest and the scaled norm, with one the
@@ -90,7 +91,7 @@ class AggregationConfig:
     reference_samples: int = 512  # server's reference update: validation samples (0: none)
     # in a round of fewer than small_round updates, refuse an update whose cosine with the
     # server's own reference update of the round is below this (None: no such test)
-    min_cosine: float | None = 0.0
+    min_cosine: float | None = -0.2
     # the candidate model's accuracy on the server's validation data may fall at most this far
     # below the previous model's; else the round's candidate is refused (None: no check)
     acceptance_margin: float | None = None
