@@ -135,3 +135,30 @@ def test_untrusted_bound_holds_on_a_bare_endpoint_fed_directly():
         ep.on_frame(raw)
     assert ep.reassembler.stats.rejected > before and ep.reassembler.messages_in_flight <= 32
     assert ep.reassembler.bytes_in_flight <= BOUND
+
+
+def test_the_server_warns_when_its_model_is_larger_than_robots_hold_of_broadcasts(tmp_path, caplog):
+    """Broadcasts carry no link tag, so robots hold them within the untrusted budget: a model
+    larger than that would fall back to unicast, and the operator is told the setting."""
+    from scaleflu.testbed.server import EdgeServer
+
+    store = KeyStore.create([1, 2])
+    for budget, warned in ((100_000, True), (None, False)):  # LeNet-5: about 250 kB
+        extra = [] if budget is None else [f"testbed.arq.reassembly_max_bytes_untrusted={budget}"]
+        cfg = load_config(
+            None, ["data.num_clients=2", "fl.clients_per_round=2", "data.train_subset=400",
+                   "data.test_subset=100", *extra],
+        )  # fmt: skip
+        caplog.clear()
+        with MemoryChannel() as ch:
+            link = ch.attach(SERVER_ID)
+            link.broadcast = lambda *a, **k: None  # a link that can broadcast (a MAC link)
+            run = tmp_path / str(budget)
+            server = EdgeServer(link, store.robots, cfg, run, False, signing_key=store.signing_key)
+            server.history.close()
+        said = [
+            r.getMessage()
+            for r in caplog.records
+            if "reassembly_max_bytes_untrusted" in r.getMessage()
+        ]
+        assert bool(said) is warned, said

@@ -57,6 +57,7 @@ from scaleflu.fl.run import (
 from scaleflu.fl.strategy import FedAvg, ValidationCheck
 from scaleflu.keys import history_key
 from scaleflu.link import Link
+from scaleflu.link.arq import UNTRUSTED_REASSEMBLY_BYTES
 from scaleflu.testbed.airtime import Airtime
 from scaleflu.testbed.common import arrays, encode_state, federation_config, link_clock
 from scaleflu.testbed.downlink import Downlink
@@ -157,6 +158,7 @@ class EdgeServer:
             lambda r, what, n: self.records.event("throttled", robot=r, request=what, count=n),
         )
         self.full_model_bytes = full_model
+        self._check_broadcast_fits(link, full_model)
         self.sessions = Sessions(
             link,
             keys,
@@ -342,6 +344,25 @@ class EdgeServer:
             log.info("robot %d asked for a full model next time", r)
         else:
             raise ProtocolError("unexpected_type", env.type.name)
+
+    def _check_broadcast_fits(self, link: Link, full_model: int) -> None:
+        """Warn when a full model is larger than what robots hold of broadcasts: broadcast
+        frames carry no link tag, so robots keep them within the untrusted reassembly budget
+        (``testbed.arq.reassembly_max_bytes_untrusted``); a larger model body is refused there
+        and reaches each robot by unicast after its broadcast stalls."""
+        tb = self.tb
+        if str(tb.downlink) == "unicast" or getattr(link, "broadcast", None) is None:
+            return
+        budget = tb.arq.reassembly_max_bytes_untrusted or UNTRUSTED_REASSEMBLY_BYTES
+        if full_model > int(budget):
+            log.warning(
+                "a full model (%d B) is larger than robots hold of broadcasts "
+                "(testbed.arq.reassembly_max_bytes_untrusted = %d B): the broadcast downlink "
+                "falls back to unicast; set it to at least %d on the robots",
+                full_model,
+                int(budget),
+                full_model + (1 << 20),
+            )
 
     # -- the federation -------------------------------------------------------------------
 
