@@ -1,14 +1,15 @@
 """scaleflu's layers hold for every import, those inside functions included.
 
-The package stands in layers, lowest first (``LAYERS``): the ground (configuration, logging,
-key files, plots), the link (pure Python), the radio (GNU Radio) on it, the registry of link
-kinds on both; the federated learning, the unlearning on it, the experiments on both; the
-testbed, which uses both sides; the command lines on top. A module imports modules of its own
-layer or of lower ones, never a higher one, and the learning side never imports the link side
-(``SIDES``). No modules import each other in a circle, even through imports made inside
-functions. An import inside a function is allowed only to defer a heavy or optional package
-(``ALLOW_DEFERRED``), and in the command lines, which load the modules of the subcommand they
-run when it runs.
+The package stands in layers, lowest first (``LAYERS``): the ground (configuration, its error
+and plugin registry, logging, key files, plots), the link (pure Python), the radio (GNU Radio)
+on it, the registry of link kinds on both, IP over the link on them; the federated learning,
+the unlearning on it, the experiments on both, the Flower integration on them; the testbed,
+which uses both sides; the command lines on top. A module
+imports modules of its own layer or of lower ones, never a higher one, and the learning side
+never imports the link side (``SIDES``). No modules import each other in a circle, even through
+imports made inside functions. An import inside a function is allowed only to defer a heavy or
+optional package (``ALLOW_DEFERRED``), and in the command lines, which load the modules of the
+subcommand they run when it runs.
 """
 
 from __future__ import annotations
@@ -20,13 +21,23 @@ PKG = Path(__file__).resolve().parents[1] / "python" / "scaleflu"
 
 # lowest first: a module may import modules of its own layer and of the layers before it
 LAYERS: list[tuple[str, ...]] = [
-    ("scaleflu", "scaleflu.config", "scaleflu.log", "scaleflu.keys", "scaleflu.plots"),
+    (
+        "scaleflu",
+        "scaleflu.errors",
+        "scaleflu.plugins",
+        "scaleflu.config",
+        "scaleflu.log",
+        "scaleflu.keys",
+        "scaleflu.plots",
+    ),
     ("scaleflu.link",),
     ("scaleflu.radio",),
     ("scaleflu.linkkinds",),
+    ("scaleflu.iplink",),
     ("scaleflu.fl",),
     ("scaleflu.unlearn",),
     ("scaleflu.experiments",),
+    ("scaleflu.flower",),
     ("scaleflu.testbed",),
     ("scaleflu.cli",),
     ("scaleflu.__main__",),
@@ -35,8 +46,8 @@ LAYERS: list[tuple[str, ...]] = [
 # Two sides that never import each other: the learning runs without the link and the radio
 # (the paper's simulation, a cluster), the link without torch.
 SIDES = (
-    ("scaleflu.fl", "scaleflu.unlearn", "scaleflu.experiments"),
-    ("scaleflu.link", "scaleflu.radio", "scaleflu.linkkinds"),
+    ("scaleflu.fl", "scaleflu.unlearn", "scaleflu.experiments", "scaleflu.flower"),
+    ("scaleflu.link", "scaleflu.radio", "scaleflu.linkkinds", "scaleflu.iplink"),
 )
 
 # Imports that may wait inside a function, and why: the GNU Radio side (gnuradio, pmt, and
@@ -218,6 +229,6 @@ def test_the_checks_see_what_they_check():
     relative = [t for t, _, _ in _imports(PKG / "radio" / "links" / "shared.py")]
     assert "scaleflu.radio.medium.port" in relative and "scaleflu.radio.phy" in relative
     assert _layer("scaleflu.radio.links.shared") == 2 and _layer("scaleflu.linkkinds") == 3
-    assert _layer("scaleflu") == 0 and _layer("scaleflu.cli.main") == 8
+    assert _layer("scaleflu") == 0 and _layer("scaleflu.cli.main") == 10
     assert _side("scaleflu.unlearn.scale") == 0 and _side("scaleflu.radio.ofdm") == 1
     assert _side("scaleflu.testbed.server") is None

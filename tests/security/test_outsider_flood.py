@@ -1,4 +1,5 @@
-"""A keyless outsider floods the link while the real apps run FL rounds (issue 13, item 3).
+"""A keyless outsider floods the link while the real apps run FL rounds (the threat model:
+docs/testbed.md).
 
 ``apps/testbed.py --link frames --outsider-rate 300``: the edge server and three robot
 processes on the frame hub, and a fourth process (``scaleflu.testbed.outsider``, node 77, no

@@ -38,6 +38,7 @@ SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
     ("scaleflu.cli.experiment", "add_experiment_parser"),
     ("scaleflu.cli.testbed", "add_testbed_parser"),
     ("scaleflu.cli.keys", "add_keys_parser"),
+    ("scaleflu.cli.iplink", "add_iplink_parser"),
 ]
 
 
@@ -46,7 +47,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     from scaleflu.config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
     return 0
 

@@ -20,11 +20,19 @@ import os
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scaleflu.cli.args import LOG_LEVELS, DefaultsHelpFormatter, add_config_args, run_one_line
+from scaleflu.cli.args import (
+    LOG_LEVELS,
+    DefaultsHelpFormatter,
+    add_config_args,
+    method_arg,
+    method_help,
+    run_one_line,
+)
 from scaleflu.log import setup_logging
 
 if TYPE_CHECKING:
@@ -307,6 +315,8 @@ def build_link(
             from scaleflu.radio.medium import DEFAULT_MEDIUM_ADDRESS
 
             opts["broker"] = args.broker or DEFAULT_MEDIUM_ADDRESS
+            if getattr(args, "max_runtime", None):  # a robot waits this long for its broker
+                opts["timeout"] = float(args.max_runtime)
     if kind == "ofdm-pairs":
         opts.update(
             peers={p: args.host for p in peers},
@@ -392,7 +402,7 @@ def _run_server(args: argparse.Namespace) -> int:
     from scaleflu.testbed.report import print_summary, write_report
     from scaleflu.testbed.server import EdgeServer
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     from scaleflu.testbed.keys import KeyStore
 
     try:  # the server store: robots' keys (allow-list) and the server's signing identity
@@ -467,7 +477,7 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     from scaleflu.testbed.protocol import SERVER_ID
     from scaleflu.testbed.robot import RobotClient
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     from scaleflu.testbed.keys import Enrolment
 
     try:  # this robot's enrolment file: its own key and the server's public key
@@ -485,11 +495,13 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             unlearn["classes"] = [int(c) for c in args.unlearn_classes.split(",") if c]
         if args.unlearn == "sample":
             unlearn["fraction"] = args.unlearn_fraction
+    started = time.monotonic()
     try:
         link = build_link(args, cfg, args.robot_id, [SERVER_ID], args.dev_args, args.dev_args)
-    except Exception as exc:  # no radio, port in use, ...: one line, not a traceback
+    except Exception as exc:  # no radio, port in use, no broker, ...: one line, not a traceback
         log.error("cannot open the link: %s", exc)
         return 2
+
     summary: dict[str, Any] = {}
     try:
         robot = RobotClient(
@@ -503,7 +515,10 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             args.fault_round,
             server_public_key=enrol.server_public_key,
         )
-        summary = robot.run(args.max_runtime)
+        left = None  # --max-runtime bounds the whole process, the link's opening included
+        if args.max_runtime is not None:
+            left = max(0.0, args.max_runtime - (time.monotonic() - started))
+        summary = robot.run(left)
     except KeyboardInterrupt:
         log.warning("robot %d interrupted", args.robot_id)
         return 130
@@ -582,9 +597,11 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--method",
-        choices=method_names(),  # the unlearning-method registry
+        type=method_arg,  # the unlearning-method registry: its names and aliases
+        choices=method_names(),
         default=None,
-        help="unlearning method (default: testbed.unlearn.method)",
+        metavar="METHOD",
+        help=method_help("unlearning method (default: testbed.unlearn.method)"),
     )
     p.add_argument(
         "--backdoor-robot",

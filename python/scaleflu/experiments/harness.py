@@ -81,6 +81,8 @@ def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
         view["fl"] = {k: v for k, v in view["fl"].items() if k != "device"}
     view["scale.groups_per_layer"] = (cfg.get("scale") or {}).get("groups_per_layer")
     # keys added later that are off by default: a run saved before they existed still matches
+    if not view.get("plugins"):
+        view.pop("plugins", None)
     fl = view.get("fl")
     if isinstance(fl, Mapping) and str(fl.get("lr_schedule") or "constant") == "constant":
         view["fl"] = fl = {k: v for k, v in fl.items() if k not in _LR_KEYS}

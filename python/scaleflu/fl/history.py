@@ -49,10 +49,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from scaleflu.fl.integrity import IntegrityError, check_mac, key_for, write_mac
+from scaleflu.fl.integrity import (
+    CorruptFileError,
+    IntegrityError,
+    check_mac,
+    key_for,
+    load_tensors,
+    write_mac,
+)
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +172,15 @@ class HistoryStore:
             key = integrity_key if integrity_key is not None else key_for(run_dir)
             if key is not None:
                 self.integrity_key = key  # checks the metadata before anything is read
+            meta = self._meta()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise CorruptFileError(
+                f"{self.dir / 'history.sqlite'}: the history database is unreadable ({exc})"
+            ) from None
         except Exception:
             self._db.close()
             raise
-        meta = self._meta()
         if "schema" not in meta:
             self._set_meta(
                 schema=SCHEMA_VERSION,
@@ -313,14 +324,7 @@ class HistoryStore:
                 check_mac(self._key, path, "history file")
             except IntegrityError as exc:
                 raise HistoryIntegrityError(str(exc)) from None
-        out: dict[str, torch.Tensor] = {}
-        with safe_open(str(path), framework="pt") as fh:
-            for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                if prefix is None:
-                    out[key] = fh.get_tensor(key)
-                elif key.startswith(prefix):
-                    out[key[len(prefix) :]] = fh.get_tensor(key)
-        return out
+        return load_tensors(path, "history file", prefix)
 
     def _cleanup_uncommitted(self) -> None:
         last = self.last_completed_round()

@@ -30,7 +30,7 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from scaleflu.config import Config, ConfigError, as_config, save_config
+from scaleflu.config import Config, ConfigError, as_config, read_config_file, save_config
 from scaleflu.fl.aggregation import screening_config
 from scaleflu.fl.data import (
     ImageData,
@@ -271,8 +271,12 @@ def train(
     saved_cfg_path = run_dir / "config.yaml"
     if saved_cfg_path.is_file() and (run_dir / "history").is_dir():
         if not resume:
-            raise ConfigError(f"run directory {run_dir} already holds a run; pass resume=True")
+            raise ConfigError(
+                f"{run_dir} already holds a run: continue it (scaleflu train --resume --out "
+                f"{run_dir}) or choose another folder"
+            )
         saved = yaml.safe_load(saved_cfg_path.read_text())
+        saved.setdefault("plugins", [])  # a run saved before plugins existed had none
         diff = [k for k in _diff_keys(saved, cfg) if k[:2] not in _RESUME_FREE]
         if diff:
             raise ConfigError(
@@ -467,7 +471,7 @@ def load_run(run_dir: str | Path) -> LoadedRun:
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    setup = build_setup(yaml.safe_load(cfg_path.read_text()))
+    setup = build_setup(read_config_file(cfg_path))
     cfg = setup.cfg
     history = open_history(cfg, run_dir, setup.model)
     model = setup.new_model()

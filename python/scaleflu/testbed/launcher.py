@@ -35,6 +35,7 @@ from typing import IO, Any
 from scaleflu.config import (
     Config,
     _read_file,
+    absolute_plugin,
     as_config,
     default_config,
     merge,
@@ -228,6 +229,8 @@ def build_config(args: argparse.Namespace) -> Config:
         cfg = merge(cfg, _read_file(Path(args.config)))
     for o in args.overrides:
         cfg = merge(cfg, parse_override(o))
+    extra = [absolute_plugin(p) for p in getattr(args, "plugins", None) or []]
+    cfg["plugins"] = [*cfg["plugins"], *(p for p in extra if p not in cfg["plugins"])]
     cfg = as_config(cfg)  # checked at once: a bad file or --set fails before anything starts
     if args.backdoor_robot is None:
         args.backdoor_robot = largest_robot(cfg)

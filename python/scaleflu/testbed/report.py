@@ -166,6 +166,21 @@ def print_side_by_side(un: Mapping[str, Any], fh: TextIO) -> None:
             "  (link MB: the method's own FedAvg traffic on the simulated link; air MB: the "
             "deployed model and evaluations on the testbed's air)\n"
         )
+        kinds = {row.get("mia_kind") for row in rows if row.get("mia_kind")}
+        if kinds:
+            attack = (
+                "a reference-model calibrated membership attack"
+                if kinds == {"calibrated"}
+                else "a loss-threshold membership attack"
+                if kinds == {"loss"}
+                else "a membership attack (calibrated where run, else loss-threshold)"
+            )
+            w(
+                f"  (MIA AUC: how well {attack} tells the forgotten data from test images nobody "
+                "trained on. 0.5: no trace left; above 0.5: the model still treats it as "
+                "training data; below 0.5: it fits the forgotten data worse than unseen data, "
+                "as when a trigger or wrong labels it carried are no longer followed)\n"
+            )
     er = un.get("erasure")
     if er:
         w(

@@ -214,6 +214,7 @@ class RobotClient:
         self.registrations = 0
         self.reregistrations = 0  # registrations after robot_idle_s of server silence
         self.done = False
+        self._wall_deadline: float | None = None  # run(max_runtime): the operator's bound
         self._pending_nonce: str | None = None
         self._challenge: int | None = None  # the session the server announced (SERVER_HELLO)
         self._early_model: Any = None  # a MODEL that came before our REGISTER_ACK
@@ -254,17 +255,28 @@ class RobotClient:
         # its REGISTER_ACK was slow on the medium: the server reset what it held, sent the
         # model again and the robot trained the round twice)
         nonce = secrets.token_hex(8)
-        while not end.expired() and not self.done:
+        while not end.expired() and not self.done and not self.out_of_time():
             self._pending_nonce = nonce
             self._send_register(wait * 4)
             until = LinkDeadline(wait * 4, clock)
-            while not until.expired() and self._pending_nonce is not None:
+            while (
+                not until.expired() and self._pending_nonce is not None and not self.out_of_time()
+            ):
                 self.poll(0.2)
             if self._pending_nonce is None:
                 return True
             wait = min(wait * 2, 8.0)
-            log.info("robot %d: no REGISTER_ACK yet, retrying", self.robot_id)
+            log.info(
+                "robot %d: no REGISTER_ACK from the edge server (node %d) yet; retrying (is the "
+                "server running, on the same link and key store?)",
+                self.robot_id,
+                SERVER_ID,
+            )
         return False
+
+    def out_of_time(self) -> bool:
+        """Whether ``run``'s ``max_runtime`` (wall seconds) has passed."""
+        return self._wall_deadline is not None and time.monotonic() >= self._wall_deadline
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -571,16 +583,21 @@ class RobotClient:
     def run(self, max_runtime: float | None = None) -> dict[str, Any]:
         """Register, then serve the server until BYE (or ``max_runtime`` seconds)."""
         start = time.monotonic()
+        self._wall_deadline = None if max_runtime is None else start + float(max_runtime)
         while not self.done and not self.register(timeout=60.0):
-            if max_runtime is not None and time.monotonic() - start > max_runtime:
-                break
+            if self.out_of_time():
+                log.warning(
+                    "robot %d: max runtime reached before the edge server answered",
+                    self.robot_id,
+                )
+                return self.summary(time.monotonic() - start)
         # robot_idle_s on the link's clock: on ofdm-shared the medium's virtual time, which
         # runs at about a tenth of real time while the medium is busy (on the wall clock robots
         # that had uploaded gave up on a server still repairing another robot's transfer).
         # max_runtime stays on the wall: it is the operator's bound on the process.
         idle = float(self.tb.robot_idle_s)
         while not self.done:
-            if max_runtime is not None and time.monotonic() - start > max_runtime:
+            if self.out_of_time():
                 log.warning("robot %d: max runtime reached", self.robot_id)
                 break
             self.poll(0.5)

@@ -133,10 +133,10 @@ def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) ->
         return {"method": result.get("method"), "error": result["error"]}
     m = result.get("metrics") or {}
     c = result.get("cost") or {}
-    mia = m.get("mia_loss_auc")
+    mia, mia_kind = m.get("mia_loss_auc"), "loss"
     for key in ("mia_ref_auc", "mia_auc"):  # the calibrated audit where it exists
         if m.get(key) is not None:
-            mia = m[key]
+            mia, mia_kind = m[key], "calibrated"
             break
     return {
         "method": result.get("method"),
@@ -145,6 +145,7 @@ def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) ->
         "ra": m.get("ra"),
         "fa": m.get("fa_protocol"),
         "mia_auc": mia,
+        "mia_kind": mia_kind if mia is not None else None,
         "wall_s": c.get("wall_s"),
         "cpu_s": c.get("cpu_s"),
         "startup_s": (result.get("details") or {}).get("startup_s"),

@@ -337,6 +337,31 @@ class UnlearnContext:
         )
         return cls(run, resolved, cfg, mode, progress)
 
+    def nothing_to_forget(self) -> str | None:
+        """Why the request touches nothing the run learned, or None when it does.
+
+        Its forget set is empty, or none of its clients took part in a round the history
+        records: never selected, or their updates were erased from the history already.
+        """
+        text = self.request.request.text
+        if len(self.forget_idx) == 0:
+            return f"request {text}: the forget set is empty"
+        history = self.run.history
+        targets = set(self.request.targets)
+        if any(targets & set(history.participants(t)) for t in history.rounds()):
+            return None
+        who = ", ".join(map(str, sorted(targets)))
+        erased = sorted(targets & history.erased_clients())
+        if erased:
+            return (
+                f"request {text}: client(s) {', '.join(map(str, erased))} were erased from the "
+                f"history of {self.run.run_dir} already; it records no update of client(s) {who}"
+            )
+        return (
+            f"request {text}: client(s) {who} took part in no round of {self.run.run_dir} "
+            f"(rounds 1..{history.last_completed_round()}): the model never learned from this data"
+        )
+
     # -- models --------------------------------------------------------------------------
 
     @property
@@ -526,8 +551,13 @@ class UnlearnContext:
                 self.mia_reference_info["wall_s"],
             )
 
-    def evaluate(self, state: Mapping[str, torch.Tensor], relearn: bool = True) -> dict[str, Any]:
-        """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`)."""
+    def evaluate(
+        self, state: Mapping[str, torch.Tensor], relearn: bool = True, label: str = "the model"
+    ) -> dict[str, Any]:
+        """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`); a log line per
+        stage names ``label``."""
+        t0 = time.perf_counter()
+        log.info("measuring %s: accuracies (test, RA, FA) and membership audits", label)
         model = self.new_model(state).to(self.device)
         setup = self.run.setup
         out = evaluate_model(
@@ -556,6 +586,11 @@ class UnlearnContext:
         ev = self.scale_cfg.eval
         if relearn and int(ev.relearn_max_rounds) > 0:
             target = float(ev.relearn_target) * float(self.original_metrics()["fa"] or 0.0)
+            log.info(
+                "measuring %s: rounds to relearn the forget set (at most %d)",
+                label,
+                int(ev.relearn_max_rounds),
+            )
             out["relearn_rounds"] = relearn_rounds(
                 model,
                 state,
@@ -566,12 +601,15 @@ class UnlearnContext:
                 self.seed,
                 int(ev.relearn_max_rounds),
             )
+        log.info("measured %s in %.1f s", label, time.perf_counter() - t0)
         return out
 
     def original_metrics(self) -> dict[str, Any]:
         """Metrics of the model before unlearning (cached)."""
         if self._original_metrics is None:
-            self._original_metrics = self.evaluate(self.original_state(), relearn=False)
+            self._original_metrics = self.evaluate(
+                self.original_state(), relearn=False, label="the model before unlearning"
+            )
         return self._original_metrics
 
     def make_result(
@@ -596,7 +634,8 @@ class UnlearnContext:
         The state is kept as ``self.last_state`` so callers (the CLI) can save the model.
         """
         self.last_state = {k: v.detach().clone() for k, v in state.items()}
-        metrics = self.evaluate(state)
+        self.original_metrics()  # first (cached): the relearn test's target depends on it
+        metrics = self.evaluate(state, label=f"the model after {method}")
         sc = self.scale_cfg
         sel = aoi.mean(top_layers) if top_layers else aoi.mean()
         every = aoi.mean()

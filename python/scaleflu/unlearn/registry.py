@@ -217,6 +217,11 @@ def method_names() -> tuple[str, ...]:
     return tuple(_METHODS)
 
 
+def method_aliases() -> dict[str, tuple[str, ...]]:
+    """Every registered name with the other names it is also accepted under (may be empty)."""
+    return {name: spec.aliases for name, spec in _METHODS.items()}
+
+
 def canonical_name(name: str) -> str:
     """The registered name for ``name`` or an alias; ValueError for an unknown method."""
     key = str(name).lower()

@@ -6,6 +6,7 @@ command line (``scaleflu unlearn``), the experiments and the edge server call it
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,12 +43,16 @@ def run_unlearning(
     overrides: list[str] | tuple[str, ...] = (),
     progress: bool = True,
     run: Any = None,
+    prepare: Callable[[UnlearnContext], None] | None = None,
 ) -> Unlearning:
     """Unlearn ``request`` (an ``UnlearnRequest`` or its text) from the trained run in
     ``run_dir`` (or the loaded ``run``, e.g. the one an edge server holds), in memory.
 
     ``mode`` (paper | default; None: ``scale.mode``) is SCALE's mode. ``config``/``overrides``
-    may set ``scale.*`` and ``baselines.*`` only. Nothing is written to disk.
+    may set ``scale.*`` and ``baselines.*`` only. ``prepare(ctx)`` is called with the
+    :class:`~scaleflu.unlearn.base.UnlearnContext` once the run, the config and the request are
+    resolved and before the method runs (the CLI refuses a request that touches nothing there).
+    Nothing is written to disk.
     """
     name = canonical_name(method)
     ctx = UnlearnContext.from_run_dir(
@@ -56,6 +61,8 @@ def run_unlearning(
     if mode is None:
         mode = hyper_parameters("scale", ctx.cfg)["mode"] if name == "scale" else None
         ctx.mode = str(mode or ctx.scale_cfg.mode)
+    if prepare is not None:
+        prepare(ctx)
     if name == "scale" and ctx.mode == "paper":
         log.warning(PAPER_MODE_WARNING)
     extra = {"mode": ctx.mode} if name == "scale" else {}

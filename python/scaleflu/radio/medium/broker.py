@@ -273,6 +273,17 @@ class MediumBroker:
         self.close()
 
 
+JOIN_NOTICE_S = 5.0  # a node waiting for its broker says so this often
+
+
+def broker_hint(address: str) -> str:
+    """How to start the broker a node waits for (the words of its waiting and error lines)."""
+    return (
+        f"start it with `python -m scaleflu.cli.medium --address {address}` (or run the whole "
+        "local testbed, which starts its own: `scaleflu testbed`)"
+    )
+
+
 class MediumClient:
     """One node's lockstep connection to the broker (raw samples; MediumPort wraps it)."""
 
@@ -285,20 +296,43 @@ class MediumClient:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(address)
-        kind, parts = self._call(b"J", _JOIN.pack(self.node_id))
+        try:  # a broker started after the node is joined as soon as it answers
+            kind, parts = self._call(b"J", _JOIN.pack(self.node_id), waiting=True)
+        except BaseException:
+            self._sock.close(0)
+            raise
         if kind != b"W":
+            self._sock.close(0)
             raise MediumError(f"join refused: {parts}")
         self.block, self.samp_rate, self.step_no = _WELCOME.unpack(parts[0])
         self.idle = False
 
-    def _call(self, kind: bytes, *parts: bytes) -> tuple[bytes, list[bytes]]:
+    def _call(self, kind: bytes, *parts: bytes, waiting: bool = False) -> tuple[bytes, list[bytes]]:
+        """Send one request and wait for its reply (``waiting``: say every JOIN_NOTICE_S
+        seconds, at INFO, what the node waits for and how to start it)."""
         self._sock.send_multipart([kind, *parts], copy=False)
-        end = time.monotonic() + self.timeout
+        start = time.monotonic()
+        end, said = start + self.timeout, start
         while not self._sock.poll(200):  # short slices: stop() ends a wait within 0.2 s
             if self.stopping.is_set():
                 raise MediumError("stopped")
-            if time.monotonic() > end:
-                raise MediumError(f"no answer from the medium broker at {self.address}")
+            now = time.monotonic()
+            if now > end:
+                hint = f"; {broker_hint(self.address)}" if waiting else ""
+                raise MediumError(
+                    f"no answer from the medium broker at {self.address} in {self.timeout:.0f} s"
+                    + hint
+                )
+            if waiting and now - said >= JOIN_NOTICE_S:
+                said = now
+                logger.info(
+                    "medium node %d: waiting for the medium broker at %s (%.0f s of %.0f s); %s",
+                    self.node_id,
+                    self.address,
+                    now - start,
+                    self.timeout,
+                    broker_hint(self.address),
+                )
         reply = self._sock.recv_multipart()
         if reply[0] == b"E":
             raise MediumError(reply[1].decode(errors="replace") if len(reply) > 1 else "error")
