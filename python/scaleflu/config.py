@@ -315,6 +315,8 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "testbed.arq.window": int,
     "testbed.arq.initial_rto": (int, float),
     "testbed.arq.rate_bytes_per_s": (int, float),
+    "testbed.arq.reassembly_max_bytes_untrusted": int,
+    "testbed.airtime.bytes": int,
     "testbed.mac.turnaround_s": (int, float),
     "testbed.mac.guard_s": (int, float),
     "baselines.retrain.rounds": int,
@@ -375,6 +377,9 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.min_robots": (1, None),
     "testbed.broadcast_stall_passes": (1, None),
     "testbed.broadcast_stall_s": (0, None),
+    "testbed.airtime.window_s": (0, None),
+    "testbed.airtime.bytes": (1, None),
+    "testbed.arq.reassembly_max_bytes_untrusted": (1, None),
     "testbed.medium.snr_db": (-20, 80),
     "testbed.medium.k_factor_db": (-30, 60),
     "testbed.medium.doppler_hz": (0, 1000),
@@ -389,6 +394,7 @@ RANGE_OPEN: set[str] = {
     "fl.lr_decay<",
     "fl.momentum>",
     "history.link_goodput<",
+    "testbed.airtime.window_s<",
 }
 
 # Nullable keys whose comment does not say so (null switches the feature off).

@@ -365,6 +365,28 @@ def build_link(
     return open_link(kind, node_id, **{k: v for k, v in opts.items() if v is not None})
 
 
+def storage_fault(exc: BaseException) -> BaseException | None:
+    """The local storage fault behind ``exc`` (disk full, read-only folder, I/O error), or None.
+
+    OSError and sqlite3 errors are such faults; safetensors (its Rust writer) and torch's zip
+    writer report an OS error as their own exception types, with the OS error in the text. The
+    exception's causes are searched too (a fault wrapped by the code that met it).
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (OSError, sqlite3.Error)):
+            return e
+        text = str(e)
+        if type(e).__name__ == "SafetensorError" and ("I/O error" in text or "os error" in text):
+            return e
+        if isinstance(e, RuntimeError) and ("PytorchStreamWriter" in text or "No space" in text):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def install_sigterm() -> None:
     """Turn SIGTERM into KeyboardInterrupt so the apps close their links on the way out."""
 
@@ -429,19 +451,20 @@ def _run_server(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted; the history store keeps every completed round")
         return 130
-    except RuntimeError as exc:
+    except Exception as exc:
         from scaleflu.fl.integrity import IntegrityError
 
-        if not isinstance(exc, IntegrityError):
+        if isinstance(exc, IntegrityError):
+            log.error("edge server refuses the run folder: %s", exc)
+            return 2
+        fault = storage_fault(exc)  # disk full, read-only folder: a local fault, status 3
+        if fault is None:
             raise
-        log.error("edge server refuses the run folder: %s", exc)
-        return 2
-    except (OSError, sqlite3.Error) as exc:  # disk full, read-only folder: a local fault
         log.error(
             "edge server stopped: %s (%s); the history store keeps every completed round: "
             "free space / fix the folder and start it again with the same --run-dir",
-            getattr(exc, "strerror", None) or exc,
-            getattr(exc, "filename", None) or args.run_dir,
+            getattr(fault, "strerror", None) or fault,
+            getattr(fault, "filename", None) or args.run_dir,
         )
         return 3
     finally:

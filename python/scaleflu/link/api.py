@@ -103,6 +103,13 @@ class Link(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no link-level authentication")
 
+    def set_require_auth(self, on: bool) -> None:
+        """Drop every frame from peers without a link key (``ArqConfig.require_auth``).
+
+        Link kinds without link-level authentication raise NotImplementedError.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no link-level authentication")
+
     def receiving_from(self, peer: int) -> bool:
         """Whether part of a message from ``peer`` is held now (a transfer from it is arriving).
 
@@ -261,6 +268,11 @@ class ArqLink(Link):
         """Authenticate every frame exchanged with ``peer`` (see ArqEndpoint.set_peer_key)."""
         with self._wake:
             self.endpoint.set_peer_key(peer, key)
+
+    def set_require_auth(self, on: bool) -> None:
+        """Drop frames from peers without a key (see ArqEndpoint.set_require_auth)."""
+        with self._wake:
+            self.endpoint.set_require_auth(on)
 
     def receiving_from(self, peer: int) -> bool:
         """Whether the reassembler holds a partial message from ``peer`` (see Link)."""

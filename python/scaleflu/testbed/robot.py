@@ -48,7 +48,7 @@ from scaleflu.testbed.common import (
     wait_on_clock,
 )
 from scaleflu.testbed.faults import NO_FAULTS, RobotFaults
-from scaleflu.testbed.keys import verify
+from scaleflu.testbed.keys import check_robot_key, verify
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
@@ -182,7 +182,7 @@ class RobotClient:
         self.link = link
         self.clock = link_clock(link)  # every wait on the server runs on the link's clock
         self.robot_id = robot_id
-        self.key = key
+        self.key = check_robot_key(robot_id, key)  # weak keys refused, with the fix
         self.cfg = cfg = federation_config(cfg)  # fl.rounds as on the server: the lr schedule
         self.tb = cfg.testbed
         self.unlearn = dict(unlearn) if unlearn else None
@@ -190,7 +190,7 @@ class RobotClient:
         self.ep = Endpoint(link, robot_id)
         self._bodies = BodyCache()  # model bodies from the broadcast downlink, by SHA-256
         self._waiting_body: dict[str, tuple[int, Mapping[str, Any], bytes]] = {}
-        install_link_keys(link, {robot_id: key}, robot_id)
+        install_link_keys(link, {robot_id: key}, robot_id, self.tb.arq.require_auth is not False)
         self.guard = ReplayGuard()
         self.session: int | None = None
         self.keys = {robot_id: key}
@@ -345,11 +345,19 @@ class RobotClient:
                 log.error("robot %d: registration refused: %s", self.robot_id, self.refused)
                 self.done = True
                 return
+            if env.session != self.session:  # a new session: the server knows nothing of us
+                self._uploads.clear()  # a model sent again is trained
             self.session = env.session
             self._pending_nonce = None
             self.registrations += 1
-            self.state, self.state_sha = None, None  # the server sends a full model next
-            self._uploads.clear()  # the server forgot them too: a model sent again is trained
+            # the model the server knows we hold (its next model is a delta against it): a
+            # robot that does not hold it (a restarted process) asks for a full one
+            holds = env.meta.get("holds")
+            if holds != self.state_sha:
+                self.state, self.state_sha = None, None
+                if holds is not None:
+                    log.info("robot %d: the server thinks we hold a model; resync", self.robot_id)
+                    self.ep.send(MsgType.RESYNC, SERVER_ID, self.key, self.session, 0, {})
             log.info("robot %d registered, session %08x", self.robot_id, env.session)
             early, self._early_model = self._early_model, None
             if early is not None and early.session == self.session:

@@ -264,7 +264,8 @@ class UnlearningService:
     def _reply(self, r: int, ok: bool, reason: str) -> None:
         meta: dict[str, Any] = {"accepted": ok, "reason": reason}
         meta["sig"] = self.sessions.sign("unlearn_ack", r, accepted=ok)
-        self.sessions.send(MsgType.UNLEARN_ACK, r, 0, meta, timeout=10.0)
+        # an answer to the robot's request: charged to its airtime (not sent when throttled)
+        self.sessions.answer(MsgType.UNLEARN_ACK, r, "UNLEARN_REQUEST", 0, meta, timeout=10.0)
 
     def on_eval_report(self, robot: RobotInfo, meta: Mapping[str, Any]) -> None:
         """An EVAL_REPORT: a robot's metrics of a deployed model, kept for the report."""

@@ -9,7 +9,7 @@ Modules:
 The names below are the package's face: import them from ``scaleflu.link.arq``.
 """
 
-from .config import ROBOT_REASSEMBLY_BYTES, TAIL_FRAGMENTS, ArqConfig
+from .config import ROBOT_REASSEMBLY_BYTES, TAIL_FRAGMENTS, UNTRUSTED_REASSEMBLY_BYTES, ArqConfig
 from .endpoint import LOSS_GAIN, RATE_WINDOW_S, ArqEndpoint, ArqStats
 from .frames import (
     ACK_COMPLETE,
@@ -48,6 +48,7 @@ __all__ = [
     "ROBOT_REASSEMBLY_BYTES",
     "TAG_SIZE",
     "TAIL_FRAGMENTS",
+    "UNTRUSTED_REASSEMBLY_BYTES",
     "AckInfo",
     "ArqConfig",
     "ArqEndpoint",

@@ -252,6 +252,7 @@ class ArqEndpoint:
             on_drop=self._on_reassembly_drop,
             max_messages_per_sender=cfg.reassembly_max_messages_per_sender,
             max_bytes_per_sender=cfg.reassembly_max_bytes_per_sender,
+            max_bytes_untrusted=cfg.reassembly_max_bytes_untrusted,
         )
         self._inbox: deque[tuple[int, bytes]] = deque()
         self._out: OrderedDict[tuple[int, int], _Outgoing] = OrderedDict()
@@ -298,6 +299,10 @@ class ArqEndpoint:
     def has_peer_key(self, peer: int) -> bool:
         """Whether frames with ``peer`` are authenticated."""
         return peer in self._keys
+
+    def set_require_auth(self, on: bool) -> None:
+        """Drop every frame from peers without a link key (``ArqConfig.require_auth``)."""
+        self.config = replace(self.config, require_auth=bool(on))
 
     def send(
         self,
@@ -440,16 +445,18 @@ class ArqEndpoint:
             self.stats.not_for_us += 1
             return
         trusted = False
-        if frame.dst != BROADCAST:
-            key = self._keys.get(frame.src)
-            if key is not None:
-                frame = self._verify(frame, raw, key)
-                if frame is None:
-                    return
-                trusted = True
-            elif self.config.require_auth:
+        key = self._keys.get(frame.src)
+        if key is None:
+            # a keyless sender: with require_auth nothing of it is answered or held, its
+            # broadcasts included (broadcasts carry no tag; only a keyed peer's id is taken)
+            if self.config.require_auth:
                 self.stats.unauthenticated += 1
                 return
+        elif frame.dst != BROADCAST:
+            frame = self._verify(frame, raw, key)
+            if frame is None:
+                return
+            trusted = True
         now = self.clock()
         if snr_db is not None and math.isfinite(snr_db):
             self._rx_snr[frame.src] = float(snr_db)

@@ -7,8 +7,10 @@ NACK frame that claims to come from a keyed peer without a valid tag is dropped 
 (``auth_failures``): nobody without the key can mark a send delivered, fail it, reset it or
 inject fragments into it. Both ends must hold the same key (set it on both before sending).
 Frames from keyed peers are *trusted* in reassembly: untrusted senders cannot evict them.
-``require_auth=True`` drops every unicast frame from a peer without a key (``unauthenticated``).
-Broadcast DATA frames are never tagged (no pairwise key); authenticate them above the link.
+``require_auth=True`` drops every frame from a peer without a key, broadcasts included
+(``unauthenticated``). Broadcast DATA frames are never tagged (no pairwise key): they are taken
+only from keyed peers' ids and held within the untrusted reassembly budget; authenticate them
+above the link.
 The tag binds the frame to (type, src, dst, msg_id, seq, count); a recorded frame replays only
 into the same message under the same key, so derive a fresh key per session.
 
