@@ -210,9 +210,10 @@ def test_cli_registers_table2() -> None:
             "pga",
             "fused",
             "scale",
+            "not",
             "finetune",
             "finetune_matched",
-        }  # the five methods and the control, twice
+        }  # the six methods and the control, twice
         assert methods.index("scale") < methods.index("finetune_matched")
     paper = load_config(resolve_config_path("table2_paper"))
     assert paper["data"]["num_clients"] == 100 and paper["fl"]["rounds"] == 100

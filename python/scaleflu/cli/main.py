@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import platform
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +38,7 @@ SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
     ("scaleflu.cli.experiment", "add_experiment_parser"),
     ("scaleflu.cli.testbed", "add_testbed_parser"),
     ("scaleflu.cli.keys", "add_keys_parser"),
+    ("scaleflu.cli.iplink", "add_iplink_parser"),
 ]
 
 
@@ -45,14 +47,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     from scaleflu.config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
     return 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    import platform
-
     lines = [f"gr-scaleflu {__version__}", f"python {platform.python_version()}"]
     for mod, attr in (("numpy", "__version__"), ("torch", "__version__")):
         try:

@@ -41,6 +41,7 @@ from scaleflu.experiments.harness import (
     ensure_run,
     run_cells,
 )
+from scaleflu.unlearn.search import sb3_startup
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +201,6 @@ def run_federation(
     federation's data (``complete`` once every cell has a result; ``failed``: the cells that
     failed, with their reasons, never scored).
     """
-    from scaleflu.unlearn.search import sb3_startup
-
     out, work = Path(out), Path(work)
     run_root = work / "sweep" / fed.setting
     cell_root = out / "unlearn_sweep" / fed.setting

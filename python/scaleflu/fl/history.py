@@ -36,10 +36,12 @@ as ``derived_kept_rounds``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import json
 import logging
+import math
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -49,10 +51,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
 from safetensors.torch import save_file
 
-from scaleflu.fl.integrity import IntegrityError, check_mac, key_for, write_mac
+from scaleflu.fl.integrity import (
+    CorruptFileError,
+    IntegrityError,
+    check_mac,
+    key_for,
+    load_tensors,
+    write_mac,
+)
+from scaleflu.link.mcs import expected_frame_airtime_s, mcs_name
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +114,51 @@ _DIGEST_TABLES = (
 
 @dataclass(frozen=True)
 class LinkModel:
-    """Simulated link: a transfer of ``b`` bytes takes ``b / goodput + latency`` seconds."""
+    """Simulated link: a transfer of ``b`` bytes takes ``b / goodput + latency`` seconds.
+
+    ``phy`` "stock" (the paper's): ``goodput`` as given. Otherwise the OFDM PHY's airtime from
+    the MCS table (``scaleflu.link.mcs``): ``phy`` "adaptive" (each frame at the MCS link
+    adaptation picks for its SNR) or an MCS name; the bytes go in link frames of ``mtu``, each
+    taking its expected airtime at mean SNR ``snr_db`` over ``fading`` ("none" or Rician K =
+    6 dB as the testbed's channel) with the measured frame error rates
+    (``expected_frame_airtime_s``; ``goodput`` is not used).
+    """
 
     goodput: float = 5.7e6 / 8  # bytes per second (about 5.7 Mbit/s, the stock OFDM PHY)
     latency: float = 0.01  # seconds per transfer
     count_uplink: bool = True  # charge each participant's upload to the round
+    phy: str = "stock"  # stock | adaptive | an MCS name
+    snr_db: float = 20.0  # mean SNR of the modelled PHY (phy other than stock)
+    fading: str = "none"  # none | rician | rayleigh (phy other than stock)
+    mtu: int = 1500
+
+    def __post_init__(self) -> None:
+        if self.phy != "stock":
+            object.__setattr__(self, "phy", mcs_name(self.phy))
+            if self.phy != "stock":
+                self._frame_s(self.mtu)  # a bad fading or an SNR nothing gets through: now
+
+    def _frame_s(self, frame_bytes: int) -> float:
+        s = _expected_frame_s(self.phy, frame_bytes, self.snr_db, self.fading)
+        if not math.isfinite(s):
+            raise ValueError(
+                f"link model: no frame gets through at {self.snr_db} dB with PHY {self.phy}"
+            )
+        return s
 
     def seconds(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` over the link."""
-        return nbytes / self.goodput + self.latency
+        if self.phy == "stock":
+            return nbytes / self.goodput + self.latency
+        per = self.mtu - 26  # link frame overhead (header 22 B + CRC32)
+        full, last = divmod(max(0, int(nbytes)), per)
+        s = full * self._frame_s(self.mtu) + (self._frame_s(last + 26) if last else 0.0)
+        return s + self.latency
+
+
+@functools.lru_cache(maxsize=256)
+def _expected_frame_s(phy: str, frame_bytes: int, snr_db: float, fading: str) -> float:
+    return expected_frame_airtime_s(phy, frame_bytes, snr_db, fading)
 
 
 def float_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -166,10 +211,15 @@ class HistoryStore:
             key = integrity_key if integrity_key is not None else key_for(run_dir)
             if key is not None:
                 self.integrity_key = key  # checks the metadata before anything is read
+            meta = self._meta()
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise CorruptFileError(
+                f"{self.dir / 'history.sqlite'}: the history database is unreadable ({exc})"
+            ) from None
         except Exception:
             self._db.close()
             raise
-        meta = self._meta()
         if "schema" not in meta:
             self._set_meta(
                 schema=SCHEMA_VERSION,
@@ -313,14 +363,7 @@ class HistoryStore:
                 check_mac(self._key, path, "history file")
             except IntegrityError as exc:
                 raise HistoryIntegrityError(str(exc)) from None
-        out: dict[str, torch.Tensor] = {}
-        with safe_open(str(path), framework="pt") as fh:
-            for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                if prefix is None:
-                    out[key] = fh.get_tensor(key)
-                elif key.startswith(prefix):
-                    out[key[len(prefix) :]] = fh.get_tensor(key)
-        return out
+        return load_tensors(path, "history file", prefix)
 
     def _cleanup_uncommitted(self) -> None:
         last = self.last_completed_round()

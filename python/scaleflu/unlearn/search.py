@@ -34,6 +34,7 @@ from scaleflu.fl.data import ImageData
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.base import UnlearnContext
 from scaleflu.unlearn.env import EnvSpec, EpisodeRecord, SparsifyEnv
+from scaleflu.unlearn.sensitivity import forget_saliency
 
 if TYPE_CHECKING:
     from scaleflu.unlearn.sensitivity import SensitivityReport
@@ -64,8 +65,6 @@ def sb3_startup() -> float:
     lin = torch.nn.Linear(2, 2)
     torch.optim.SGD(lin.parameters(), lr=0.1)
     # torch.func's first vmap(grad) (the saliencies) sets itself up once per process too
-    from scaleflu.unlearn.sensitivity import forget_saliency
-
     x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
     forget_saliency(lin, x, y, x, y, ["weight"])
 
