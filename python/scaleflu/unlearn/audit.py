@@ -52,10 +52,17 @@ from typing import Any
 
 import numpy as np
 import torch
+from scipy.stats import rankdata
 from torch import nn
+from tqdm import tqdm
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData, PoisonInfo
+from scaleflu.fl.device import config_device
+from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, derive_seed, make_trainer
+from scaleflu.fl.integrity import key_for, load_model, save_model
+from scaleflu.fl.models import build_model
+from scaleflu.fl.strategy import FedAvg
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +201,6 @@ class ShadowSet:
         return self.folder / f"shadow-{k}.safetensors"
 
     def _load(self, k: int) -> dict[str, torch.Tensor] | None:
-        from scaleflu.fl.integrity import key_for, load_model
-
         path = self._path(k)
         if not path.is_file():
             return None
@@ -259,8 +264,6 @@ class ShadowSet:
         return self.info
 
     def _save(self, k: int, state: Mapping[str, torch.Tensor]) -> None:
-        from scaleflu.fl.integrity import key_for, save_model
-
         out = dict(state)
         out[MASK_KEY] = torch.as_tensor(self.masks[k].astype(np.uint8))
         path = self._path(k)
@@ -268,13 +271,6 @@ class ShadowSet:
 
     def _train(self, k: int) -> dict[str, torch.Tensor]:
         """Shadow k: the run's FedAvg on the examples it holds, from its own initial model."""
-        from tqdm import tqdm
-
-        from scaleflu.fl.device import config_device
-        from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, derive_seed, make_trainer
-        from scaleflu.fl.models import build_model
-        from scaleflu.fl.strategy import FedAvg
-
         setup = self.run.setup
         fl = self.cfg["fl"]
         seed = derive_seed(self.seed, SEED_TAG, k)
@@ -320,8 +316,6 @@ class ShadowSet:
         """(K, len(data)) LiRA statistics of every shadow on ``data`` (memoised per set)."""
         key = id(data)
         if key not in self._phi_cache:
-            from scaleflu.fl.device import config_device
-
             self.ensure()
             model = self.run.setup.new_model().to(config_device(self.cfg))
             rows = []
@@ -361,8 +355,6 @@ def out_means(phi: np.ndarray, out: np.ndarray) -> np.ndarray:
 
 def fast_auc(pos: np.ndarray, neg: np.ndarray) -> float:
     """P(pos > neg) + P(tie) / 2 by ranks (NaN on an empty side)."""
-    from scipy.stats import rankdata
-
     if len(pos) == 0 or len(neg) == 0:
         return float("nan")
     r = rankdata(np.concatenate([pos, neg]))

@@ -61,7 +61,14 @@ from scaleflu.fl.models import build_model
 from scaleflu.fl.run import LoadedRun, load_run
 from scaleflu.fl.strategy import FedAvg
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
-from scaleflu.unlearn.audit import AuditSet, AuditSettings, ShadowSet, build_audit_set, run_audit
+from scaleflu.unlearn.audit import (
+    AuditSet,
+    AuditSettings,
+    ShadowSet,
+    build_audit_set,
+    empty_metrics,
+    run_audit,
+)
 from scaleflu.unlearn.metrics import (
     class_matched_indices,
     communication_overhead,
@@ -611,8 +618,6 @@ class UnlearnContext:
 
     def audit(self, model: nn.Module) -> dict[str, Any]:
         """The per-example membership audit of ``model`` (``audit_*`` metrics; None when off)."""
-        from scaleflu.unlearn.audit import empty_metrics
-
         got = self.shadows()
         if got is None:
             return empty_metrics()
