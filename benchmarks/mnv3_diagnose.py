@@ -14,7 +14,7 @@ tune on, ``unlearn.base``): never on the test set.
   averaged running statistics are from the global model's own statistics on validation data.
 
 One torch thread; prints one JSON line per measurement and writes them to ``--out``
-(benchmarks/results/, not committed; the numbers are in docs/reproducing.md):
+(benchmarks/results/, not committed; the numbers are in docs/results/table2.md):
     PYTHONPATH=python .venv/bin/python benchmarks/mnv3_diagnose.py split
     PYTHONPATH=python .venv/bin/python benchmarks/mnv3_diagnose.py central --epochs 3
     PYTHONPATH=python .venv/bin/python benchmarks/mnv3_diagnose.py fl --rounds 10 \

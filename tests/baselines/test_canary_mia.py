@@ -8,7 +8,7 @@ the trained model far above 0.5 and Retrain near 0.5, for the client request and
 sample request that forgets client 0's poisoned samples with every canary copy. Measured on
 this run: client request 0.900 -> Retrain 0.527, sample request 0.864 -> 0.537. (At this
 size, 6 rounds with 4 of 8 clients, a 15 % client's canaries were not memorised: 0.54; the
-table2_cpu runs are in docs/reproducing.md, "Canary sizing".)
+table2_cpu runs are in docs/results/table2.md, "Canary sizing".)
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ Two interchangeable local trainers give the same models up to float rounding:
 
 On a CPU vmap turns each convolution into a grouped convolution whose kernels are slow for
 small groups, so ``auto`` means sequential there; ``vmap`` stays available (and tested equal)
-for accelerators or tiny batches (measurements of both: docs/reproducing.md).
+for accelerators or tiny batches (measurements of both: docs/results/table2.md).
 
 BatchNorm statistics (``fl.bn_recalibration``): averaging the clients' running statistics gives
 statistics of *their* models, each an exponential average (momentum 0.1) over a few local steps
