@@ -3,8 +3,9 @@
 Library functions (the ``unlearn`` sub-command and the testbed's server use them):
 :func:`write_unlearning` writes what :func:`scaleflu.unlearn.registry.run_unlearning` returned
 in memory — ``model.safetensors``, ``result.json``, ``config.yaml`` and, for SCALE,
-``sensitivity.json`` and its figures; :func:`erase_history` deletes a request's targets'
-stored updates.
+``sensitivity.json`` and its figures; with ``erase``, also ``receipt.json``, the erasure
+receipt signed with the run's key (:mod:`scaleflu.unlearn.receipt`); :func:`erase_history`
+deletes a request's targets' stored updates.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ def write_unlearning(
     result.model_path = str(model_path)
     if erase:
         result.erasure = erase_history(ctx.run.history, ctx.request.targets, request, state)
+        result.erasure["receipt"] = write_receipt(done, method, result.erasure, out_dir)
     result.save(out_dir / "result.json")
     if method == "scale":
         unlearner.report.save(out_dir / "sensitivity.json")
@@ -65,6 +67,59 @@ def write_unlearning(
         out_dir,
     )
     return out_dir
+
+
+def write_receipt(
+    done: Any, method: str, erasure: dict[str, Any], out_dir: Path
+) -> dict[str, Any] | None:
+    """Sign the erasure receipt of an erased request with the run's key (``--keys``), keep it
+    in the run's history and write ``out_dir/receipt.json``; what was written (None: the run
+    has no key, so nothing can sign it)."""
+    from scaleflu.fl.integrity import signer_for, state_sha256
+    from scaleflu.unlearn.receipt import changed_parts, issue_receipt, receipt_sha256, receipt_text
+
+    ctx = done.ctx
+    signer = signer_for(ctx.run.run_dir)
+    if signer is None:
+        log.warning("erased without a key (--keys): no erasure receipt, nothing to sign it with")
+        return None
+    before = ctx.original_state()
+    req = ctx.request.request
+    request = {
+        "text": req.text,
+        "kind": req.kind,
+        "targets": [int(n) for n in ctx.request.targets],
+        "classes": list(req.classes) if req.kind == "class" else None,
+        "fraction": req.fraction,
+        "robot": None,
+    }
+    receipt = issue_receipt(
+        ctx.run.history,
+        signer,
+        request=request,
+        method=method,
+        mode=ctx.mode if method == "scale" else None,
+        before_sha256=state_sha256(before),
+        after_sha256=state_sha256(done.state),
+        changed=changed_parts(before, done.state, ctx.run.history.groups),
+        erasure=erasure,
+        result=done.result.to_dict(),
+    )
+    path = out_dir / "receipt.json"
+    path.write_text(receipt_text(receipt))
+    log.info(
+        "erasure receipt %s (history version %d); check it with: scaleflu receipt verify %s "
+        "--key KEY_FILE --model %s",
+        path,
+        receipt["history"]["version"],
+        path,
+        out_dir / "model.safetensors",
+    )
+    return {
+        "path": path.name,
+        "sha256": receipt_sha256(receipt),
+        "history_version": receipt["history"]["version"],
+    }
 
 
 def erase_history(
