@@ -375,6 +375,8 @@ class EdgeServer:
             i += 1
             try:
                 served.append(unlearning.serve(req))
+                if served[-1].get("erasure"):  # the history's final model is the served one:
+                    rounds.global_state = self.history.final_model()  # the next starts there
             except Exception as exc:  # keep the rounds' report, go on with the next request
                 log.exception("unlearning request %s failed", req.text)
                 self.records.event("unlearn_failed", request=req.text, error=repr(exc)[:200])
