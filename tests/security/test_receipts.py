@@ -71,9 +71,8 @@ def _verify(capsys, *argv: str) -> tuple[int, str]:
 
 def test_erase_writes_a_receipt_the_cli_verifies_offline(erased, capsys):
     run, key, (out, _) = erased
-    rc, text = _verify(
-        capsys, str(out / "receipt.json"), "--key", str(key), "--model", str(out / "model.safetensors")
-    )
+    model = str(out / "model.safetensors")
+    rc, text = _verify(capsys, str(out / "receipt.json"), "--key", str(key), "--model", model)
     assert rc == 0, text
     assert "receipt VALID" in text and "the model given" in text
     assert "It proves that this server signed" in text and "client:0" in text
@@ -105,9 +104,8 @@ def test_receipts_are_kept_in_the_history_chain(erased):
 def test_a_receipt_for_another_model_fails_in_one_line(erased, capsys):
     run, key, (out, _) = erased
     # the run's model before the request: the receipt is not about it
-    rc, text = _verify(
-        capsys, str(out / "receipt.json"), "--key", str(key), "--model", str(run / "model.safetensors")
-    )
+    model = str(run / "model.safetensors")
+    rc, text = _verify(capsys, str(out / "receipt.json"), "--key", str(key), "--model", model)
     lines = [ln for ln in text.splitlines() if ln.strip()]
     assert rc == 1 and len(lines) == 1, text
     assert "not about this model" in lines[0] and "the model before the request" in lines[0]
