@@ -33,16 +33,20 @@ def run_unlearn(
     overrides: list[str] | tuple[str, ...] = (),
     progress: bool = True,
     erase: bool = False,
+    audit: bool = False,
 ) -> Path:
     """Unlearn ``request`` from the run in ``run_dir``; write everything to the output folder.
 
     The unlearning itself is :func:`scaleflu.unlearn.registry.run_unlearning` (in memory).
     ``erase``: afterwards delete the request's target clients' stored updates from the run's
     history store and make the unlearned model its final model (:func:`erase_history`); the
-    result JSON records what was erased under ``erasure``.
+    result JSON records what was erased under ``erasure``, and with the run's key (``--keys``)
+    a signed erasure receipt is written beside it (``receipt.json``). ``audit``: measure with
+    the expensive audits too (calibrated MIAs, relearn time); off, the command costs about what
+    the method costs.
     """
     method = canonical_name(method)
-    done = run_unlearning(run_dir, request, method, mode, config, overrides, progress)
+    done = run_unlearning(run_dir, request, method, mode, config, overrides, progress, audit=audit)
     return write_unlearning(done, request, method, out, erase)
 
 
@@ -58,6 +62,7 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         args.overrides,
         progress=not args.no_progress,
         erase=args.erase,
+        audit=args.audit,
     )
     return 0
 
@@ -83,7 +88,14 @@ def add_unlearn_parser(subparsers: Any) -> None:
         "--erase",
         action="store_true",
         help="afterwards delete the targets' stored updates from RUN's history and make the "
-        "unlearned model its final model (what a serving server does)",
+        "unlearned model its final model (what a serving server does); with --keys, also a "
+        "signed erasure receipt (receipt.json)",
+    )
+    p.add_argument(
+        "--audit",
+        action="store_true",
+        help="also run the expensive audits (the calibrated MIAs' reference models, the "
+        "relearn time), as Table II does; without it the result has the forward-pass metrics",
     )
     p.add_argument(
         "--keys",

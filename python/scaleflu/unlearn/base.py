@@ -199,10 +199,18 @@ class UnlearnContext:
         cfg: Mapping[str, Any],
         mode: str = "default",
         progress: bool = True,
+        audit: bool = True,
     ) -> None:
-        """Build evaluation sets (validation split, D_u, D_r, triggered test) for ``request``."""
+        """Build evaluation sets (validation split, D_u, D_r, triggered test) for ``request``.
+
+        ``audit``: measure with the expensive audits too (the calibrated MIAs' reference
+        models, the relearn time), as Table II does; False: the forward-pass metrics only
+        (accuracy, RA, FA, ASR, the uncalibrated MIAs), what ``scaleflu unlearn`` measures
+        unless asked (``--audit``), so the command costs about what the method costs.
+        """
         if mode not in MODES:
             raise ConfigError(f"unlearn mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.audit = bool(audit)
         self.run = run
         self.request = request
         self.cfg: Config = as_config(cfg)
@@ -290,12 +298,13 @@ class UnlearnContext:
         overrides: list[str] | tuple[str, ...] = (),
         progress: bool = True,
         run: LoadedRun | None = None,
+        audit: bool = True,
     ) -> UnlearnContext:
         """Load the run (unless given: the one a server holds), resolve the config and the
         request (its text is parsed here)."""
         run = run if run is not None else load_run(run_dir)
         cfg = resolve_unlearn_config(run.cfg, config, overrides)
-        return cls.for_request(run, request, cfg, mode, progress)
+        return cls.for_request(run, request, cfg, mode, progress, audit)
 
     @classmethod
     def for_request(
@@ -305,6 +314,7 @@ class UnlearnContext:
         cfg: Mapping[str, Any],
         mode: str = "default",
         progress: bool = True,
+        audit: bool = True,
     ) -> UnlearnContext:
         """A context for the request (or its text) on a loaded run with a resolved config."""
         setup = run.setup
@@ -318,7 +328,7 @@ class UnlearnContext:
             int(cfg.seed),
             setup.poison.canary_copies,
         )
-        return cls(run, resolved, cfg, mode, progress)
+        return cls(run, resolved, cfg, mode, progress, audit)
 
     # -- models --------------------------------------------------------------------------
 
@@ -518,7 +528,8 @@ class UnlearnContext:
             )
 
     def evaluate(self, state: Mapping[str, torch.Tensor], relearn: bool = True) -> dict[str, Any]:
-        """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`)."""
+        """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`); without
+        :attr:`audit` the calibrated MIAs and the relearn time are None (not measured)."""
         model = self.new_model(state).to(self.device)
         setup = self.run.setup
         out = evaluate_model(
@@ -537,15 +548,15 @@ class UnlearnContext:
             remaining_clean=self.remaining_clean,
             mia_target=self.mia_target,
             mia_nonmembers=self.mia_nonmembers,
-            mia_reference=self.mia_reference(),
+            mia_reference=self.mia_reference() if self.audit else None,
             canary_target=self.canary_target,
             canary_nonmembers=self.canary_nonmembers,
-            canary_reference=self.canary_reference(),
+            canary_reference=self.canary_reference() if self.audit else None,
             canary_min=int(self.scale_cfg.eval.canary_min or 1),
         )
         out["relearn_rounds"] = None
         ev = self.scale_cfg.eval
-        if relearn and int(ev.relearn_max_rounds) > 0:
+        if relearn and self.audit and int(ev.relearn_max_rounds) > 0:
             target = float(ev.relearn_target) * float(self.original_metrics()["fa"] or 0.0)
             out["relearn_rounds"] = relearn_rounds(
                 model,
@@ -621,5 +632,9 @@ class UnlearnContext:
             cost=cost,
             aoi=aoi_out,
             details=dict(details or {}),
-            config={"scale": copy.deepcopy(sc), "fl": copy.deepcopy(self.cfg.fl)},
+            config={
+                "scale": copy.deepcopy(sc),
+                "fl": copy.deepcopy(self.cfg.fl),
+                "audit": self.audit,  # False: calibrated MIAs and relearn time not measured
+            },
         )
