@@ -25,8 +25,8 @@ test-py:
 	$(PY) -m pytest -q -n auto --dist loadgroup $(PYTEST_ARGS)
 
 lint:
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check --no-cache .
+	$(VENV)/bin/ruff format --no-cache --check .
 
 format:
 	$(VENV)/bin/ruff format .

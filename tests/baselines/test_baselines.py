@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_run_helpers import needs_fmnist, tiny_config
 
 from scaleflu.unlearn.base import UnlearnResult
 from scaleflu.unlearn.baselines import METHOD_NAMES, get_method
 from scaleflu.unlearn.baselines.pga import l2_distance, project_to_ball
+from tiny_run_helpers import needs_fmnist, tiny_config
 
 pytestmark = needs_fmnist
 

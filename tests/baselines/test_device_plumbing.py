@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_run_helpers import needs_fmnist, tiny_config
 
 from scaleflu.unlearn.base import UnlearnContext
 from scaleflu.unlearn.registry import make_method
+from tiny_run_helpers import needs_fmnist, tiny_config
 
 pytestmark = needs_fmnist
 

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_run_helpers import needs_fmnist, tiny_config
 
 from scaleflu.unlearn.baselines import get_method
 from scaleflu.unlearn.baselines.finetune import FinetuneUnlearner, MatchedFinetuneUnlearner
+from tiny_run_helpers import needs_fmnist, tiny_config
 
 pytestmark = needs_fmnist
 

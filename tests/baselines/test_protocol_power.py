@@ -38,7 +38,10 @@ POWER = [
     "fl.local_epochs=3",
     "scale.eval.mia_shadows=1",
 ]
-SPREAD = "seeds 0-4 x torch kernels native (AVX-512), avx2, default (threads 1 and 2)"
+SPREAD = (
+    "seeds 0-4 with torch's native (AVX-512) and avx2 kernels, seeds 0-2 with its default"
+    " kernel (2 threads)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def test_backdoor_outlasts_the_attacker(power_run: tuple[Any, dict[str, Any]]) -
     retrain = get_method("retrain", cfg).run(ctx)
     asr_ctl, asr_re = ctl.metrics["backdoor_asr"], retrain.metrics["backdoor_asr"]
     print(f"ASR before {before:.3f}, after {k} control rounds {asr_ctl:.3f}, Retrain {asr_re:.3f}")
-    # measured over SPREAD: before 0.962-0.997, control 0.665-0.983, Retrain 0.003-0.058,
+    # measured over SPREAD: before 0.962-0.997, control 0.665-0.983, Retrain 0.003-0.063,
     # Retrain's calibrated MIA AUC 0.473-0.519
     assert before > 0.9
     assert asr_ctl > 0.5, (before, asr_ctl)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from testbed_helpers import run_federation
 
 from scaleflu.config import load_config
 from scaleflu.link import ChannelModel
@@ -19,6 +18,7 @@ from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID
 from scaleflu.testbed.robot import RobotClient
 from scaleflu.testbed.server import EdgeServer
+from testbed_helpers import run_federation
 
 pytestmark = pytest.mark.timeout(300)
 RATE = 712500.0

@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from testbed_helpers import base_config
 
 from scaleflu.fl.data import FASHION_MNIST_DIR, FASHION_MNIST_FILES
 from scaleflu.fl.fedavg import LocalConfig
 from scaleflu.testbed.protocol import client_of
+from testbed_helpers import base_config
 
 pytestmark = pytest.mark.skipif(
     not all((FASHION_MNIST_DIR / n).is_file() for n in FASHION_MNIST_FILES),

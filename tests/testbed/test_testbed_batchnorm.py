@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from testbed_helpers import base_config, closer, run_federation, three_robots
 
 from scaleflu.fl.fedavg import recalibrate_bn, server_images
 from scaleflu.link import MemoryChannel
 from scaleflu.testbed.protocol import generate_keys
+from testbed_helpers import base_config, closer, run_federation, three_robots
 
 pytestmark = pytest.mark.timeout(300)
 
