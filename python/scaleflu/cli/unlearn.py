@@ -2,8 +2,15 @@
 
 Outputs in ``--out`` (default ``RUN_DIR/unlearn/<request>-<mode>``): ``model.safetensors`` (the
 unlearned global model), ``result.json`` (the :class:`UnlearnResult` schema), ``config.yaml``
-(the resolved config), and for SCALE ``sensitivity.json``, ``sensitivity.png``,
-``ppo_reward.png`` and ``sum_aoi.png``.
+(the resolved config), for SCALE ``sensitivity.json`` and, with ``--plots``,
+``sensitivity.png``, ``ppo_reward.png`` and ``sum_aoi.png``; with ``--erase --keys`` the signed
+erasure receipt ``receipt.json``.
+
+The command costs about what the method costs: the run is loaded once, and what is not the
+method is done on request: ``--evaluate`` measures the result's metrics (forward passes over
+the evaluation sets; the model before's metrics are kept in ``RUN_DIR/cache`` for the next
+method or request), ``--audit`` adds the expensive audits (the calibrated MIAs' reference
+models, the relearn time), ``--plots`` draws SCALE's figures (matplotlib is imported only then).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ def run_unlearn(
     progress: bool = True,
     erase: bool = False,
     audit: bool = False,
+    evaluate: bool = False,
+    plots: bool = False,
 ) -> Path:
     """Unlearn ``request`` from the run in ``run_dir``; write everything to the output folder.
 
@@ -41,13 +50,24 @@ def run_unlearn(
     ``erase``: afterwards delete the request's target clients' stored updates from the run's
     history store and make the unlearned model its final model (:func:`erase_history`); the
     result JSON records what was erased under ``erasure``, and with the run's key (``--keys``)
-    a signed erasure receipt is written beside it (``receipt.json``). ``audit``: measure with
-    the expensive audits too (calibrated MIAs, relearn time); off, the command costs about what
-    the method costs.
+    a signed erasure receipt is written beside it (``receipt.json``). ``evaluate``: measure the
+    result's metrics; ``audit``: and the expensive audits (calibrated MIAs, relearn time);
+    ``plots``: draw SCALE's figures. Without them the command costs about what the method costs.
     """
     method = canonical_name(method)
-    done = run_unlearning(run_dir, request, method, mode, config, overrides, progress, audit=audit)
-    return write_unlearning(done, request, method, out, erase)
+    done = run_unlearning(
+        run_dir,
+        request,
+        method,
+        mode,
+        config,
+        overrides,
+        progress,
+        audit=audit,
+        measure=evaluate or audit,
+        metrics_cache=True,
+    )
+    return write_unlearning(done, request, method, out, erase, plots=plots)
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
@@ -63,6 +83,8 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         erase=args.erase,
         audit=args.audit,
+        evaluate=args.evaluate,
+        plots=args.plots,
     )
     return 0
 
@@ -92,10 +114,19 @@ def add_unlearn_parser(subparsers: Any) -> None:
         "signed erasure receipt (receipt.json)",
     )
     p.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="measure the result's metrics (test accuracy, RA, FA, ASR, MIAs; the model "
+        "before's are cached in RUN/cache); without it the result has the model and its cost",
+    )
+    p.add_argument(
         "--audit",
         action="store_true",
-        help="also run the expensive audits (the calibrated MIAs' reference models, the "
-        "relearn time), as Table II does; without it the result has the forward-pass metrics",
+        help="--evaluate and the expensive audits too (the calibrated MIAs' reference models, "
+        "the relearn time), as Table II measures",
+    )
+    p.add_argument(
+        "--plots", action="store_true", help="draw SCALE's figures (sensitivity, PPO, Sum AoI)"
     )
     p.add_argument(
         "--keys",

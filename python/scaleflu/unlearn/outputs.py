@@ -18,18 +18,23 @@ log = logging.getLogger(__name__)
 
 
 def write_unlearning(
-    done: Any, request: str, method: str, out: str | Path | None = None, erase: bool = False
+    done: Any,
+    request: str,
+    method: str,
+    out: str | Path | None = None,
+    erase: bool = False,
+    plots: bool = True,
 ) -> Path:
     """Write an in-memory unlearning (``run_unlearning``'s answer) to ``out``.
 
     ``out`` defaults to ``RUN_DIR/unlearn/<request>-<mode or method>``. ``erase``: also erase
     the request's targets from the run's history (:func:`erase_history`), recorded in the
-    result's ``erasure``. Returns the folder.
+    result's ``erasure``, with a signed receipt when the run has a key. ``plots``: SCALE's
+    figures (matplotlib is imported only for them). Returns the folder.
     """
     from scaleflu.config import save_config
     from scaleflu.fl.integrity import key_for, save_model
     from scaleflu.log import fmt
-    from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
     from scaleflu.unlearn.base import resolve_unlearn_config
     from scaleflu.unlearn.registry import canonical_name
 
@@ -50,22 +55,34 @@ def write_unlearning(
     result.save(out_dir / "result.json")
     if method == "scale":
         unlearner.report.save(out_dir / "sensitivity.json")
-        plot_sensitivity(unlearner.report, out_dir / "sensitivity.png")
-        plot_rewards(result.details["episode_returns"], out_dir / "ppo_reward.png")
-        plot_sum_aoi(result.aoi["sum_s_trace"], out_dir / "sum_aoi.png")
+        if plots:
+            from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
+
+            plot_sensitivity(unlearner.report, out_dir / "sensitivity.png")
+            plot_rewards(result.details["episode_returns"], out_dir / "ppo_reward.png")
+            plot_sum_aoi(result.aoi["sum_s_trace"], out_dir / "sum_aoi.png")
     m = result.metrics
-    log.info(
-        "%s %s: test %.3f RA %.3f FA %.3f FA(protocol %s) %s, wall %.1fs -> %s",
-        result.method,
-        request,
-        m["test_acc"] or 0.0,
-        m["ra"] or 0.0,
-        m["fa"] or 0.0,
-        result.protocol,
-        fmt(m["fa_protocol"]),
-        result.cost["wall_s"],
-        out_dir,
-    )
+    if m:
+        log.info(
+            "%s %s: test %.3f RA %.3f FA %.3f FA(protocol %s) %s, wall %.1fs -> %s",
+            result.method,
+            request,
+            m["test_acc"] or 0.0,
+            m["ra"] or 0.0,
+            m["fa"] or 0.0,
+            result.protocol,
+            fmt(m["fa_protocol"]),
+            result.cost["wall_s"],
+            out_dir,
+        )
+    else:
+        log.info(
+            "%s %s: wall %.1fs -> %s (metrics not measured: --evaluate, --audit)",
+            result.method,
+            request,
+            result.cost["wall_s"],
+            out_dir,
+        )
     return out_dir
 
 

@@ -350,20 +350,31 @@ def run_unlearning(
     progress: bool = True,
     run: Any = None,
     audit: bool = True,
+    measure: bool = True,
+    metrics_cache: bool = False,
 ) -> Unlearning:
     """Unlearn ``request`` (an ``UnlearnRequest`` or its text) from the trained run in
     ``run_dir`` (or the loaded ``run``, e.g. the one an edge server holds), in memory.
 
     ``mode`` (paper | default; None: ``scale.mode``) is SCALE's mode. ``config``/``overrides``
-    may set ``scale.*`` and ``baselines.*`` only. ``audit``: measure the result with the
-    expensive audits too (:class:`~scaleflu.unlearn.base.UnlearnContext`). Nothing is written
-    to disk.
+    may set ``scale.*`` and ``baselines.*`` only. ``measure`` / ``audit`` / ``metrics_cache``:
+    what the result measures (:class:`~scaleflu.unlearn.base.UnlearnContext`). Nothing is
+    written to disk (but the metrics cache when asked).
     """
     from scaleflu.unlearn.base import UnlearnContext
 
     name = canonical_name(method)
     ctx = UnlearnContext.from_run_dir(
-        run_dir, request, mode or "default", config, overrides, progress, run=run, audit=audit
+        run_dir,
+        request,
+        mode or "default",
+        config,
+        overrides,
+        progress,
+        run=run,
+        audit=audit,
+        measure=measure,
+        metrics_cache=metrics_cache,
     )
     if mode is None:
         mode = hyper_parameters("scale", ctx.cfg)["mode"] if name == "scale" else None
