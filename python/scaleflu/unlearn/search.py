@@ -44,8 +44,8 @@ _SB3_IMPORT_S: float | None = None  # seconds the first stable-baselines3 import
 
 
 def sb3_startup() -> float:
-    """Import stable-baselines3 (and torch.optim's lazy imports) once per process; return the
-    seconds this call spent on it.
+    """Import stable-baselines3 (and set up torch.func) once per process; return the seconds
+    this call spent on it.
 
     The import (several seconds on a busy CPU) is a long-lived server's start-up cost, paid once,
     so SCALE reports it separately (``details.startup_s``) instead of hiding or adding it:
@@ -58,12 +58,9 @@ def sb3_startup() -> float:
     import stable_baselines3  # noqa: F401
     from stable_baselines3.common.callbacks import BaseCallback  # noqa: F401
 
-    # torch.optim's first optimizer imports torch._dynamo and torch.func's first vmap(grad) sets
-    # itself up (about a second of CPU each): process start-up costs too,
-    # paid here once (healing uses an optimizer, the saliencies torch.func)
+    # torch.func's first vmap(grad) (the saliencies) sets itself up once per process: a process
+    # start-up cost too, paid here once (healing needs no torch.optim: fl/optim.py)
     lin = torch.nn.Linear(2, 2)
-    torch.optim.SGD(lin.parameters(), lr=0.1)
-    # torch.func's first vmap(grad) (the saliencies) sets itself up once per process too
     from scaleflu.unlearn.sensitivity import forget_saliency
 
     x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
