@@ -41,33 +41,49 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _SB3_IMPORT_S: float | None = None  # seconds the first stable-baselines3 import took
+_TORCH_FUNC_READY = False  # torch.func's first vmap(grad) done in this process
 
 
-def sb3_startup() -> float:
-    """Import stable-baselines3 (and set up torch.func) once per process; return the seconds
-    this call spent on it.
+def uses_saliency(ctx: UnlearnContext) -> bool:
+    """Whether Phase I computes a saliency (torch.func's per-sample gradients) for the request:
+    a class removed from the whole federation, or the attribution chosen for its kind."""
+    req, sc = ctx.request.request, ctx.scale_cfg
+    if req.kind == "class" and not req.clients:
+        return str(sc.class_attribution) == "saliency"
+    chosen = sc.client_attribution if req.kind == "client" else sc.sample_attribution
+    return str(chosen) == "saliency"
+
+
+def sb3_startup(saliency: bool = True) -> float:
+    """Import stable-baselines3 (and with ``saliency`` set up torch.func) once per process;
+    return the seconds this call spent on it.
 
     The import (several seconds on a busy CPU) is a long-lived server's start-up cost, paid once,
     so SCALE reports it separately (``details.startup_s``) instead of hiding or adding it:
     everything else SCALE needs is in its ``wall_s`` and ``cpu_s``.
     """
-    global _SB3_IMPORT_S
+    global _SB3_IMPORT_S, _TORCH_FUNC_READY
+    spent = 0.0
+    if saliency and not _TORCH_FUNC_READY:
+        # torch.func's first vmap(grad) (the saliencies) imports torch._dynamo, about a second
+        # of CPU: a process start-up cost too, paid here once and only when Phase I needs it
+        # (healing needs no torch.optim: fl/optim.py)
+        t0 = time.perf_counter()
+        from scaleflu.unlearn.sensitivity import forget_saliency
+
+        lin = torch.nn.Linear(2, 2)
+        x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
+        forget_saliency(lin, x, y, x, y, ["weight"])
+        _TORCH_FUNC_READY = True
+        spent = time.perf_counter() - t0
     if _SB3_IMPORT_S is not None:
-        return 0.0
+        return spent
     t0 = time.perf_counter()
     import stable_baselines3  # noqa: F401
     from stable_baselines3.common.callbacks import BaseCallback  # noqa: F401
 
-    # torch.func's first vmap(grad) (the saliencies) sets itself up once per process: a process
-    # start-up cost too, paid here once (healing needs no torch.optim: fl/optim.py)
-    lin = torch.nn.Linear(2, 2)
-    from scaleflu.unlearn.sensitivity import forget_saliency
-
-    x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
-    forget_saliency(lin, x, y, x, y, ["weight"])
-
     _SB3_IMPORT_S = time.perf_counter() - t0
-    return _SB3_IMPORT_S
+    return spent + _SB3_IMPORT_S
 
 
 def greedy_cut(
