@@ -54,9 +54,14 @@ def uses_saliency(ctx: UnlearnContext) -> bool:
     return str(chosen) == "saliency"
 
 
-def sb3_startup(saliency: bool = True) -> float:
-    """Import stable-baselines3 (and with ``saliency`` set up torch.func) once per process;
-    return the seconds this call spent on it.
+def uses_ppo(ctx: UnlearnContext, mode: str) -> bool:
+    """Whether the search trains PPO (stable-baselines3): paper mode, or ``scale.search: ppo``."""
+    return mode != "default" or str(ctx.scale_cfg.search) != "greedy"
+
+
+def sb3_startup(saliency: bool = True, ppo: bool = True) -> float:
+    """With ``ppo`` import stable-baselines3, with ``saliency`` set up torch.func, once per
+    process each; return the seconds this call spent on it.
 
     The import (several seconds on a busy CPU) is a long-lived server's start-up cost, paid once,
     so SCALE reports it separately (``details.startup_s``) instead of hiding or adding it:
@@ -76,7 +81,7 @@ def sb3_startup(saliency: bool = True) -> float:
         forget_saliency(lin, x, y, x, y, ["weight"])
         _TORCH_FUNC_READY = True
         spent = time.perf_counter() - t0
-    if _SB3_IMPORT_S is not None:
+    if not ppo or _SB3_IMPORT_S is not None:
         return spent
     t0 = time.perf_counter()
     import stable_baselines3  # noqa: F401
