@@ -51,6 +51,7 @@ def erased(tmp_path_factory):
         argv = ["unlearn", "--run", str(run), "--request", f"client:{n}", "--method",
                 "finetune", "--keys", str(key), "--out", str(out), "--no-progress", "--erase",
                 "--set", "baselines.finetune.rounds=1"]  # fmt: skip
+        argv += ["--evaluate"] if n == 0 else []  # the second: no scores measured
         assert main(argv) == 0
         untrust(run)
         outs.append(out)
@@ -86,6 +87,10 @@ def test_erase_writes_a_receipt_the_cli_verifies_offline(erased, capsys):
     assert r["audit"]["metrics"]["test_acc"] == result["metrics"]["test_acc"]
     assert [u["client"] for u in r["erasure"]["updates"]] == [0, 0]
     assert all(len(u["sha256"]) == 64 for u in r["erasure"]["updates"])
+    unmeasured = erased[2][1]  # unlearned without --evaluate: the receipt says no scores
+    rc, text = _verify(capsys, str(unmeasured / "receipt.json"), "--key", str(key))
+    assert rc == 0 and "none recorded" in text, text
+    assert not read_receipt(unmeasured / "receipt.json")["audit"].get("metrics")
 
 
 def test_receipts_are_kept_in_the_history_chain(erased):
