@@ -1,8 +1,11 @@
 # gr-scaleflu: the two front-door commands are `make demo` and `make test`.
 # Both run scripts/setup.sh first (idempotent: quick when everything is in place).
 VENV   ?= .venv
+BUILD  ?= build
 PY     := $(VENV)/bin/python
-export GRC_BLOCKS_PATH := $(CURDIR)/$(VENV)/share/gnuradio/grc/blocks
+# GRC finds our block YAML in the venv when set-up installed the module there (without root);
+# an install under /usr/local is on GRC's own path. Looked up when a recipe runs (after setup).
+export GRC_BLOCKS_PATH = $(shell test -e $(VENV)/share/gnuradio/grc/blocks/scaleflu_link_arq.block.yml && echo $(CURDIR)/$(VENV)/share/gnuradio/grc/blocks)
 export PYTHONUNBUFFERED := 1
 
 .PHONY: setup demo test test-cpp test-py lint format bench clean install uninstall
@@ -18,7 +21,7 @@ demo: setup
 test: setup lint test-cpp test-py
 
 test-cpp:
-	cd build && ctest --output-on-failure -j $$(nproc)
+	cd $(BUILD) && ctest --output-on-failure -j $$(nproc)
 
 # both cores (one worker per core); tests sharing a module's fixture stay on one worker
 test-py:
@@ -38,16 +41,28 @@ bench: setup
 	$(PY) benchmarks/unlearn_bench.py
 
 ## install: the module for GNU Radio Companion's /usr/bin/python3, under /usr/local (run as root,
-## e.g. `sudo make install`, after `make setup`; set-up does it itself when it has root or sudo)
+## e.g. `sudo make install`, after `make setup`). Set-up installs it there itself when it has root
+## or sudo; otherwise its build went into the venv, and this builds the /usr/local one.
+SYS_CMAKE := -DCMAKE_BUILD_TYPE=Release -DSCALEFLU_INSTALL_PTH=ON -DCMAKE_INSTALL_PREFIX=/usr/local \
+	-DPYTHON_EXECUTABLE=/usr/bin/python3
 install:
-	@test -f build/system/cmake_install.cmake || { echo "no build/system: run 'make setup' first" >&2; exit 1; }
-	cmake --install build/system
+	@test -f $(BUILD)/CMakeCache.txt || { echo "no $(BUILD): run 'make setup' first" >&2; exit 1; }
+	if grep -q '^CMAKE_INSTALL_PREFIX:PATH=/usr/local$$' $(BUILD)/CMakeCache.txt; then \
+	  cmake --install $(BUILD); \
+	else \
+	  cmake -S . -B $(BUILD)/system $(SYS_CMAKE) >/dev/null && \
+	  cmake --build $(BUILD)/system -j $$(nproc) && cmake --install $(BUILD)/system; \
+	fi
 	/sbin/ldconfig
 
 # (Python leaves __pycache__ in gnuradio/scaleflu, which would import as an empty namespace package)
 uninstall:
-	cmake --build build/system --target uninstall
-	grep '/gnuradio/scaleflu/__init__.py$$' build/system/install_manifest.txt | xargs -r dirname | xargs -r rm -rf
+	for b in $(BUILD) $(BUILD)/system; do \
+	  if grep -qs '^/usr/local/' $$b/install_manifest.txt; then \
+	    cmake --build $$b --target uninstall; \
+	    grep '/gnuradio/scaleflu/__init__.py$$' $$b/install_manifest.txt | xargs -r dirname | xargs -r rm -rf; \
+	  fi; \
+	done
 
 clean:
 	rm -rf build

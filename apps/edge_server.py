@@ -12,6 +12,10 @@ Real radios (USRP 2955 receives, a USRP 2900 transmits)::
     .venv/bin/python apps/edge_server.py --keys keys.json --run-dir runs/lab --link uhd \
         --rx-args "type=x300,addr=192.168.40.2,master_clock_rate=200e6" --rx-subdev "A:0" \
         --tx-args "type=b200,serial=XXXX,master_clock_rate=20e6" --freq 2.45e9 --rate 5e6
+
+``--mcs auto`` (the default, ``testbed.mcs``) runs the coded OFDM PHY with link adaptation (the
+server's MAC chooses each robot's MCS), ``--mcs stock`` the paper's uncoded QPSK PHY, ``--mcs
+16qam-1/2`` (any MCS name) one MCS; every node of a deployment runs the same.
 """
 
 import sys

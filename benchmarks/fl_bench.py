@@ -12,7 +12,21 @@ FedAvg strategy (``fraction_train=0.1``) and a ClientApp doing the same local SG
 loop, with two virtual-client actors (one per core).
 
 Run by hand: ``PYTHONPATH=python .venv/bin/python benchmarks/fl_bench.py [--rounds 20]``;
-writes ``benchmarks/results/fl_bench.json``. On a GPU, the batched (vmap) trainer against the
+writes ``benchmarks/results/fl_bench.json``.
+
+**The same unlearning request, through Flower and through our runtime** (``--only unlearn
+[--repeat 3] [--unlearn-rounds 5] [--engine ray|inprocess]``; writes
+``benchmarks/results/fl_bench_unlearn.json``): FedAvg on FashionMNIST (10 clients, 5 per
+round, Dirichlet 1.0, client 2 with a backdoor, LeNet-5), client 2 asks to be forgotten.
+Flower: the app of ``examples/flower_unlearning`` (Flower's FedAvg wrapped by
+``scaleflu.flower.UnlearningStrategy``) in Flower's simulation engine (Ray, two actors) or
+through ``InProcessGrid``; the strategy serves the request with SCALE, Retrain and the
+fine-tune control after the last round. Ours: ``scaleflu train`` then ``scaleflu unlearn``
+once per method, each a process of its own, as a user runs them. Interleaved (the order
+alternates per repetition); per method the results side by side and the times: training
+(Flower: start to the last round's record; ours: the ``train`` process), serving (Flower:
+the last round's record to the side-by-side file; ours: the ``unlearn`` processes) and each
+method's own ``cost.wall_s``. On a GPU, the batched (vmap) trainer against the
 sequential one, interleaved: ``fl_bench.py --device cuda --only vmap sequential --repeat 3
 [--model mobilenetv3]`` (``speedup.vmap_vs_sequential``: per-repeat ratios and their range).
 """
@@ -25,6 +39,7 @@ import logging
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -245,6 +260,252 @@ def bench_flower(rounds: int) -> dict[str, Any]:
     return _summary("flower-simulation", stamps, start, evaluate(model, test_set)["acc"])
 
 
+# ----------------------------------------------------------------------------- unlearning
+
+UNLEARN_FED = (
+    "seed=0 data.num_clients=10 data.train_subset=10000 data.test_subset=2000 "
+    "data.partition=dirichlet data.alpha=1.0 data.poison.backdoor_clients=[2] "
+    "data.poison.backdoor_fraction=0.3 fl.clients_per_round=5 fl.local_epochs=1 fl.lr=0.02 "
+    "fl.momentum=0.5 fl.batch_size=32 fl.trainer=sequential fl.threads=1"
+)
+UNLEARN_SET = "scale.eval.relearn_max_rounds=0"
+UNLEARN_CLIENT = 2
+UNLEARN_METHODS = ("retrain", "finetune", "scale")
+EXAMPLE = ROOT / "examples" / "flower_unlearning"
+
+
+def _unlearn_run_config(rounds: int, run_dir: Path) -> dict[str, Any]:
+    return {
+        "num-server-rounds": rounds,
+        "scaleflu-set": UNLEARN_FED,
+        "unlearn-set": UNLEARN_SET,
+        "forget-client": UNLEARN_CLIENT,
+        "forget-request": "client",
+        "forget-round": rounds,
+        "method": "scale",
+        "compare": "retrain,finetune",
+        "run-dir": str(run_dir),
+    }
+
+
+def _example_apps(rc: dict[str, Any]) -> tuple[Any, Any]:
+    """The example's ServerApp and ClientApp with ``rc`` as their run config (what ``flwr run
+    --run-config`` gives them; ``run_simulation`` takes none)."""
+    from flower_unlearning import client_app as example_client
+    from flower_unlearning import server_app as example_server
+    from flwr.app import Context
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import ServerApp
+
+    from scaleflu.flower.wire import REGISTER_ACTION
+
+    client = ClientApp()
+
+    def with_config(msg: Any, context: Any) -> Any:
+        # Flower forbids changing a Context's run config: the app gets a view with ``rc``
+        # (the same node state, so its requests persist)
+        view = Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config=context.node_config,
+            state=context.state,
+            run_config={**context.run_config, **rc},
+        )
+        return example_client.app(msg, view)
+
+    client.train()(with_config)
+    client.query(REGISTER_ACTION)(with_config)
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Any, context: Any) -> None:
+        view = Context(
+            run_id=context.run_id,
+            node_id=context.node_id,
+            node_config=context.node_config,
+            state=context.state,
+            run_config={**context.run_config, **rc},
+        )
+        example_server.app(grid, view)
+
+    return server, client
+
+
+def _flower_unlearning(rounds: int, work: Path, engine: str) -> dict[str, Any]:
+    """The example app under the UnlearningStrategy; the strategy serves client 2."""
+    run_dir = work / "flower"
+    rc = _unlearn_run_config(rounds, run_dir)
+    start = time.perf_counter()
+    t_wall0 = time.time()
+    if engine == "ray":
+        from flwr.simulation import run_simulation
+
+        import fl_bench as me  # the apps must be importable by the Ray actors
+
+        server, client = me._example_apps(rc)
+        run_simulation(
+            server_app=server,
+            client_app=client,
+            num_supernodes=10,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {"num_cpus": os.cpu_count() or 2, "include_dashboard": False},
+            },
+        )
+    else:
+        from flwr.app import Context, RecordDict
+
+        from scaleflu.flower.grid import InProcessGrid
+
+        server, client = _example_apps(rc)
+        grid = InProcessGrid(client, 10, rc)
+        server(
+            grid, Context(run_id=1, node_id=1, node_config={}, state=RecordDict(), run_config=rc)
+        )
+    total = time.perf_counter() - start
+    trained = (run_dir / "metrics.csv").stat().st_mtime - t_wall0
+    served = (run_dir / "unlearn" / "side_by_side.json").stat().st_mtime - t_wall0
+    results = {
+        m: json.loads(
+            (run_dir / "unlearn" / f"client-{UNLEARN_CLIENT}-{m}" / "result.json").read_text()
+        )
+        for m in UNLEARN_METHODS
+    }
+    return {"total_s": total, "train_s": trained, "serve_s": served - trained, "results": results}
+
+
+def _scaleflu_cli(*argv: str) -> float:
+    """Run ``scaleflu ARGV`` as a process; its wall time."""
+    cmd = [sys.executable, "-c", "import sys; from scaleflu.cli import main; sys.exit(main())"]
+    t0 = time.perf_counter()
+    subprocess.run([*cmd, *argv], check=True, capture_output=True, text=True)
+    return time.perf_counter() - t0
+
+
+def _ours_unlearning(rounds: int, work: Path) -> dict[str, Any]:
+    """``scaleflu train`` then ``scaleflu unlearn`` per method, as a user runs them."""
+    import shlex
+
+    run_dir = work / "ours"
+    sets = [x for o in [*shlex.split(UNLEARN_FED), f"fl.rounds={rounds}"] for x in ("--set", o)]
+    train_s = _scaleflu_cli("train", *sets, "--out", str(run_dir))
+    serve: dict[str, float] = {}
+    results = {}
+    for m in UNLEARN_METHODS:
+        out = work / "ours-unlearn" / m
+        serve[m] = _scaleflu_cli(
+            "unlearn",
+            "--run",
+            str(run_dir),
+            "--request",
+            f"client:{UNLEARN_CLIENT}",
+            "--method",
+            m,
+            "--set",
+            UNLEARN_SET,
+            "--out",
+            str(out),
+            "--no-progress",
+        )
+        results[m] = json.loads((out / "result.json").read_text())
+    return {
+        "total_s": train_s + sum(serve.values()),
+        "train_s": train_s,
+        "serve_s": sum(serve.values()),
+        "serve_process_s": serve,
+        "results": results,
+    }
+
+
+UNLEARN_KEYS = ("test_acc", "ra", "fa", "fa_protocol", "backdoor_asr")
+
+
+def bench_unlearning(rounds: int, repeat: int, engine: str, out: Path) -> dict[str, Any]:
+    """Interleaved: the request through Flower and through ``scaleflu unlearn``."""
+    paths = [str(ROOT / "python"), str(ROOT / "benchmarks"), str(EXAMPLE)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")])
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    load_fashion_mnist()
+    runs = []
+    for rep in range(repeat):
+        order = ("flower", "ours") if rep % 2 == 0 else ("ours", "flower")
+        row: dict[str, Any] = {"repeat": rep, "order": order}
+        for who in order:
+            with tempfile.TemporaryDirectory() as tmp:
+                if who == "flower":
+                    row[who] = _flower_unlearning(rounds, Path(tmp), engine)
+                else:
+                    row[who] = _ours_unlearning(rounds, Path(tmp))
+            log.info(
+                "rep %d %s: train %.1f s, serve %.1f s",
+                rep,
+                who,
+                row[who]["train_s"],
+                row[who]["serve_s"],
+            )
+        for m in UNLEARN_METHODS:
+            f, o = row["flower"]["results"][m], row["ours"]["results"][m]
+            row.setdefault("max_abs_metric_diff", {})[m] = max(
+                abs((f["metrics"][k] or 0.0) - (o["metrics"][k] or 0.0)) for k in UNLEARN_KEYS
+            )
+        runs.append(row)
+
+    def rng(xs: list[float]) -> dict[str, float]:
+        return {"min": min(xs), "median": statistics.median(xs), "max": max(xs)}
+
+    side = {}
+    for m in UNLEARN_METHODS:
+        side[m] = {
+            who: {
+                **{k: runs[0][who]["results"][m]["metrics"][k] for k in UNLEARN_KEYS},
+                "aoi_mean_s": runs[0][who]["results"][m]["aoi"]["mean_s"],
+                "method_wall_s": rng([r[who]["results"][m]["cost"]["wall_s"] for r in runs]),
+                "method_cpu_s": rng([r[who]["results"][m]["cost"]["cpu_s"] or 0.0 for r in runs]),
+            }
+            for who in ("flower", "ours")
+        }
+        side[m]["max_abs_metric_diff"] = max(r["max_abs_metric_diff"][m] for r in runs)
+    report = {
+        "setup": {
+            "federation": UNLEARN_FED,
+            "unlearn": UNLEARN_SET,
+            "rounds": rounds,
+            "request": f"client:{UNLEARN_CLIENT}",
+            "engine": engine,
+            "repeat": repeat,
+            "flwr": __import__("flwr").__version__,
+        },
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "load_avg_at_end": os.getloadavg(),
+        },
+        "side_by_side": side,
+        "times": {
+            who: {k: rng([r[who][k] for r in runs]) for k in ("train_s", "serve_s", "total_s")}
+            for who in ("flower", "ours")
+        },
+        "runs": [
+            {
+                k: (
+                    {kk: vv for kk, vv in v.items() if kk != "results"}
+                    if isinstance(v, dict) and "results" in v
+                    else v
+                )
+                for k, v in r.items()
+            }
+            for r in runs
+        ],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2))
+    log.info("wrote %s", out)
+    return report
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -257,8 +518,10 @@ def main() -> int:
         "--only",
         nargs="*",
         default=["vmap", "sequential", "sequential2", "plain", "flower"],
-        help="subset of: vmap sequential sequential2 plain flower",
+        help="subset of: vmap sequential sequential2 plain flower | unlearn (alone)",
     )
+    parser.add_argument("--unlearn-rounds", type=int, default=5)
+    parser.add_argument("--engine", choices=("ray", "inprocess"), default="ray")
     parser.add_argument(
         "--out", type=Path, default=ROOT / "benchmarks" / "results" / "fl_bench.json"
     )
@@ -269,6 +532,10 @@ def main() -> int:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("flwr").setLevel(logging.WARNING)
+    if "unlearn" in args.only:
+        out = args.out.with_name("fl_bench_unlearn.json")
+        bench_unlearning(args.unlearn_rounds, args.repeat, args.engine, out)
+        return 0
     runners = {
         "vmap": lambda: bench_scaleflu("vmap", args.rounds, 1, args.device, args.model),
         "sequential": lambda: bench_scaleflu("sequential", args.rounds, 1, args.device, args.model),

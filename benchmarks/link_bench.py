@@ -9,6 +9,7 @@ Run by hand (about 3-4 minutes on 2 cores)::
     .venv/bin/python benchmarks/link_bench.py --quick  # fewer frames and repetitions
     .venv/bin/python benchmarks/link_bench.py --goodput-only --reps 7   # -> link_goodput.json
     .venv/bin/python benchmarks/link_bench.py --tails 100               # -> link_tails.json
+    .venv/bin/python benchmarks/link_bench.py --auth --reps 5           # -> link_auth.json
 
 The stock contender is what a new user builds: a vector source of tagged 1500 B frames into
 ``digital.ofdm_tx`` -> channel -> ``digital.ofdm_rx``, no Python in the loop, carrying as many
@@ -292,14 +293,23 @@ def stock_full_speed(n: int, snr_db: float, mob: int, seed: int = 2) -> dict:
 
 
 # -- 3. our goodput ------------------------------------------------------------------------
-def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int, **arq: object) -> dict:
-    """One tensor message of nbytes (fp32, RAW) server -> robot over the OFDM loopback + ARQ."""
+def our_goodput(
+    nbytes: int, snr_db: float, drop_rate: float, seed: int, auth: bool = False, **arq: object
+) -> dict:
+    """One tensor message of nbytes (fp32, RAW) server -> robot over the OFDM loopback + ARQ;
+    ``auth``: both ends hold a link key (every frame tagged and checked, ``require_auth`` on)."""
     rng = np.random.default_rng(seed)
     tensors = {"w": rng.standard_normal(nbytes // 4).astype(np.float32)}
     data = encode_message(Message(type=MessageType.MODEL, tensors=tensors))
     ch = ChannelConfig(snr_db=snr_db, cfo=CFO, taps=MULTIPATH, drop_rate=drop_rate, seed=seed)
     with OfdmLoopbackNetwork(nodes=(0, 1), channel=ch, **arq) as net:
         s, r = net.link(0), net.link(1)
+        if auth:
+            key = bytes(rng.integers(0, 256, 32, dtype=np.uint8))
+            s.set_peer_key(1, key)
+            r.set_peer_key(0, key)
+            s.set_require_auth(True)
+            r.set_require_auth(True)
         time.sleep(0.2)
         t0 = time.monotonic()
         c0 = time.process_time()
@@ -317,6 +327,7 @@ def our_goodput(nbytes: int, snr_db: float, drop_rate: float, seed: int, **arq: 
         "tensor_bytes": nbytes,
         "snr_db": snr_db,
         "drop_rate": drop_rate,
+        "auth": auth,
         "bit_exact": ok,
         "seconds": dt,
         "goodput_bytes_per_s": len(data) / dt if ok else 0.0,
@@ -583,9 +594,16 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="only the tail-latency check: N LeNet transfers at 40%% loss per back-end (N >= 100)",
     )
+    ap.add_argument(
+        "--auth",
+        action="store_true",
+        help="only the cost of link keys: goodput with and without them, interleaved",
+    )
     a = ap.parse_args(argv)
     if a.tails:
         return tails_main(a)
+    if a.auth:
+        return auth_main(a)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     reps = 1 if a.quick else a.reps
     nfr = 150 if a.quick else 400
@@ -730,6 +748,53 @@ def main(argv: list[str] | None = None) -> int:
     )
     log.info("targets %s", res["targets"])
     log.info("wrote %s", a.out / "link_bench.json")
+    return 0
+
+
+def auth_main(a: argparse.Namespace) -> int:
+    """Goodput with link keys (every frame tagged and checked, keyless frames dropped) against
+    without, interleaved per repetition (alternating which goes first), at 20 dB with and without
+    5 % frame loss; ratios per repetition -> link_auth.json."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    nbytes = int(a.message_mb * 1e6)
+    a.out.mkdir(parents=True, exist_ok=True)
+    t_all = time.monotonic()
+    res: dict = {
+        "load_average_start": os.getloadavg(),
+        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        "host": {"machine": platform.machine(), "cpus": os.cpu_count(), "gnuradio": gr.version()},
+        "tensor_bytes": nbytes,
+        "runs": [],
+        "per_repetition": [],
+    }
+    for i in range(a.reps):
+        rep: dict = {"load": os.getloadavg()[0]}
+        for drop in (0.0, 0.05):
+            order = [False, True] if (i + int(drop > 0)) % 2 == 0 else [True, False]
+            got = {}
+            for auth in order:
+                r = _isolated(our_goodput, nbytes, 20.0, drop, seed=10 + i, auth=auth)
+                res["runs"].append(r)
+                got[auth] = r["goodput_bytes_per_s"]
+            name = "5pct_loss" if drop else "20dB"
+            rep[name] = {"plain": got[False], "auth": got[True], "ratio": got[True] / got[False]}
+        res["per_repetition"].append(rep)
+        log.info("repetition %d/%d: %s", i + 1, a.reps, rep)
+    res["ratio_auth_over_plain"] = {
+        name: {
+            "median": statistics.median(r[name]["ratio"] for r in res["per_repetition"]),
+            "range": [
+                min(r[name]["ratio"] for r in res["per_repetition"]),
+                max(r[name]["ratio"] for r in res["per_repetition"]),
+            ],
+        }
+        for name in ("20dB", "5pct_loss")
+    }
+    res["bit_exact"] = all(r["bit_exact"] for r in res["runs"])
+    res["seconds"] = time.monotonic() - t_all
+    res["load_average_end"] = os.getloadavg()
+    (a.out / "link_auth.json").write_text(json.dumps(res, indent=2))
+    log.info("auth / plain goodput %s", res["ratio_auth_over_plain"])
     return 0
 
 

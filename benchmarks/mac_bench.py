@@ -6,6 +6,7 @@ Run by hand (about a minute on 2 cores)::
     .venv/bin/python benchmarks/mac_bench.py           # -> benchmarks/results/mac_bench.{json,png}
     .venv/bin/python benchmarks/mac_bench.py --quick   # one seed, N = 3 and 10
     .venv/bin/python benchmarks/mac_bench.py --sample-level  # + N = 3 over the sample-level medium
+    .venv/bin/python benchmarks/mac_bench.py --phy-snr-db 20 --phy-fading rician  # + the PHY
 
 Frame-level virtual time (``scaleflu.link.macsim``): no PHY, each frame occupies the medium for
 its bytes at the PHY rate plus a preamble (``MacConfig``: 748,000 B/s and 90 us, a fit of the
@@ -24,6 +25,13 @@ seconds: the numbers do not depend on this machine. Targets (docs/link.md sectio
 collision in scheduled traffic; downlink airtime independent of N within 10 %; uplink airtime
 (uplink DATA plus every ACK and MAC control frame) <= 1.15 x the updates' own airtime; a round
 with 1 of 10 robots out of range closes at its deadline with the other 9.
+
+With ``--phy-snr-db`` the scheduled round runs again through a PHY model on every link (mean
+SNR, ``--phy-fading``: each link its own seeded trace, ``scaleflu.link.fading``; frames lost by
+the measured error rate of their MCS, ``scaleflu.link.mcs``): the coded PHY with the MAC's link
+adaptation (``MacConfig.mcs="adaptive"``, frames at their MCS's airtime) beside the paper's
+stock PHY on the same channel, interleaved per seed: airtime of a round at N = 3 .. 100 with
+adaptation.
 """
 
 from __future__ import annotations
@@ -98,6 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--unscheduled-cpu-s", type=float, default=60.0, help="CPU cap of one unscheduled run"
     )
+    ap.add_argument(
+        "--phy-snr-db",
+        type=float,
+        default=None,
+        help="also run the scheduled round through the PHY model at this mean SNR: link "
+        "adaptation beside the stock PHY",
+    )
+    ap.add_argument("--phy-fading", default="rician", choices=("none", "rician", "rayleigh"))
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     ns = (3, 10) if args.quick else (3, 10, 30, 100)
@@ -148,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                     + ("  (CPU cap)" if s["wall_capped"] else ""),
                     flush=True,
                 )
+    if args.phy_snr_db is not None:
+        phy_rounds(args, ns, seeds, size, out)
     # 1 of 10 robots out of range
     rows = []
     for seed in seeds:
@@ -191,6 +209,51 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(out["targets"], indent=1))
     print(f"wrote {dest / 'mac_bench.json'} and {dest / 'mac_bench.png'}")
     return 0
+
+
+def phy_rounds(args: argparse.Namespace, ns: tuple[int, ...], seeds, size: int, out: dict) -> None:
+    """The scheduled round through the PHY model: adaptive MCS and the stock PHY, per seed."""
+    from scaleflu.link.fading import link_snr
+
+    for n in ns:
+        deadline = max(120.0, 2.0 * n)
+        rows: dict[str, list] = {"adaptive": [], "stock": []}
+        for seed in seeds:
+            for phy in ("adaptive", "stock"):  # interleaved, the same channel realisation
+                r = simulate_round(
+                    "scheduled",
+                    n,
+                    size,
+                    deadline_s=deadline,
+                    seed=seed,
+                    mac=MacConfig(mcs=None if phy == "stock" else phy),
+                    snr_fn=link_snr(seed, args.phy_snr_db, args.phy_fading),
+                )
+                r.pop("model_s", None)
+                r.pop("update_s", None)
+                rows[phy].append(r)
+        for phy, rs in rows.items():
+            key = f"scheduled-{phy}-phy/N={n}"
+            out["runs"][key] = rs
+            out["summary"][key] = s = summarise(rs)
+            by: dict[str, int] = {}
+            for r in rs:
+                for k, v in r["bytes_by_mcs"].items():
+                    by[k] = by.get(k, 0) + v
+            s["bytes_by_mcs"] = by
+            s["airtime_total_s"] = {
+                "median": statistics.median(sum(r["airtime_s"].values()) for r in rs)
+            }
+            s["lost_link"] = {"median": statistics.median(r["lost_link"] for r in rs)}
+            print(
+                f"{key:34s} closed {s['closed_s']['median']:8.2f}s  "
+                f"airtime {s['airtime_total_s']['median']:7.3f}s  "
+                f"down {s['downlink_s']['median']:7.3f}s  up {s['uplink_s']['median']:7.3f}s  "
+                f"lost {s['lost_link']['median']:6.0f}  all {s['all_updates']} "
+                f"bit-exact {s['bit_exact']}",
+                flush=True,
+            )
+    out["phy_model"] = {"snr_db": args.phy_snr_db, "fading": args.phy_fading}
 
 
 def targets(summary: dict[str, Any], ns: tuple[int, ...]) -> dict[str, Any]:

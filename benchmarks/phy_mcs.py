@@ -28,7 +28,11 @@ Parts:
   implementation margin).
 * ``goodput``: airtime goodput of a LeNet-5 update (its state dict as the link serialises it, fp32
   raw) against SNR 0..30 dB, from the measured FER curves: frames x expected transmissions x
-  airtime per frame at 5 MS/s, for the best fixed MCS at each SNR and for uncoded QPSK.
+  airtime per frame at 5 MS/s, for the best fixed MCS at each SNR, for uncoded QPSK (the coded
+  PHY's "qpsk-uncoded" and the stock PHY), and with link adaptation: each frame at the MCS
+  ``McsPolicy`` picks for the frame's own SNR (10 % FER SNR + its 2 dB margin), lost by the
+  measured AWGN curve at that SNR; on the fading channel the frame's SNR is the mean SNR plus
+  the gain of a Rician K = 6 dB draw (2000 draws, seeded), every transmission its own draw.
 * ``loopback``: the same message through the OFDM loopback link (``open_link("ofdm-loopback",
   mcs=...)``: link_arq + coded hier blocks), bit-exact check, airtime from the transmitter's
   sample count: at 6 dB with the default (adaptive) MCS, and at 25 dB with 64qam-3/4 against
@@ -475,6 +479,43 @@ def message_bytes() -> bytes:
     return encode_message(Message(type=MessageType.UPDATE, tensors=sd))
 
 
+def _adaptive_kbs(
+    awgn: dict[str, Any], snr: float, sizes: list[int], size: int, fading: bool
+) -> float:
+    """kB/s of ``size`` bytes in frames of ``sizes`` with link adaptation (module docstring):
+    the mean airtime of a transmission over its mean success rate, per frame."""
+    from scaleflu.link.mcs import McsPolicy, McsPolicyConfig
+
+    margin = McsPolicyConfig().margin_db
+    ladder = McsPolicy().ladder
+    rng = np.random.default_rng(0)
+    if fading:
+        k = 10**0.6  # K = 6 dB, the demo's channel
+        h = np.sqrt(k / (k + 1)) + np.sqrt(1 / (2 * (k + 1))) * (
+            rng.standard_normal(2000) + 1j * rng.standard_normal(2000)
+        )
+        gains = 10 * np.log10(np.maximum(np.abs(h) ** 2, 1e-12))
+    else:
+        gains = np.zeros(1)
+    total = 0.0
+    for nbytes in sizes:
+        air = ok = 0.0
+        for g in gains:
+            s_inst = snr + float(g)
+            m = ladder[0]
+            for cand in ladder:
+                if s_inst >= cand.snr_db + margin:
+                    m = cand
+            f = _interp_fer(awgn[m.name], s_inst)
+            f = 1.0 - (1.0 - f) ** (nbytes / PSDU) if 0 < f < 1 else f
+            air += frame_samples(m, nbytes) / SAMP_RATE
+            ok += 1.0 - f
+        if ok <= 0:
+            return 0.0
+        total += air / ok
+    return size / total / 1e3
+
+
 def part_goodput(fer: dict[str, Any], stock: dict[str, Any], size: int) -> dict[str, Any]:
     """Airtime goodput (kB/s at 5 MS/s) of one message of ``size`` bytes vs SNR, from FER curves.
 
@@ -509,9 +550,11 @@ def part_goodput(fer: dict[str, Any], stock: dict[str, Any], size: int) -> dict[
                 if sf >= 0.999
                 else size / (len(sizes) * samples_per_frame(PSDU) / (1.0 - sf) / SAMP_RATE) / 1e3
             )
+            adaptive = _adaptive_kbs(fer["awgn"], snr, sizes, size, ch == "fading")
             rows.append(
                 {
                     "snr_db": snr,
+                    "adaptive_kB_s": round(adaptive, 1),
                     "best_mcs": best[1],
                     "best_kB_s": round(best[0], 1),
                     "qpsk_uncoded_kB_s": round(per_mcs["qpsk-uncoded"], 1),
@@ -550,9 +593,7 @@ def transfer(spec: str) -> None:
     snr_s, mcs = spec.split(":", 1)
     snr = float(snr_s)
     msg = message_bytes()
-    kw: dict[str, Any] = {"nodes": [0, 1], "snr_db": snr, "network": "bench"}
-    if mcs != "stock":
-        kw["mcs"] = mcs
+    kw: dict[str, Any] = {"nodes": [0, 1], "snr_db": snr, "network": "bench", "mcs": mcs}
     a = open_link("ofdm-loopback", 0, **kw)
     b = open_link("ofdm-loopback", 1, **kw)
     net = a.network
@@ -600,14 +641,18 @@ def write_outputs(res: dict[str, Any]) -> None:
     if "goodput" in res:
         for ch, rows in res["goodput"].items():
             lines += ["", f"## Airtime goodput of a {res['message_bytes']} B LeNet-5 update, {ch}"]
-            lines += ["", "| SNR | best MCS | kB/s | qpsk-uncoded | stock QPSK | ratio |"]
-            lines.append("|---|---|---|---|---|---|")
+            lines += [
+                "",
+                "| SNR | adaptive kB/s | best fixed MCS | kB/s | qpsk-uncoded | stock QPSK "
+                "| adaptive / qpsk-uncoded | adaptive / stock |",
+            ]
+            lines.append("|---|---|---|---|---|---|---|---|")
             for r in rows[::2]:
-                ref = r["stock_qpsk_kB_s"] or r["qpsk_uncoded_kB_s"]
-                ratio = f"{r['best_kB_s'] / ref:.2f}" if ref else "-"
+                a = r.get("adaptive_kB_s", 0.0)
+                q, st = r["qpsk_uncoded_kB_s"], r["stock_qpsk_kB_s"]
                 lines.append(
-                    f"| {r['snr_db']} | {r['best_mcs']} | {r['best_kB_s']} | "
-                    f"{r['qpsk_uncoded_kB_s']} | {r['stock_qpsk_kB_s']} | {ratio} |"
+                    f"| {r['snr_db']} | {a} | {r['best_mcs']} | {r['best_kB_s']} | {q} | {st} "
+                    f"| {f'{a / q:.2f}' if q else '-'} | {f'{a / st:.2f}' if st else '-'} |"
                 )
     if "viterbi" in res:
         v = res["viterbi"]
@@ -661,6 +706,11 @@ def plot(res: dict[str, Any]) -> None:
         if not rows:
             continue
         s = [r["snr_db"] for r in rows]
+        if "adaptive_kB_s" in rows[0]:
+            ax.plot(s, [r["adaptive_kB_s"] for r in rows], "g" + style, lw=2,
+                    label=f"adaptive MCS ({ch})")  # fmt: skip
+        ax.plot(s, [r["qpsk_uncoded_kB_s"] for r in rows], "r" + style, lw=0.8,
+                label=f"qpsk-uncoded ({ch})")  # fmt: skip
         ax.plot(s, [r["best_kB_s"] for r in rows], "b" + style, label=f"best MCS ({ch})")
         ax.plot(s, [r["stock_qpsk_kB_s"] for r in rows], "k" + style, label=f"stock QPSK ({ch})")
     ax.set_xlabel("SNR (dB)")

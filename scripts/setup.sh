@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Set up gr-scaleflu on Debian 12: apt packages, the virtual environment, the Python
-# package and the C++ module (built and installed into the virtual environment), and the
-# same module installed the GNU Radio way under /usr/local for GNU Radio Companion.
+# package and the C++ module, built once: installed the GNU Radio way under /usr/local (for
+# GNU Radio Companion's /usr/bin/python3 and the venv alike) when set-up can write there,
+# else into the virtual environment.
 # Idempotent: a second run checks, finds everything in place, and changes nothing.
 #
 #   scripts/setup.sh              set up (apt packages and /usr/local: as root or with sudo)
 #   SCALEFLU_VENV=/path ...       use another virtual environment location
-#   SCALEFLU_BUILD=/path ...      use another build folder (the /usr/local build is its system/)
-#   SCALEFLU_SYSTEM_INSTALL=no    leave /usr/local alone (GRC's Run button then needs the venv)
+#   SCALEFLU_BUILD=/path ...      use another build folder
+#   SCALEFLU_SYSTEM_INSTALL=no    install the module into the venv only, leave /usr/local alone
+#                                 (GRC's Run button then needs the venv)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -27,6 +29,7 @@ APT_PACKAGES=(
   cmake g++ make pkg-config git libboost-test-dev libzmq3-dev
   python3-venv python3-dev dataset-fashion-mnist
   python3-numpy python3-zmq python3-yaml
+  iproute2
 )
 # GNU Radio Companion's window: GTK 3's introspection data (with Pango, PangoCairo, GdkPixbuf).
 # Debian's gnuradio does not depend on it; without it gnuradio-companion stops at start with
@@ -88,27 +91,76 @@ if [[ ! -f "$STAMPS/pip-$pip_hash" ]]; then
 fi
 
 # ------------------------------------------------------------------ C++ module
+# Built once. GRC's Run button runs a flowgraph with GNU Radio's own interpreter,
+# /usr/bin/python3, which does not see the venv; nor does grcc see the venv's block YAML unless
+# the venv is activated. So when set-up can write /usr/local (root, or password-less sudo) the
+# module is installed the GNU Radio way there: libgnuradio-scaleflu in /usr/local/lib/<arch>,
+# `gnuradio.scaleflu` and gr-scaleflu.pth (this checkout's python/, for the Python blocks) in
+# /usr/local/lib/python3.X/dist-packages, the block YAML in /usr/local/share/gnuradio/grc/blocks
+# (on Debian's GRC block path). The venv (made with --system-site-packages) uses that install;
+# a copy of the module installed into the venv earlier is removed, so it cannot shadow it.
+# Otherwise the module is installed into the venv and set-up says how GRC gets it.
+# What happened is recorded in $STAMPS/system-install for the tests.
 SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-if [[ ! -f "$BUILD/CMakeCache.txt" ]] || ! grep -q "CMAKE_INSTALL_PREFIX:PATH=$VENV\$" "$BUILD/CMakeCache.txt"; then
-  say "configuring the C++ module (install prefix $VENV)"
+record_system() {
+  [[ "$(cat "$STAMPS/system-install" 2>/dev/null)" == "$1" ]] ||
+    printf '%s\n' "$1" >"$STAMPS/system-install"
+}
+# /usr/local's dist-packages as /usr/bin/python3 names it (GNU Radio's GrPython does the same)
+SYS_SITE="$(/usr/bin/python3 - "$SYS_PREFIX" <<'PYSITE'
+import site, sys
+hits = [p for p in site.getsitepackages() if p.startswith(sys.argv[1] + "/")]
+print(hits[0] if len(hits) == 1 else "")
+PYSITE
+)"
+venv_sees() { "$PY" -c 'import sys; sys.exit(sys.argv[1] not in sys.path)' "$1"; }
+system_why=""
+if [[ "${SCALEFLU_SYSTEM_INSTALL:-yes}" == no ]]; then
+  system_why="SCALEFLU_SYSTEM_INSTALL=no"
+elif [[ -z "${SUDO+set}" ]]; then
+  system_why="$(id -un) cannot write $SYS_PREFIX (no root, no password-less sudo)"
+elif [[ -z "$SYS_SITE" ]] || ! venv_sees "$SYS_SITE"; then
+  system_why="the venv does not see ${SYS_SITE:-the dist-packages of $SYS_PREFIX} (not made with --system-site-packages)"
+fi
+if [[ -z "$system_why" ]]; then
+  PREFIX="$SYS_PREFIX" PYDIR="$SYS_SITE" PTH=ON INSTALL=($SUDO cmake --install)
+else
+  PREFIX="$VENV" PYDIR="$SITE" PTH=OFF INSTALL=(cmake --install)  # the editable install has python/
+fi
+
+# An install made before with the other prefix: removed (a venv copy would shadow /usr/local's;
+# /usr/local's own stays for GRC: `sudo make uninstall` removes it).
+if [[ -f "$BUILD/CMakeCache.txt" ]] && ! grep -q "^CMAKE_INSTALL_PREFIX:PATH=$PREFIX\$" "$BUILD/CMakeCache.txt"; then
+  if [[ "$PREFIX" != "$VENV" && -f "$BUILD/install_manifest.txt" ]]; then
+    say "removing the module's earlier install from $VENV (it would shadow $PREFIX's)"
+    grep "^$VENV/" "$BUILD/install_manifest.txt" | while IFS= read -r f; do rm -f -- "$f"; done
+  fi
   rm -rf "$BUILD"
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSCALEFLU_INSTALL_PTH=OFF \
-    -DCMAKE_INSTALL_PREFIX="$VENV" -DPYTHON_EXECUTABLE="$PY" -DGR_PYTHON_DIR="$SITE" >/dev/null
-elif ! grep -q "^SCALEFLU_INSTALL_PTH:BOOL=OFF\$" "$BUILD/CMakeCache.txt"; then
-  # the editable install already puts python/ on the venv's path
-  cmake -DSCALEFLU_INSTALL_PTH=OFF "$BUILD" >/dev/null
+fi
+if [[ "$PREFIX" != "$VENV" && -e "$SITE/gnuradio/scaleflu" ]]; then
+  rm -rf "$SITE/gnuradio/scaleflu" "$VENV"/lib/*/libgnuradio-scaleflu.so* \
+    "$VENV"/share/gnuradio/grc/blocks/scaleflu_*.block.yml
+fi
+if [[ ! -f "$BUILD/CMakeCache.txt" ]] || ! grep -q "^GR_PYTHON_DIR:[A-Z]*=$PYDIR\$" "$BUILD/CMakeCache.txt" ||
+  ! grep -q "^SCALEFLU_INSTALL_PTH:BOOL=$PTH\$" "$BUILD/CMakeCache.txt"; then
+  say "configuring the C++ module (install prefix $PREFIX)"
+  rm -rf "$BUILD"
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DSCALEFLU_INSTALL_PTH="$PTH" \
+    -DCMAKE_INSTALL_PREFIX="$PREFIX" -DPYTHON_EXECUTABLE="$PY" -DGR_PYTHON_DIR="$PYDIR" >/dev/null
 fi
 if ! cmake --build "$BUILD" -j "$JOBS" >"$BUILD/build.log" 2>&1; then
   tail -n 40 "$BUILD/build.log" >&2
   echo "[setup] C++ build failed (full log: $BUILD/build.log)" >&2
   exit 1
 fi
-if ! cmake --install "$BUILD" >"$BUILD/install.log" 2>&1; then
+if ! "${INSTALL[@]}" "$BUILD" >"$BUILD/install.log" 2>&1; then
   tail -n 20 "$BUILD/install.log" >&2
-  echo "[setup] C++ install failed (full log: $BUILD/install.log)" >&2
+  echo "[setup] C++ install into $PREFIX failed (full log: $BUILD/install.log)" >&2
   exit 1
 fi
-grep "Installing:" "$BUILD/install.log" | sed 's/^-- /[setup] /' || true
+if grep "Installing:" "$BUILD/install.log" | sed 's/^-- /[setup] /' && [[ "$PREFIX" != "$VENV" ]]; then
+  $SUDO /sbin/ldconfig
+fi
 
 # ---------------------------------------------- environment for GRC and the apps
 # Sourcing .venv/bin/activate also tells GRC where the venv's block YAML lives, unless the
@@ -135,65 +187,25 @@ if new != text:
 PYACT
 
 "$PY" - <<'PYCHECK'
+import os
 import numpy, torch
 from gnuradio import gr, scaleflu  # noqa: F401
 assert numpy.__version__.startswith("1."), numpy.__version__
-print(f"[setup] ok: GNU Radio {gr.version()}, numpy {numpy.__version__}, torch {torch.__version__}")
+print(f"[setup] ok: GNU Radio {gr.version()}, numpy {numpy.__version__}, torch {torch.__version__}, "
+      f"gnuradio.scaleflu from {os.path.dirname(scaleflu.__file__)}")
 PYCHECK
 
 # ------------------------------------------------ GNU Radio Companion's interpreter
-# GRC's Run button runs a flowgraph with GNU Radio's own interpreter, /usr/bin/python3, which
-# does not see the venv; nor does grcc see the venv's block YAML unless the venv is activated.
-# So the C++ module is built a second time, for that interpreter, and installed the GNU Radio
-# way under /usr/local: libgnuradio-scaleflu in /usr/local/lib/<arch>, `gnuradio.scaleflu` and
-# gr-scaleflu.pth (this checkout's python/, for the Python blocks) in /usr/local/lib/python3.X/
-# dist-packages, the block YAML in /usr/local/share/gnuradio/grc/blocks (on Debian's GRC block
-# path). What happened is recorded in $STAMPS/system-install for the tests.
-SYS_BUILD="$BUILD/system"
-record_system() {
-  [[ "$(cat "$STAMPS/system-install" 2>/dev/null)" == "$1" ]] ||
-    printf '%s\n' "$1" >"$STAMPS/system-install"
-}
-if [[ "$SYS_BUILD" == "$ROOT/build/system" ]]; then
-  install_cmd="sudo make install"
-else
-  install_cmd="sudo cmake --install $SYS_BUILD && sudo /sbin/ldconfig"
-fi
-grc_hint() {
-  echo "[setup] GNU Radio Companion runs flowgraphs with /usr/bin/python3, which cannot see $VENV;" >&2
+install_cmd="sudo make install"
+[[ "$BUILD" == "$ROOT/build" ]] || install_cmd="sudo make -C $ROOT install BUILD=$BUILD"
+if [[ -n "$system_why" ]]; then
+  record_system "skipped: $system_why"
+  echo "[setup] GNU Radio Companion runs flowgraphs with /usr/bin/python3, which cannot see $VENV ($system_why);" >&2
   echo "[setup]   install gr-scaleflu for it under $SYS_PREFIX (the GNU Radio way):  $install_cmd" >&2
   echo "[setup]   or start GRC from the venv:  source $VENV/bin/activate && python -m gnuradio.grc" >&2
-}
-
-if [[ "${SCALEFLU_SYSTEM_INSTALL:-yes}" == no ]]; then
-  record_system "skipped: SCALEFLU_SYSTEM_INSTALL=no"
-  say "leaving $SYS_PREFIX alone (SCALEFLU_SYSTEM_INSTALL=no)"
-  grc_hint
 else
-  if [[ ! -f "$SYS_BUILD/CMakeCache.txt" ]]; then
-    say "configuring the C++ module for /usr/bin/python3 (install prefix $SYS_PREFIX)"
-    cmake -S "$ROOT" -B "$SYS_BUILD" -DCMAKE_BUILD_TYPE=Release -DSCALEFLU_INSTALL_PTH=ON \
-      -DCMAKE_INSTALL_PREFIX="$SYS_PREFIX" -DPYTHON_EXECUTABLE=/usr/bin/python3 >/dev/null
-  fi
-  if ! cmake --build "$SYS_BUILD" -j "$JOBS" >"$SYS_BUILD/build.log" 2>&1; then
-    tail -n 40 "$SYS_BUILD/build.log" >&2
-    echo "[setup] C++ build for /usr/bin/python3 failed (full log: $SYS_BUILD/build.log)" >&2
-    exit 1
-  fi
-  if [[ -z "${SUDO+set}" ]]; then
-    record_system "skipped: $(id -un) cannot write $SYS_PREFIX (no root, no password-less sudo)"
-    grc_hint
-  else
-    if ! $SUDO cmake --install "$SYS_BUILD" >"$SYS_BUILD/install.log" 2>&1; then
-      tail -n 20 "$SYS_BUILD/install.log" >&2
-      echo "[setup] install into $SYS_PREFIX failed (full log: $SYS_BUILD/install.log)" >&2
-      exit 1
-    fi
-    if grep "Installing:" "$SYS_BUILD/install.log" | sed 's/^-- /[setup] /'; then
-      $SUDO /sbin/ldconfig
-    fi
-    # What GRC sees: the system interpreter with nothing of the venv, GNU Radio's preferences.
-    if ! env -i PATH=/usr/bin:/bin HOME="${HOME:-/}" /usr/bin/python3 - "$SYS_PREFIX" <<'SYSCHECK'
+  # What GRC sees: the system interpreter with nothing of the venv, GNU Radio's preferences.
+  if ! env -i PATH=/usr/bin:/bin HOME="${HOME:-/}" /usr/bin/python3 - "$SYS_PREFIX" <<'SYSCHECK'
 import os, sys
 from gnuradio import gr, scaleflu
 from gnuradio.grc.core.Config import Config
@@ -208,10 +220,9 @@ else:
     print(f"[setup] GNU Radio Companion's block path lacks {yaml_dir}: add it to "
           "local_blocks_path in the [grc] section of ~/.gnuradio/config.conf", file=sys.stderr)
 SYSCHECK
-    then
-      echo "[setup] /usr/bin/python3 cannot import what was installed into $SYS_PREFIX (above)" >&2
-      exit 1
-    fi
-    record_system "installed: $SYS_PREFIX"
+  then
+    echo "[setup] /usr/bin/python3 cannot import what was installed into $SYS_PREFIX (above)" >&2
+    exit 1
   fi
+  record_system "installed: $SYS_PREFIX"
 fi

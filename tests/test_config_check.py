@@ -146,6 +146,9 @@ def test_choices_are_the_registries_names():
     from scaleflu.fl.models import MODEL_NAMES
 
     assert CHOICES["data.dataset"] == DATASET_NAMES and CHOICES["model.name"] == MODEL_NAMES
+    from scaleflu.link.mcs import MCS_TABLE
+
+    assert CHOICES["testbed.mcs"][4:] == tuple(m.name for m in MCS_TABLE)
 
 
 def test_no_dead_link_section():

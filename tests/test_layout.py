@@ -66,7 +66,17 @@ def test_grc_loads_our_block_definitions():
 
 
 def test_grc_yaml_is_installed_where_grc_looks():
+    """Set-up installed the module once: under /usr/local (GRC's own block path) when it could
+    write there, else into the venv (GRC_BLOCKS_PATH, set by `make` and the venv's activate)."""
     env_path = os.environ.get("GRC_BLOCKS_PATH", "")
-    installed = Path(sys.prefix) / "share" / "gnuradio" / "grc" / "blocks"
-    assert (installed / "scaleflu_frame_builder.block.yml").is_file()
-    assert str(installed) in env_path.split(":") or not env_path, env_path
+    stamp = Path(sys.prefix) / ".scaleflu-stamps" / "system-install"
+    how = stamp.read_text().strip() if stamp.is_file() else ""
+    prefix = Path(how.removeprefix("installed: ")) if how.startswith("installed: ") else None
+    installed = Path(prefix or sys.prefix) / "share" / "gnuradio" / "grc" / "blocks"
+    assert (installed / "scaleflu_frame_builder.block.yml").is_file(), (how, installed)
+    if prefix is None:
+        assert str(installed) in env_path.split(":") or not env_path, env_path
+    else:  # one copy of our YAML on GRC's path: the venv's, if any, is not added to it
+        venv_yaml = Path(sys.prefix) / "share" / "gnuradio" / "grc" / "blocks"
+        assert not (venv_yaml / "scaleflu_frame_builder.block.yml").is_file()
+        assert str(venv_yaml) not in env_path.split(":"), env_path

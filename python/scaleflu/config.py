@@ -24,6 +24,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from scaleflu import plugins
+from scaleflu.errors import ConfigError
+from scaleflu.plugins import is_plugin_file, load_plugins
+
 PACKAGED_DIR = Path(__file__).with_name("configs")
 DEFAULTS_PATH = PACKAGED_DIR / "default.yaml"
 
@@ -60,10 +64,6 @@ def yaml_load(text: str) -> Any:
     import yaml
 
     return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader
-
-
-class ConfigError(ValueError):
-    """A configuration file or override is malformed or holds an invalid value."""
 
 
 class Section(dict):
@@ -194,22 +194,37 @@ def resolve_config_path(path: str | Path | None) -> Path | None:
     raise ConfigError(f"config file not found: {path} (packaged configs: {names})")
 
 
-def _read_file(path: Path) -> dict[str, Any]:
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in a YAML or TOML config file (a packaged config by name too), unchecked.
+
+    An unparsable file is a one-line :class:`ConfigError` naming it and the place.
+    """
+    path = Path(path)
     path = resolve_config_path(path) or path
     text = path.read_text()
     import yaml
 
     try:
         data = tomllib.loads(text) if path.suffix == ".toml" else yaml_load(text)
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot parse config {path}: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"cannot parse config {path}: {exc}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"cannot parse config {path}{where}: {what}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(
             f"config {path} must hold a mapping at top level, got {type(data).__name__}"
         )
+    if isinstance(data.get("plugins"), list):  # plugin files beside the config that names them
+        data["plugins"] = [absolute_plugin(p, path.parent) for p in data["plugins"]]
     return data
+
+
+_read_file = read_config_file  # the name older callers use
 
 
 def merge(base: dict[str, Any], update: Mapping[str, Any], _path: str = "") -> dict[str, Any]:
@@ -250,18 +265,37 @@ def parse_override(text: str) -> dict[str, Any]:
     return nested
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
+def load_config(
+    path: str | Path | None = None, overrides: Iterable[str] = (), plugins: Iterable[str] = ()
+) -> Config:
     """Defaults, merged with the file at ``path`` (YAML or TOML), then with each override.
 
-    Returns the validated :class:`Config`; raises :class:`ConfigError` (one line naming the key)
-    on an unknown key, a wrong type, a value out of range or a broken cross-key rule.
+    ``plugins`` (``--plugin``) are added to the config's ``plugins`` list (a file path made
+    absolute). Returns the validated :class:`Config`; raises :class:`ConfigError` (one line
+    naming the key) on an unknown key, a wrong type, a value out of range or a broken cross-key
+    rule.
     """
     cfg = default_config()
     if path is not None:
         cfg = merge(cfg, _read_file(Path(path)))
     for item in overrides:
         cfg = merge(cfg, parse_override(item))
+    extra = [absolute_plugin(p) for p in plugins]
+    if extra:
+        have = list(cfg.get("plugins") or [])
+        cfg["plugins"] = have + [p for p in extra if p not in have]
     return as_config(cfg)
+
+
+def absolute_plugin(spec: str, base: str | Path | None = None) -> str:
+    """A plugin spec with a file path made absolute (relative to ``base``, default the current
+    folder), so a run's saved config finds it from anywhere; a module name as it is."""
+    if not is_plugin_file(spec):
+        return spec
+    path = Path(spec).expanduser()
+    if not path.is_absolute():
+        path = Path(base or ".") / path
+    return str(path.resolve())
 
 
 # ----------------------------------------------------------------------------- checking
@@ -286,6 +320,8 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "testbed.arq.window": int,
     "testbed.arq.initial_rto": (int, float),
     "testbed.arq.rate_bytes_per_s": (int, float),
+    "testbed.arq.reassembly_max_bytes_untrusted": int,
+    "testbed.airtime.bytes": int,
     "testbed.mac.turnaround_s": (int, float),
     "testbed.mac.guard_s": (int, float),
     "baselines.retrain.rounds": int,
@@ -332,6 +368,7 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "history.keep_rounds": (1, None),
     "history.link_goodput": (0, None),
     "history.link_latency": (0, None),
+    "history.link_snr_db": (-20, 80),
     "history.update_tol": (0, None),
     "scale.groups_per_layer": (1, None),
     "scale.top_m": (1, None),
@@ -345,11 +382,15 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "testbed.min_robots": (1, None),
     "testbed.broadcast_stall_passes": (1, None),
     "testbed.broadcast_stall_s": (0, None),
+    "testbed.airtime.window_s": (0, None),
+    "testbed.airtime.bytes": (1, None),
+    "testbed.arq.reassembly_max_bytes_untrusted": (1, None),
     "testbed.medium.snr_db": (-20, 80),
     "testbed.medium.k_factor_db": (-30, 60),
     "testbed.medium.doppler_hz": (0, 1000),
     "testbed.medium.block": (256, 1048576),
     "testbed.medium.idle_blocks": (1, None),
+    "testbed.medium.deaf_blocks": (1, None),
     "testbed.medium.node_timeout_s": (1, None),
 }
 RANGE_OPEN: set[str] = {
@@ -358,14 +399,15 @@ RANGE_OPEN: set[str] = {
     "fl.lr_decay<",
     "fl.momentum>",
     "history.link_goodput<",
+    "testbed.airtime.window_s<",
 }
 
 # Nullable keys whose comment does not say so (null switches the feature off).
 NULLABLE_EXTRA: frozenset[str] = frozenset({"scale.budget"})
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "data.dataset": ("fashion_mnist", "cifar100"),  # scaleflu.fl.data.DATASET_NAMES
-    "model.name": ("lenet", "mobilenetv3", "resnet18"),  # scaleflu.fl.models.MODEL_NAMES
+    "data.dataset": plugins.BUILTIN_DATASETS,  # scaleflu.fl.data.DATASET_NAMES
+    "model.name": plugins.BUILTIN_MODELS,  # scaleflu.fl.models.MODEL_NAMES
     "data.partition": ("iid", "dirichlet"),
     "fl.backend": ("local", "ray"),
     "fl.trainer": ("auto", "vmap", "sequential"),
@@ -375,9 +417,51 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scale.heal_augment": ("none", "mix"),
     "scale.heal_params": ("all", "layers", "cut"),
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
+    # scaleflu.link.mcs: the link kinds' PHY, and the MCS names of table version 1
+    "history.link_fading": ("none", "rician", "rayleigh"),
+    "history.link_phy": (
+        "adaptive",
+        "auto",
+        "stock",
+        "bpsk-1/2",
+        "bpsk-3/4",
+        "qpsk-1/2",
+        "qpsk-3/4",
+        "16qam-1/2",
+        "16qam-3/4",
+        "64qam-2/3",
+        "64qam-3/4",
+        "qpsk-uncoded",
+    ),  # fmt: skip
+    "testbed.mcs": (
+        "adaptive",
+        "auto",
+        "stock",
+        "none",
+        "bpsk-1/2",
+        "bpsk-3/4",
+        "qpsk-1/2",
+        "qpsk-3/4",
+        "16qam-1/2",
+        "16qam-3/4",
+        "64qam-2/3",
+        "64qam-3/4",
+        "qpsk-uncoded",
+    ),  # fmt: skip
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),
 }
+
+
+_PLUGGABLE = ("model.name", "data.dataset")  # choices a plugin may add to (scaleflu.plugins)
+
+
+def _plugin_choice(key: str, value: Any) -> bool:
+    """Whether a registered plugin provides ``value`` for ``key`` (model.name, data.dataset)."""
+    if key not in _PLUGGABLE or not isinstance(value, str):
+        return False
+    found = plugins.model_builder if key == "model.name" else plugins.dataset_loader
+    return found(value) is not None
 
 
 @functools.lru_cache(maxsize=1)
@@ -446,8 +530,9 @@ def _check_leaf(key: str, value: Any, default: Any) -> None:
             )
         if isinstance(value, float) and value != value:
             raise ConfigError(f"{key} must be a number, got nan")
-    if key in CHOICES and value not in CHOICES[key]:
-        raise ConfigError(f"{key} must be one of {', '.join(CHOICES[key])}, got {value!r}")
+    if key in CHOICES and value not in CHOICES[key] and not _plugin_choice(key, value):
+        extra = " or a plugin's (plugins: [...], see scaleflu.plugins)" if key in _PLUGGABLE else ""
+        raise ConfigError(f"{key} must be one of {', '.join(CHOICES[key])}{extra}, got {value!r}")
     if key in RANGES and isinstance(value, int | float) and not isinstance(value, bool):
         lo, hi = RANGES[key]
         lo_open, hi_open = f"{key}<" in RANGE_OPEN, f"{key}>" in RANGE_OPEN
@@ -471,6 +556,11 @@ def check_config(cfg: Mapping[str, Any], defaults: Mapping[str, Any] | None = No
     rejected by :func:`merge` before this runs.
     """
     defaults = default_config() if defaults is None else defaults
+    plugins = cfg.get("plugins")
+    if plugins:  # before the choices below: they register models and data sets
+        if not isinstance(plugins, list):
+            raise ConfigError(f"plugins must be a list of modules or .py files, got {plugins!r}")
+        load_plugins(plugins)
 
     def walk(node: Mapping[str, Any], ref: Mapping[str, Any], prefix: str) -> None:
         for key, value in node.items():

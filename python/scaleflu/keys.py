@@ -45,8 +45,44 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 KEY_BYTES = 32
-MIN_KEY_BYTES = 16
+MIN_KEY_BYTES = 16  # the shortest key a link accepts (ArqEndpoint.set_peer_key)
+MIN_DISTINCT_BYTES = 8  # 32 random bytes have about 30 distinct values; fewer than 8 is made up
 HKDF_SALT = b"scaleflu-testbed-v2"
+
+
+class WeakKeyError(ValueError):
+    """A key that is too short or has a pattern: never generated at random, so guessable."""
+
+
+def weak_key_reason(key: bytes, min_bytes: int = KEY_BYTES) -> str | None:
+    """Why ``key`` is weak (None: it is not): shorter than ``min_bytes``, every byte the same,
+    a short pattern repeated, or fewer than :data:`MIN_DISTINCT_BYTES` distinct byte values.
+
+    Keys made by :func:`secrets.token_bytes` (every key this project writes) are never weak:
+    32 random bytes repeat a pattern or use fewer than 8 distinct values with a probability
+    far below 2**-100.
+    """
+    key = bytes(key)
+    n = len(key)
+    if n < min_bytes:
+        return f"{n} bytes, shorter than {min_bytes}"
+    if len(set(key)) == 1:
+        return f"all {n} bytes are 0x{key[0]:02x}"
+    for period in range(2, n // 2 + 1):
+        if key == (key[:period] * (n // period + 1))[:n]:
+            return f"a {period}-byte pattern repeated"
+    distinct = len(set(key))
+    if distinct < MIN_DISTINCT_BYTES:
+        return f"only {distinct} distinct byte values"
+    return None
+
+
+def check_key(key: bytes, what: str, fix: str, min_bytes: int = KEY_BYTES) -> bytes:
+    """``key`` when it is not weak; else :class:`WeakKeyError` naming ``what`` and ``fix``."""
+    why = weak_key_reason(key, min_bytes)
+    if why is not None:
+        raise WeakKeyError(f"{what} is weak ({why}); {fix}")
+    return bytes(key)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -152,15 +152,36 @@ def _open_frames_shared(node_id: int, opts: dict[str, Any], arq: dict[str, Any])
     return _open_hub(node_id, arq, True, **opts)
 
 
-def _mac_setup(opts: dict[str, Any], clock: str) -> MacSetup:
-    """The MAC of a GNU Radio back-end from ``mac``, ``server``, ``members`` and ``seed``."""
+def _mac_setup(opts: dict[str, Any], clock: str, phy: Any = None) -> MacSetup:
+    """The MAC of a GNU Radio back-end from ``mac``, ``server``, ``members`` and ``seed``;
+    with the coded PHY ``phy`` the MAC adapts (or fixes) the MCS as the PHY's ``mcs`` says,
+    unless ``mac`` sets its own ``mcs``."""
     seed = opts.pop("seed", None)
+    mac = opts.pop("mac", None)
+    if phy is not None and not isinstance(mac, MacConfig):
+        mac = dict(mac or {})
+        if mac.get("mcs") is None:
+            mac["mcs"] = phy.mcs  # None: the stock PHY, one rate
     return MacSetup(
-        mac_config(opts.pop("mac", None), clock=clock),
+        mac_config(mac, clock=clock),
         server_id=int(opts.pop("server", 0)),
         members=tuple(opts.pop("members", ())),
         seed=None if seed is None else int(seed),
     )
+
+
+DEFAULT_MCS = "adaptive"  # the PHY of the link kinds with one: coded, MCS chosen per link
+
+
+def _phy_options(opts: dict[str, Any]) -> tuple[Any, Any, dict[str, Any]]:
+    """PhyConfig, ChannelConfig and the rest of a radio kind's options: the coded PHY with
+    link adaptation unless ``mcs`` says otherwise (``"stock"``/``"none"``/None: the paper's
+    uncoded stock PHY; an MCS name: that MCS)."""
+    from scaleflu.radio.phy import split_phy_options  # noqa: PLC0415 (GNU Radio)
+
+    if "phy" not in opts:
+        opts.setdefault("mcs", DEFAULT_MCS)
+    return split_phy_options(opts)
 
 
 def _radio_links() -> Any:
@@ -177,18 +198,18 @@ def _radio_links() -> Any:
 def _open_ofdm_loopback(node_id: int, opts: dict[str, Any], arq: dict[str, Any]) -> Link:
     """``network`` (name; its first node needs ``nodes``, every node id), ``topology``
     ("star"/"mesh"), ``hub`` (0), ``channels_by_pair``; channel options (``snr_db``, ``cfo``,
-    ``taps``, ``epsilon``, ``drop_rate``, ``seed``) and PHY options (``fft_len``, ``cp_len``,
+    ``taps``, ``epsilon``, ``drop_rate``, ``seed``) and PHY options (``mcs``: "adaptive" by
+    default, "stock" for the paper's uncoded PHY, or an MCS name; ``fft_len``, ``cp_len``,
     ``bps_header``, ``bps_payload``, ``scramble_bits``, ``mtu``, ``post_padding``,
     ``min_output_buffer``). The network closes with its last node's link."""
     radio = _radio_links()
-    from scaleflu.radio.phy import split_phy_options  # noqa: PLC0415 (GNU Radio)
 
     name = str(opts.pop("network", "default"))
     nodes = opts.pop("nodes", None)
     topology = opts.pop("topology", "star")
     hub = opts.pop("hub", 0)
     by_pair = opts.pop("channels_by_pair", None)
-    phy, channel, rest = split_phy_options(opts)
+    phy, channel, rest = _phy_options(opts)
     with _NET_LOCK:
         net = _NETWORKS.get(("ofdm-loopback", name))
         if net is None or net.closed:
@@ -207,13 +228,12 @@ def _open_ofdm_pairs(node_id: int, opts: dict[str, Any], arq: dict[str, Any]) ->
     and PHY options as for ``ofdm-loopback``."""
     radio = _radio_links()
     from scaleflu.radio.links.pairs import DEFAULT_ZMQ_BASE_PORT  # noqa: PLC0415 (GNU Radio)
-    from scaleflu.radio.phy import split_phy_options  # noqa: PLC0415 (GNU Radio)
 
     peers = opts.pop("peers", None)
     base_port = opts.pop("base_port", DEFAULT_ZMQ_BASE_PORT)
     bind = opts.pop("bind", "127.0.0.1")
     hwm = opts.pop("hwm", -1)
-    phy, channel, rest = split_phy_options(opts)
+    phy, channel, rest = _phy_options(opts)
     return radio.ZmqOfdmLink(
         node_id, peers or {}, base_port, bind, phy, channel, hwm, **{**arq, **rest}
     )
@@ -222,16 +242,17 @@ def _open_ofdm_pairs(node_id: int, opts: dict[str, Any], arq: dict[str, Any]) ->
 def _open_ofdm_shared(node_id: int, opts: dict[str, Any], arq: dict[str, Any]) -> Link:
     """``broker`` (the medium broker's address, tcp://127.0.0.1:53100), ``timeout`` (wall
     seconds to wait for it), ``virtual_clock`` (True), ``rx_lag``; the MAC's ``mac``,
-    ``members``, ``server``, ``seed``; PHY options. The channel is the broker's
-    (MediumConfig), not an option here."""
+    ``members``, ``server``, ``seed``; PHY options (``mcs`` as for ``ofdm-loopback``: the MAC
+    then chooses each robot's MCS). The channel is the broker's (MediumConfig), not an option
+    here."""
     radio = _radio_links()
     from scaleflu.radio.medium import DEFAULT_MEDIUM_ADDRESS  # noqa: PLC0415 (GNU Radio side)
-    from scaleflu.radio.phy import split_phy_options  # noqa: PLC0415 (GNU Radio)
 
     virtual = opts.get("virtual_clock", True)
-    mac = _mac_setup(opts, "virtual" if virtual else "realtime")
     broker = opts.pop("broker", DEFAULT_MEDIUM_ADDRESS)
-    phy, channel, rest = split_phy_options(opts)
+    mac_opts = {k: opts.pop(k) for k in ("mac", "server", "members", "seed") if k in opts}
+    phy, channel, rest = _phy_options(opts)
+    mac = _mac_setup(mac_opts, "virtual" if virtual else "realtime", phy)
     if channel is not None:
         raise ValueError(
             "channel options (snr_db, cfo, ...) of the shared medium are set at its broker"
@@ -246,12 +267,12 @@ def _open_uhd(node_id: int, opts: dict[str, Any], arq: dict[str, Any]) -> Link:
     ``members``, ``server``, ``seed`` (no MAC without ``mac``). A device that does not answer
     raises scaleflu.radio.uhd.RadioNotFound."""
     radio = _radio_links()
-    from scaleflu.radio.phy import split_phy_options  # noqa: PLC0415 (GNU Radio)
 
-    mac = _mac_setup(opts, "realtime") if "mac" in opts else None
-    for key in ("seed", "server", "members"):  # the MAC's, and there is none
-        opts.pop(key, None)
-    phy, channel, rest = split_phy_options(opts)
+    mac_opts = {k: opts.pop(k) for k in ("mac", "server", "members", "seed") if k in opts}
+    phy, channel, rest = _phy_options(opts)
+    if "samp_rate" in rest and isinstance(mac_opts.get("mac"), Mapping):
+        mac_opts["mac"] = {"samp_rate": float(rest["samp_rate"]), **mac_opts["mac"]}
+    mac = _mac_setup(mac_opts, "realtime", phy) if "mac" in mac_opts else None
     if channel is not None:
         raise ValueError("channel options (snr_db, cfo, ...) do not apply to a real radio")
     return radio.UhdLink(node_id, phy=phy, mac=mac, **{**arq, **rest})

@@ -95,7 +95,8 @@ def plot_rewards(returns: Sequence[float], path: str | Path, title: str = "") ->
     ax.set_xlabel("episode")
     ax.set_ylabel("return")
     ax.set_title(title or "SCALE PPO training")
-    ax.legend(fontsize=8)
+    if len(returns):
+        ax.legend(fontsize=8)
     return _save(fig, path)
 
 

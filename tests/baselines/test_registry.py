@@ -17,8 +17,8 @@ from scaleflu.unlearn.registry import (
     method_class,
     method_names,
     register,
-    run_unlearning,
 )
+from scaleflu.unlearn.run import run_unlearning
 from tiny_run_helpers import needs_fmnist, tiny_config
 
 

@@ -157,7 +157,8 @@ def test_cifar100_corrupt(tmp_path: Path) -> None:
 
 def test_unknown_dataset() -> None:
     with pytest.raises(
-        ConfigError, match="data.dataset must be one of fashion_mnist, cifar100, got 'mnist3'"
+        ConfigError,
+        match=r"data.dataset must be one of fashion_mnist, cifar100 or a plugin's .*, got 'mnist3'",
     ):
         load_datasets({"dataset": "mnist3"})
 

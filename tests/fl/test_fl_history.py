@@ -176,3 +176,30 @@ def test_replace_final(tmp_path: Path) -> None:
     store.replace_final(new)
     assert all(torch.equal(v, new[k].float()) for k, v in store.final_model().items())
     assert torch.equal(store.global_model(2)["fc1.weight"], globals_[1]["fc1.weight"])
+
+
+def test_link_model_of_the_coded_phy_uses_the_mcs_table():
+    """history.link_phy: the paper's stock link is bytes / goodput; the coded PHY's link takes
+    its airtime from the MCS table and the measured error curves, adaptive at least as fast as
+    any one MCS, slower on a fading channel, and refused where nothing gets through."""
+    from scaleflu.link.mcs import frame_airtime_s
+
+    n = 247_210  # a LeNet-5 update
+    stock = LinkModel()
+    assert stock.seconds(n) == pytest.approx(n / stock.goodput + stock.latency)
+    top = LinkModel(phy="64qam-3/4", snr_db=25.0, latency=0.0)
+    frames = -(-n // 1474)
+    assert top.seconds(n) == pytest.approx(
+        (frames - 1) * frame_airtime_s("64qam-3/4", 1500)
+        + frame_airtime_s("64qam-3/4", n - (frames - 1) * 1474 + 26),
+        rel=1e-6,
+    )
+    ad = {s: LinkModel(phy="auto", snr_db=s, latency=0.0).seconds(n) for s in (6, 12, 20, 30)}
+    assert ad[6] > ad[12] > ad[20] >= ad[30]  # higher SNR, faster MCS
+    assert ad[30] == pytest.approx(top.seconds(n), rel=1e-6)
+    assert LinkModel(phy="adaptive", snr_db=20.0, fading="rician").seconds(n) > ad[20]
+    assert LinkModel(phy="adaptive").phy == "adaptive"
+    with pytest.raises(ValueError, match="no frame gets through"):
+        LinkModel(phy="64qam-3/4", snr_db=5.0)
+    with pytest.raises(ValueError):
+        LinkModel(phy="qpsk-9/10")

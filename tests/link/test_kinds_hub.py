@@ -236,3 +236,48 @@ def test_shared_hub_places_bursts_at_the_senders_stamps():
         assert hub._recent[-1].start <= time.monotonic()
     finally:
         hub.close()
+
+
+def test_shared_hub_phy_model_loses_stock_frames_at_low_snr_and_adaptation_gets_through():
+    """frames-shared with the hub's PHY model (HubPhy): at 9 dB (no fading) the stock PHY loses
+    every frame, the coded PHY with the MAC's link adaptation delivers bit-exact at a robust MCS,
+    and the receivers get the SNR they measure."""
+    from scaleflu.link.hub import HubPhy
+    from scaleflu.link.mcs import mcs_by_name
+
+    for mcs in ("adaptive", None):
+        hub = FrameHub(
+            model=ChannelModel(rate_bytes_per_s=RATE),
+            shared=True,
+            seed=1,
+            phy=HubPhy(snr_db=9.0, fading="none", seed=2),
+        )
+        mac = {"mcs": mcs, "contention_slots": 0}
+        srv = open_link("frames-shared", 0, hub=hub.address, members=(1,), mac=mac)
+        robot = open_link("frames-shared", 1, hub=hub.address, mac=mac, seed=1)
+        time.sleep(0.3)
+        try:
+            data = random.Random(3).randbytes(40_000)
+            res = robot.send(0, data, timeout=3 if mcs is None else 30)
+            got = srv.recv(1)
+            if mcs is None:
+                assert not res.ok and got is None and hub.phy_lost > 0
+                assert set(hub.bytes_by_mcs) == {"stock"}
+            else:
+                assert res.ok and got == (1, data)
+                a = srv.mac.adaptation()["robots"][1]
+                assert a["up_snr_db"] is not None and 6.0 < a["up_snr_db"] < 12.0
+                used = [mcs_by_name(n) for n in a["bytes_up_by_mcs"]]
+                assert used and all(m.snr_db < 9.0 for m in used)  # what fits 9 dB
+        finally:
+            for link in (srv, robot):
+                link.close()
+            hub.close()
+
+
+def test_hub_phy_is_checked():
+    from scaleflu.link.hub import HubPhy
+
+    for bad in ({"snr_db": 1000.0}, {"fading": "nakagami"}):
+        with pytest.raises(ValueError):
+            HubPhy(**bad)

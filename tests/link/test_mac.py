@@ -37,22 +37,25 @@ def test_mac_frame_round_trip_and_hostile_input():
     f = decode_mac(raw)
     assert (f.type, f.src, f.dst, f.body) == (MacType.GRANT, 0, 5, body)
     bad_crc = raw[:-1] + bytes([raw[-1] ^ 1])
-    for junk in (raw[:5], bad_crc, raw + b"x", b"SM" + b"\x02" + raw[3:]):
+    for junk in (raw[:5], bad_crc, raw + b"x", b"SM" + b"\x01" + raw[3:], b"SM\x03" + raw[3:]):
         with pytest.raises(MacFrameError):
             decode_mac(junk)
     with pytest.raises(MacFrameError):  # unknown type
         decode_mac(encode_mac(MacType.GRANT, 0, 5, body)[:3] + b"\x09" + raw[4:])
     items = [BcastStatus(11, 20, False, b"\xff\x0f\x00"), BcastStatus(12, 3, True, b"")]
     rep = _report_body(7, 123, items)
-    seq, backlog, got = _parse_report(rep)
+    r = _parse_report(rep)
+    seq, backlog, got = r.seq, r.backlog, r.items
     assert (seq, backlog) == (7, 123)
     assert got[0].missing() == [8, 9, 10, 11] + list(range(16, 20))
     assert got[1].complete and got[1].missing() == []
     for bad in (
         rep[:-1],  # truncated bitmap... of the second item's header
         rep + b"\x00",  # trailing
-        struct.pack(">IIB", 1, 0, 200),  # too many items
-        struct.pack(">IIB", 1, 0, 1) + struct.pack(">IIBH", 1, 8, 0, 5) + b"\x00" * 5,  # > count
+        struct.pack(">IIHhB", 1, 0, 0, -32768, 200),  # too many items
+        struct.pack(">IIHhB", 1, 0, 0, -32768, 1)
+        + struct.pack(">IIBH", 1, 8, 0, 5)
+        + b"\x00" * 5,  # > count
     ):
         with pytest.raises(MacFrameError):
             _parse_report(bad)

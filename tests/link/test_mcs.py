@@ -47,8 +47,10 @@ def test_policy_climbs_with_hysteresis_and_drops_at_once():
     p = McsPolicy(McsPolicyConfig(margin_db=2.0, up_hysteresis_db=1.0, up_after=2), clock=clock)
     assert p.choose(1) == 0  # no report yet: the most robust
     top = p.ladder[-1]
+    p.report(1, p.ladder[2].snr_db + 2.5)  # the first report sets the MCS at once
+    assert p.choose(1) == p.ladder[2].index
     p.report(1, top.snr_db + 3.5)
-    assert p.choose(1) == 0  # one report is not enough to climb
+    assert p.choose(1) == p.ladder[2].index  # one report is not enough to climb
     p.report(1, top.snr_db + 3.5)
     assert p.choose(1) == top.index
     # just under the threshold + margin: down at once, to the best MCS that fits
@@ -58,6 +60,60 @@ def test_policy_climbs_with_hysteresis_and_drops_at_once():
     assert got.snr_db + 2.0 <= top.snr_db + 1.5
     assert p.choose(2) == 0  # another peer has its own state
     assert "qpsk-uncoded" not in [m.name for m in p.ladder]  # dominated by 16qam-1/2
+
+
+def test_hysteresis_keeps_a_noisy_report_sequence_from_flapping():
+    """SNRs that wander +-1.5 dB around a threshold move the MCS a few times, not every
+    report: the climb needs up_after reports up_hysteresis_db above the next threshold."""
+    import random
+
+    clock = _Clock()
+    cfg = McsPolicyConfig(margin_db=2.0, up_hysteresis_db=1.0, up_after=2)
+    p = McsPolicy(cfg, clock=clock)
+    rng = random.Random(3)
+    edge = p.ladder[5].snr_db + cfg.margin_db  # the threshold of rung 5
+    seen = []
+    for _ in range(200):
+        clock.t += 0.05
+        p.report(1, edge + rng.uniform(-1.5, 1.5))
+        seen.append(p.choose(1))
+    changes = sum(a != b for a, b in zip(seen, seen[1:], strict=False))
+    assert changes <= 40, changes  # without hysteresis: one change about every other report
+    naive = McsPolicy(McsPolicyConfig(margin_db=2.0, up_hysteresis_db=0.0, up_after=1))
+    rng = random.Random(3)
+    seen_naive = []
+    for _ in range(200):
+        naive.report(1, edge + rng.uniform(-1.5, 1.5))
+        seen_naive.append(naive.choose(1))
+    assert changes * 2 < sum(a != b for a, b in zip(seen_naive, seen_naive[1:], strict=False))
+    assert {MCS_TABLE[i].name for i in seen} <= {m.name for m in p.ladder[3:7]}
+
+
+def test_burst_outcomes_step_down_and_fall_back():
+    clock = _Clock()
+    cfg = McsPolicyConfig(down_loss=0.2, fallback_loss=0.5, hold=2, up_after=1)
+    p = McsPolicy(cfg, clock=clock)
+    p.report(4, 30.0)
+    top = p.position(4)
+    assert top == len(p.ladder) - 1
+    p.outcome(4, 50, 0)  # nothing lost: stays
+    p.outcome(4, 50, 5)  # 10 %: below down_loss
+    assert p.position(4) == top
+    p.outcome(4, 50, 12)  # 24 %: one rung down, held
+    assert p.position(4) == top - 1
+    p.report(4, 30.0)
+    assert p.position(4) == top - 1  # held
+    p.outcome(4, 10, 6)  # 60 %: the most robust at once
+    assert p.choose(4) == p.robust and p.snapshot(4)["fallbacks"] == 1
+    p.report(4, 30.0)
+    p.report(4, 30.0)
+    assert p.choose(4) == p.robust  # held for 2 reports
+    p.report(4, 30.0)
+    assert p.choose(4) == p.ladder[-1].index
+    p.outcome(4, 0, 0)  # nothing sent: nothing learnt
+    assert p.choose(4) == p.ladder[-1].index
+    with pytest.raises(ValueError):
+        McsPolicyConfig(down_loss=0.6, fallback_loss=0.5)
 
 
 def test_policy_falls_back_after_losses_and_when_stale():

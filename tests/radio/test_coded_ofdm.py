@@ -202,3 +202,62 @@ def test_adaptive_mcs_climbs_on_a_good_channel():
     fast = sum(v for k, v in sent.items() if k.startswith(("16qam", "64qam")))
     assert fast > sum(sent.values()) // 2, sent
     assert net.tx[0].policy.snapshot(1)["snr_db"] > 20
+
+
+def test_link_arq_hands_the_frames_snr_to_its_acks_and_stamps_a_macs_mcs():
+    """link_arq: a received frame's "snr_db" metadata goes into the ARQ's ACK (version 2) to its
+    sender, every ACK of our own sends comes out on "mcs_feedback" (the peer, its SNR, fragments
+    settled and lost) and a frame put out with an MCS (a MAC's choice) carries it as "mcs"."""
+    from gnuradio import gr
+
+    from scaleflu.link.arq import AckInfo, decode_ack, encode_ack
+    from scaleflu.link.frame import FrameType, decode_frame, encode_frame
+    from scaleflu.radio.message_blocks import _KEYS, _meta_int, frame_to_raw_pdu, link_arq
+
+    a = link_arq(1, ack_every=1, raw_frames=True)
+    out: list = []
+    fb: list = []
+
+    class Tap(gr.basic_block):
+        def __init__(self, into: list) -> None:
+            gr.basic_block.__init__(self, "tap", None, None)
+            self.into = into
+            self.message_port_register_in(pmt.intern("in"))
+            self.set_msg_handler(pmt.intern("in"), self.handle)
+
+        def handle(self, msg: object) -> None:
+            self.into.append(msg)
+
+    tb = gr.top_block()
+    t_out, t_fb = Tap(out), Tap(fb)
+    tb.msg_connect(a, "frames_out", t_out, "in")
+    tb.msg_connect(a, "mcs_feedback", t_fb, "in")
+    tb.start()
+    try:
+        raw = encode_frame(FrameType.DATA, 2, 1, 7, 0, 2, b"x" * 100)
+        pdu_in = frame_to_raw_pdu(raw)
+        meta = pmt.dict_add(pmt.car(pdu_in), _KEYS["snr_db"], pmt.from_double(13.5))
+        a.to_basic_block()._post(pmt.intern("frames_in"), pmt.cons(meta, pmt.cdr(pdu_in)))
+        a._transmit(encode_frame(FrameType.DATA, 1, 2, 9, 0, 1, b"y"), 4)  # as a MAC does
+        end = time.monotonic() + 5
+        while len(out) < 2 and time.monotonic() < end:
+            time.sleep(0.01)
+        acks = [m for m in out if _meta_int(pmt.car(m), "type") == FrameType.ACK]
+        assert acks
+        ack = decode_frame(bytes(pmt.u8vector_elements(pmt.cdr(acks[0]))))
+        assert decode_ack(ack.payload).snr_db == 13.5
+        stamped = [m for m in out if _meta_int(pmt.car(m), "mcs") is not None]
+        assert [_meta_int(pmt.car(m), "mcs") for m in stamped] == [4]
+        # an ACK of our send to node 2 reporting 21 dB: the feedback for the transmitter
+        h = a.send(2, b"z" * 3000)
+        done = AckInfo(True, h.count, h.count, b"", 21.0)
+        ack_in = encode_frame(FrameType.ACK, 2, 1, h.msg_id, 0, 1, encode_ack(done))
+        a.to_basic_block()._post(pmt.intern("frames_in"), frame_to_raw_pdu(ack_in))
+        end = time.monotonic() + 5
+        while not fb and time.monotonic() < end:
+            time.sleep(0.01)
+        d = pmt.to_python(fb[0])
+        assert d["peer"] == 2 and d["snr_db"] == 21.0 and d["sent"] == h.count
+    finally:
+        tb.stop()
+        tb.wait()

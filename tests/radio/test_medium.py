@@ -461,7 +461,7 @@ def test_virtual_time_follows_the_lockstep_not_the_wall():
 
 
 def test_idle_medium_strides_and_wakes_up_for_a_burst():
-    cfg = _cfg(nodes=(0, 1), idle_stride=16, idle_speed=0.0, idle_blocks=4)
+    cfg = _cfg(nodes=(0, 1), idle_stride=16, idle_speed=0.0, idle_blocks=4, deaf_blocks=4)
     with MediumBroker(cfg).start() as br:
         a = MediumClient(0, br.address, timeout=10)
         b = MediumClient(1, br.address, timeout=10)
@@ -523,3 +523,71 @@ def test_hub_star_robots_do_not_get_each_others_bursts():
             c[n].close()
     with pytest.raises(ValueError, match="hub"):
         MediumConfig.from_dict({"hub": "server"})
+
+
+def test_pipelined_requests_give_the_same_medium_and_hold_or_ahead_stop_strides():
+    """Nodes may keep several step requests in flight (pipelining): the broker computes each
+    step once every node's block of it is in, the received blocks are those of strict lockstep.
+    A stride needs every queued block silent: a node's hold flag, or its next block not sent yet
+    while it said one would follow (ahead), keeps the medium at one block per step, so a burst
+    is never pushed behind a stride its node did not see coming."""
+
+    def run(depth: int, stride: int, hold_at: int | None = None) -> tuple[list, list]:
+        cfg = _cfg(nodes=(0, 1), idle_stride=stride, idle_speed=0.0, idle_blocks=2)
+        with MediumBroker(cfg).start() as br:
+            a = MediumClient(0, br.address, timeout=10)
+            b = MediumClient(1, br.address, timeout=10)
+            heard_b, steps = [], []
+
+            def run_b() -> None:
+                for _ in range(10):
+                    heard_b.append(b.exchange(None))
+
+            t = threading.Thread(target=run_b)
+            t.start()
+            blocks = [_tone(B) if k in (0, 8) else None for k in range(10)]
+            sent = got = 0
+            while got < 10:
+                while sent < 10 and sent - got < depth:
+                    a.send_block(blocks[sent], hold=sent == hold_at, ahead=depth > 1)
+                    sent += 1
+                a.recv_block()
+                steps.append(a.step_no)
+                got += 1
+            t.join(10)
+            a.close()
+            b.close()
+        return steps, heard_b
+
+    steps1, heard1 = run(1, 1)
+    steps3, heard3 = run(3, 1)
+    assert steps1 == steps3 == list(range(1, 11))
+    for y1, y3 in zip(heard1, heard3, strict=True):  # the same medium, sample for sample
+        assert (y1 is None) == (y3 is None)
+        if y1 is not None:
+            np.testing.assert_array_equal(y1, y3)
+    strided, _ = run(1, 16)
+    assert any(s2 - s1 == 16 for s1, s2 in zip(strided, strided[1:], strict=False))
+    held, _ = run(1, 16, hold_at=4)
+    assert held[4] - held[3] == 1  # no stride over the held step
+    ahead, heard = run(3, 16)
+    # idle steps still stride
+    assert any(s2 - s1 == 16 for s1, s2 in zip(ahead, ahead[1:], strict=False))
+    assert ahead[8] - ahead[7] == 1 and heard[8] is not None  # the burst right on time
+
+
+def test_deaf_receivers_get_nothing_after_deaf_blocks_quiet_steps():
+    cfg = _cfg(nodes=(0, 1), idle_stride=1, idle_speed=0.0, idle_blocks=8, deaf_blocks=2)
+    with MediumBroker(cfg).start() as br:
+        a = MediumClient(0, br.address, timeout=10)
+        b = MediumClient(1, br.address, timeout=10)
+        heard = []
+        t = threading.Thread(target=lambda: [heard.append(b.exchange(None)) for _ in range(6)])
+        t.start()
+        for k in range(6):
+            a.exchange(_tone(B) if k == 0 else None)
+        t.join(10)
+        # the burst and the two quiet steps after it carry samples; then nothing (no noise)
+        assert [y is not None for y in heard] == [True, True, True, False, False, False]
+        a.close()
+        b.close()

@@ -79,6 +79,16 @@ def test_robot_without_the_broadcast_gets_the_model_by_unicast_on_the_medium(tmp
     assert all(v["registrations"] == 1 for v in report["robots"].values())
     assert all(o["registrations"] == 1 and o["idle_reregistrations"] == 0 for o in outs.values())
     assert [x["upload"] for x in outs[2]["rounds"]] == ["delivered"]
+    # the link kinds' PHY: coded, its MCS chosen by the server's MAC (25 dB: above bpsk-1/2),
+    # the models checked bit-exact by every robot (SHA-256 of the tensors it trained from). The
+    # first broadcast pass leaves above bpsk-1/2; robot 2 then reports every body lost, so the
+    # repairs (at the weakest target's MCS) fall back to the most robust one, as they should
+    adapt = row["link"]["adaptation"]
+    assert adapt["mode"] == "adaptive"
+    assert set(adapt["server_bytes_by_mcs"]) - {"bpsk-1/2"}, adapt["server_bytes_by_mcs"]
+    assert all(set(a["bytes_up_by_mcs"]) - {"bpsk-1/2"} for a in adapt["robots"].values())
+    shas = {o["rounds"][0]["model_sha256"] for o in outs.values()}
+    assert len(shas) == 1 and None not in shas  # one global model, the same bytes at every robot
     # the MAC schedules the air: no more than stray overlaps (measured: 0 s in 4 of 6 runs,
     # 0.6 ms and 1.0 ms in the others, cause not found); the bound allows a few such overlaps
     assert stats["collision_s"] < 0.005, stats["collision_s"]

@@ -68,9 +68,10 @@ def test_config_of_the_floor_is_checked():
 
 def test_two_robots_end_to_end_reference_then_history_floor(tmp_path):
     """Two robots over the in-memory link, 3 rounds. Round 1: robot 2 sends a x100 update;
-    no history yet, the server's reference update gives the floor. Round 2: robot 1 sends a
-    x100 update; the norms accepted in round 1 give the floor. Each round completes with the
-    honest robot; round 3 with both."""
+    the server's reference update gives the floor. Round 2: robot 1 sends a x100 update; the
+    reference update of round 2 gives the floor again (norms accepted in rounds of two updates
+    are never trusted: the updates they bound could walk them up). Each round completes with
+    the honest robot; round 3 with both."""
     cfg = load_config(
         None,
         [
@@ -104,7 +105,7 @@ def test_two_robots_end_to_end_reference_then_history_floor(tmp_path):
     rej = {(x["round"], x["robot"]): x for x in report["rejections"]}
     assert rej[(1, 2)]["reason"] == "norm" and rej[(2, 1)]["reason"] == "norm"
     assert [r["participants"] for r in rows] == [[1], [2], [1, 2]]
-    assert [e["round"] for e in ref] == [1]  # round 2 used the history, not the reference
+    assert [e["round"] for e in ref] == [1, 2, 3]  # every small round: the reference
     n1, n2 = rows[0]["update_norms"], rows[1]["update_norms"]
     assert n1[2] > 20 * n1[1] and n2[1] > 20 * n2[2]
     assert all(np.isfinite(r["test_acc"]) for r in rows)

@@ -1,4 +1,4 @@
-"""Integrity at rest (issue 13, item 7): the history store's SQLite metadata and tensor files,
+"""Integrity at rest: the history store's SQLite metadata and tensor files,
 the final model, the unlearning output model and the served unlearned model carry an
 authenticated digest (HMAC-SHA256 under a key only the server holds), checked on load; a
 tampered store or model is refused with a one-line error; loose key files are refused."""
@@ -242,6 +242,7 @@ def test_train_and_unlearn_commands_sign_and_check(tmp_path, capfd):
     untrust(run)
     capfd.readouterr()
     _flip(run / "model.safetensors")
+    argv.append("--force")  # the same --out again: the refusal below is the run's, not the folder's
     assert main(argv) == 2
     err = capfd.readouterr()
     assert "refused:" in err.out + err.err and "model.safetensors" in err.out + err.err

@@ -1,4 +1,5 @@
-"""A keyless outsider floods the link while the real apps run FL rounds (issue 13, item 3).
+"""A keyless outsider floods the link while the real apps run FL rounds (the threat model:
+docs/testbed.md).
 
 ``apps/testbed.py --link frames --outsider-rate 300``: the edge server and three robot
 processes on the frame hub, and a fourth process (``scaleflu.testbed.outsider``, node 77, no
@@ -6,8 +7,9 @@ key) sending 300 frames/s: keyless partial and complete messages, DATA/ACK/NACK 
 as coming from a robot, NACKs forged as coming from the server, random bytes. The rounds must
 complete with every robot, every robot must train from exactly the server's model, and the
 outsider's frames must be counted as refused with their reason. Twice: with the default link
-settings (keyless frames reach the server's parser) and with ``testbed.arq.require_auth``
-(the link drops them).
+settings (``testbed.arq.require_auth`` on: the link drops keyless frames and answers none) and
+with ``testbed.arq.require_auth=false`` (keyless frames reach the server's parser, which
+refuses them).
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 
-@pytest.fixture(scope="module", params=["default", "require_auth"])
+@pytest.fixture(scope="module", params=["default", "keyless_allowed"])
 def run(request, tmp_path_factory):
     out = tmp_path_factory.mktemp("flood")
-    extra = ["--set", "testbed.arq.require_auth=true"] if request.param == "require_auth" else []
+    off = request.param == "keyless_allowed"
+    extra = ["--set", "testbed.arq.require_auth=false"] if off else []
     cmd = [
         sys.executable, str(ROOT / "apps" / "testbed.py"),
         "--out", str(out), "--robots", "3", "--rounds", "2", "--link", "frames",
@@ -73,12 +76,12 @@ def test_outsider_frames_are_refused_with_their_reason(run):
     # frames forged as a robot's (DATA, ACK, NACK) fail the link tag: dropped, counted
     assert arq["auth_failures"] > 500 and arq["bad_nacks"] == 0 and arq["sends_failed"] == 0
     assert arq["bad_frames"] + arq["crc_errors"] > 100  # the random bytes
-    if mode == "default":
+    if mode == "keyless_allowed":
         # its complete messages reach the parser and are refused: 20 logged, then counted
         assert report["rejection_counts"]["malformed"] > 100
         assert report["rejections_counted_only"]["77"]["malformed"] > 80
         assert sum(1 for x in report["rejections"] if x["robot"] == 77) <= 20 * 3
-    else:  # the link drops every keyless unicast frame: nothing reaches the parser
+    else:  # the default: the link drops every keyless frame, nothing reaches the parser
         assert arq["unauthenticated"] > 500
         assert not [x for x in report["rejections"] if x["robot"] == 77]
         assert arq["acks_tx"] < 1000  # no ACK is spent on the outsider's frames

@@ -60,6 +60,10 @@ def test_side_by_side_rows_summary_and_plot(tmp_path: Path) -> None:
     assert "not run: unknown method" in lines["finetune"]
     assert "3 stored updates of client(s) [0] in rounds [1, 2, 3]" in text
     assert "rounds 1..3" in text
+    # the MIA AUC column says what it measures and what either side of 0.5 means
+    assert side[0]["mia_kind"] == "loss"
+    assert "MIA AUC: how well a loss-threshold membership attack" in text
+    assert "0.5: no trace left" in text and "below 0.5" in text and "above 0.5" in text
     paths = plot_report({"unlearning": un}, tmp_path)
     assert tmp_path / "unlearning_side_by_side.png" in paths
     assert (tmp_path / "unlearning_side_by_side.png").stat().st_size > 1000

@@ -15,6 +15,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scaleflu.config import Config, load_config
 from scaleflu.keys import public_bytes
 from scaleflu.link import MemoryChannel
+from scaleflu.link.mcs import MCS_TABLE_VERSION
 from scaleflu.testbed.common import arrays
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
@@ -231,7 +232,7 @@ def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
                 keys[2],
                 server.session,
                 0,
-                {"num_samples": 5, "nonce": "n1"},
+                {"num_samples": 5, "nonce": "n1", "mcs_table": MCS_TABLE_VERSION},
             )
         )
         junk.append(
@@ -253,6 +254,56 @@ def test_malformed_packets_never_crash_the_server(cfg, tmp_path):
         assert "malformed" in reasons and "not_registered" in reasons
         assert len(server.records.rejections) >= len(junk) - 1  # the good REGISTER is accepted
         assert 2 in server.sessions.robots
+
+
+def test_another_mcs_table_version_is_refused_at_registration_with_one_line(
+    cfg, robot_data, tmp_path, monkeypatch, caplog
+):
+    """Both ends check the MCS table version (GRANTs and SIGNAL fields name MCS by index): a
+    robot with another table is refused, and says why in one error line; so is a server."""
+    import logging
+
+    import scaleflu.testbed.robot as robot_mod
+    import scaleflu.testbed.sessions as sessions_mod
+
+    keys = generate_keys([1, 2, 3])
+
+    def register(server, robot) -> bool:
+        """The robot registers in a thread; the server handles messages here (its store is
+        this thread's)."""
+        out = {}
+        t = threading.Thread(target=lambda: out.setdefault("ok", robot.register(timeout=20.0)))
+        t.start()
+        while t.is_alive():
+            server.poll(0.05)
+        return out["ok"]
+
+    with MemoryChannel(seed=4) as ch:
+        server = EdgeServer(ch.attach(SERVER_ID), keys, cfg, tmp_path, False, fake_unlearn)
+        monkeypatch.setattr(robot_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION + 1)
+        robot = RobotClient(ch.attach(1), 1, keys[1], cfg, data=robot_data[1])
+        with caplog.at_level(logging.ERROR):
+            assert not register(server, robot)
+        assert robot.done and 1 not in server.sessions.robots
+        want = f"robot 1 has {MCS_TABLE_VERSION + 1}, the server has {MCS_TABLE_VERSION}"
+        assert want in robot.refused
+        errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+        assert sum("MCS table version mismatch" in m for m in errors) == 2  # server, robot
+        assert all("\n" not in m for m in errors)
+        # the robot's own check: a server that accepts it but has another table
+        monkeypatch.setattr(robot_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION)
+        monkeypatch.setattr(sessions_mod, "MCS_TABLE_VERSION", MCS_TABLE_VERSION + 7)
+        r2 = RobotClient(ch.attach(2), 2, keys[2], cfg, data=robot_data[2])
+        send = r2.ep.send
+
+        def claim(mtype, *a, **kw):  # it claims the server's table: the server accepts
+            if mtype is MsgType.REGISTER:
+                a = (*a[:4], {**a[4], "mcs_table": MCS_TABLE_VERSION + 7}, *a[5:])
+            return send(mtype, *a, **kw)
+
+        r2.ep.send = claim
+        assert not register(server, r2)
+        assert f"the server has {MCS_TABLE_VERSION + 7}, this robot has" in r2.refused
 
 
 def test_robot_client_id_mapping():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,8 @@ from typing import Any
 log = logging.getLogger("scaleflu")
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# when the command began (this module is imported first): summaries give its real wall time
+COMMAND_STARTED = time.monotonic()
 
 
 def add_config_args(p: argparse.ArgumentParser, example: str = "fl.lr=0.01") -> None:
@@ -37,6 +40,36 @@ def add_config_args(p: argparse.ArgumentParser, example: str = "fl.lr=0.01") -> 
         metavar="KEY=VALUE",
         help=f"override one value, e.g. --set {example} (repeatable)",
     )
+    p.add_argument(
+        "--plugin",
+        dest="plugins",
+        action="append",
+        default=[],
+        metavar="MODULE|FILE.py",
+        help="your module (or .py file) that registers models and data sets by name "
+        "(scaleflu.plugins); added to the config's plugins (repeatable)",
+    )
+
+
+def method_arg(text: str) -> str:
+    """argparse ``type`` of ``--method``: a registered name or alias, as its registered name."""
+    from scaleflu.unlearn.registry import canonical_name
+
+    try:
+        return canonical_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def method_help(text: str) -> str:
+    """``text`` followed by the registry's method names and their aliases."""
+    from scaleflu.unlearn.registry import method_aliases
+
+    names = [
+        f"{name} (also {', '.join(aliases)})" if aliases else name
+        for name, aliases in method_aliases().items()
+    ]
+    return f"{text}: {', '.join(names)}"
 
 
 def add_global_args(p: argparse.ArgumentParser, *, in_subcommand: bool = False) -> None:
@@ -73,7 +106,7 @@ def run_one_line(func: Callable[..., Any], *args: Any, logger: logging.Logger = 
     else status 1. The traceback is logged at DEBUG level only (``--log-level DEBUG``).
     """
     from scaleflu.config import ConfigError
-    from scaleflu.fl.integrity import IntegrityError
+    from scaleflu.fl.integrity import CorruptFileError, IntegrityError
 
     try:
         return int(func(*args) or 0)
@@ -82,6 +115,10 @@ def run_one_line(func: Callable[..., Any], *args: Any, logger: logging.Logger = 
         return 130
     except IntegrityError as exc:  # a stored file failed its authenticated digest
         logger.error("refused: %s", exc)
+        return 2
+    except CorruptFileError as exc:  # its message starts with the file's path
+        logger.error("unreadable file: %s", exc)
+        logger.debug("%s", traceback.format_exc())
         return 2
     except ConfigError as exc:
         logger.error("configuration error: %s", exc)

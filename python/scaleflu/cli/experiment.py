@@ -16,7 +16,7 @@ def _cmd_table2(args: argparse.Namespace) -> int:
     from scaleflu.experiments.report import write_report
     from scaleflu.experiments.table2 import run_table2
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     if args.report_only:
         paths = write_report(cfg, args.out)
         log.info("report written: %s", ", ".join(str(p) for p in paths.values()))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +95,6 @@ def _cmd_restore(args: argparse.Namespace) -> int:
 
 def add_history_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register ``scaleflu history``."""
-    from pathlib import Path
-
     p = subparsers.add_parser(
         "history",
         help="a run's history store: version and signed heads (status), deliberate restore",

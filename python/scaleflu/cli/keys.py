@@ -45,8 +45,8 @@ def _cmd_keys(args: argparse.Namespace) -> int:
         if args.action == "enrol" and not store_path.exists():
             store = KeyStore.create([])
             log.info("new key store %s (a new server signing identity)", store_path)
-        else:
-            store = KeyStore.load(store_path)
+        else:  # a weak key is read here so that `rotate` can replace it (`list` flags it)
+            store = KeyStore.load(store_path, allow_weak=True)
         out_dir = Path(args.out_dir)
         written = []
         for r in args.robot or []:

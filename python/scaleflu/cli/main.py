@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import platform
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,6 +40,7 @@ SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
     ("scaleflu.cli.keys", "add_keys_parser"),
     ("scaleflu.cli.receipt", "add_receipt_parser"),
     ("scaleflu.cli.history", "add_history_parser"),
+    ("scaleflu.cli.iplink", "add_iplink_parser"),
 ]
 
 
@@ -47,14 +49,12 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
     from scaleflu.config import load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
     return 0
 
 
 def _cmd_info(args: argparse.Namespace) -> int:
-    import platform
-
     lines = [f"gr-scaleflu {__version__}", f"python {platform.python_version()}"]
     for mod, attr in (("numpy", "__version__"), ("torch", "__version__")):
         try:

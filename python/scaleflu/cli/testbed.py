@@ -20,11 +20,19 @@ import os
 import signal
 import sqlite3
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from scaleflu.cli.args import LOG_LEVELS, DefaultsHelpFormatter, add_config_args, run_one_line
+from scaleflu.cli.args import (
+    LOG_LEVELS,
+    DefaultsHelpFormatter,
+    add_config_args,
+    method_arg,
+    method_help,
+    run_one_line,
+)
 from scaleflu.log import setup_logging
 
 if TYPE_CHECKING:
@@ -96,6 +104,15 @@ COMMON_OPTIONS: list[Option] = [
             type=float,
             default=None,
             help="ofdm-pairs: fraction of received frames dropped (seeded)",
+        ),
+    ),
+    (
+        "link",
+        ("--mcs",),
+        dict(
+            default=None,
+            help="PHY: auto (coded OFDM, MCS adapted per link), stock (the paper's uncoded "
+            "QPSK) or an MCS name (bpsk-1/2 .. 64qam-3/4); default: testbed.mcs",
         ),
     ),
     ("uhd", ("-f", "--freq"), dict(type=eng_float, default=2.45e9, help="centre frequency, Hz")),
@@ -291,16 +308,21 @@ def build_link(
     rx_args: str | None,
 ) -> Link:
     """The node's Link from the command line and the ``testbed`` config section."""
+    from scaleflu.link.mcs import STOCK, mcs_name
     from scaleflu.linkkinds import canonical_kind, open_link
     from scaleflu.testbed.protocol import SERVER_ID
 
     kind = canonical_kind(args.link or str(cfg.testbed.link))
+    mcs = mcs_name(getattr(args, "mcs", None) or cfg.testbed.mcs)  # a bad name: one line
     opts: dict[str, Any] = {}
     if kind in ("frames", "frames-shared"):
         opts["hub"] = args.hub
+    if kind in ("ofdm-shared", "ofdm-pairs", "uhd"):
+        opts["mcs"] = mcs  # the PHY (and with a MAC, the MCS it chooses)
     if kind == "frames-shared":
         opts.update(
-            mac=dict(cfg.testbed.mac),
+            # the hub's frame-level PHY model times and loses frames by the MAC's MCS
+            mac={**dict(cfg.testbed.mac), "mcs": None if mcs == STOCK else mcs},
             members=tuple(peers) if node_id == SERVER_ID else (),
             rate_bytes_per_s=cfg.testbed.channel.rate_bytes_per_s,
             seed=int(cfg.seed) + node_id,
@@ -317,6 +339,8 @@ def build_link(
             from scaleflu.radio.medium import DEFAULT_MEDIUM_ADDRESS
 
             opts["broker"] = args.broker or DEFAULT_MEDIUM_ADDRESS
+            if getattr(args, "max_runtime", None):  # a robot waits this long for its broker
+                opts["timeout"] = float(args.max_runtime)
     if kind == "ofdm-pairs":
         opts.update(
             peers={p: args.host for p in peers},
@@ -351,6 +375,28 @@ def build_link(
     return open_link(kind, node_id, **{k: v for k, v in opts.items() if v is not None})
 
 
+def storage_fault(exc: BaseException) -> BaseException | None:
+    """The local storage fault behind ``exc`` (disk full, read-only folder, I/O error), or None.
+
+    OSError and sqlite3 errors are such faults; safetensors (its Rust writer) and torch's zip
+    writer report an OS error as their own exception types, with the OS error in the text. The
+    exception's causes are searched too (a fault wrapped by the code that met it).
+    """
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (OSError, sqlite3.Error)):
+            return e
+        text = str(e)
+        if type(e).__name__ == "SafetensorError" and ("I/O error" in text or "os error" in text):
+            return e
+        if isinstance(e, RuntimeError) and ("PytorchStreamWriter" in text or "No space" in text):
+            return e
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def install_sigterm() -> None:
     """Turn SIGTERM into KeyboardInterrupt so the apps close their links on the way out."""
 
@@ -380,7 +426,7 @@ def _run_server(args: argparse.Namespace) -> int:
     from scaleflu.testbed.report import print_summary, write_report
     from scaleflu.testbed.server import EdgeServer
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     from scaleflu.testbed.keys import KeyStore
 
     try:  # the server store: robots' keys (allow-list) and the server's signing identity
@@ -418,19 +464,20 @@ def _run_server(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         log.warning("interrupted; the history store keeps every completed round")
         return 130
-    except RuntimeError as exc:
+    except Exception as exc:
         from scaleflu.fl.integrity import IntegrityError
 
-        if not isinstance(exc, IntegrityError):
+        if isinstance(exc, IntegrityError):
+            log.error("edge server refuses the run folder: %s", exc)
+            return 2
+        fault = storage_fault(exc)  # disk full, read-only folder: a local fault, status 3
+        if fault is None:
             raise
-        log.error("edge server refuses the run folder: %s", exc)
-        return 2
-    except (OSError, sqlite3.Error) as exc:  # disk full, read-only folder: a local fault
         log.error(
             "edge server stopped: %s (%s); the history store keeps every completed round: "
             "free space / fix the folder and start it again with the same --run-dir",
-            getattr(exc, "strerror", None) or exc,
-            getattr(exc, "filename", None) or args.run_dir,
+            getattr(fault, "strerror", None) or fault,
+            getattr(fault, "filename", None) or args.run_dir,
         )
         return 3
     finally:
@@ -457,7 +504,7 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
     from scaleflu.testbed.protocol import SERVER_ID
     from scaleflu.testbed.robot import RobotClient
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides, args.plugins)
     from scaleflu.testbed.keys import Enrolment
 
     try:  # this robot's enrolment file: its own key and the server's public key
@@ -475,11 +522,13 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             unlearn["classes"] = [int(c) for c in args.unlearn_classes.split(",") if c]
         if args.unlearn == "sample":
             unlearn["fraction"] = args.unlearn_fraction
+    started = time.monotonic()
     try:
         link = build_link(args, cfg, args.robot_id, [SERVER_ID], args.dev_args, args.dev_args)
-    except Exception as exc:  # no radio, port in use, ...: one line, not a traceback
+    except Exception as exc:  # no radio, port in use, no broker, ...: one line, not a traceback
         log.error("cannot open the link: %s", exc)
         return 2
+
     summary: dict[str, Any] = {}
     try:
         robot = RobotClient(
@@ -494,7 +543,12 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             server_public_key=enrol.server_public_key,
             receipts_dir=args.receipts,
         )
-        summary = robot.run(args.max_runtime)
+        left = None  # --max-runtime bounds the whole process, the link's opening included
+        if args.max_runtime is not None:
+            left = max(0.0, args.max_runtime - (time.monotonic() - started))
+        summary = robot.run(left)
+        if robot.refused:  # logged once, as the reason (e.g. another MCS table version)
+            return 2
     except KeyboardInterrupt:
         log.warning("robot %d interrupted", args.robot_id)
         return 130
@@ -566,16 +620,25 @@ def add_launcher_args(p: argparse.ArgumentParser) -> None:
         "ZeroMQ, a private channel per pair (ideal FDMA)",
     )
     p.add_argument(
+        "--mcs",
+        default=None,
+        help="PHY of the radio links: auto (coded OFDM, the MAC chooses each robot's MCS from "
+        "the SNRs both ends measure), stock (the paper's uncoded QPSK) or an MCS name; "
+        "frames-shared: the hub's frame-level PHY model (default: testbed.mcs)",
+    )
+    p.add_argument(
         "--fading",
         choices=("rician", "rayleigh", "none"),
         default=None,
-        help="ofdm-shared: fading of every link (default: testbed.medium.fading)",
+        help="ofdm-shared, frames-shared: fading of every link (default: testbed.medium.fading)",
     )
     p.add_argument(
         "--method",
-        choices=method_names(),  # the unlearning-method registry
+        type=method_arg,  # the unlearning-method registry: its names and aliases
+        choices=method_names(),
         default=None,
-        help="unlearning method (default: testbed.unlearn.method)",
+        metavar="METHOD",
+        help=method_help("unlearning method (default: testbed.unlearn.method)"),
     )
     p.add_argument(
         "--backdoor-robot",

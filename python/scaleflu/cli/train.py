@@ -30,7 +30,10 @@ def add_train_parser(subparsers: argparse._SubParsersAction) -> argparse.Argumen
     )
     p.add_argument("--backend", choices=("local", "ray"), default=None, help="override fl.backend")
     p.add_argument(
-        "--resume", action="store_true", help="continue the run in --out from its last round"
+        "--resume",
+        action="store_true",
+        help="continue the run in --out from its last round, with the config it saved (--set "
+        "may extend it, e.g. fl.rounds)",
     )
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     p.add_argument(
@@ -59,8 +62,14 @@ def run_train(args: argparse.Namespace) -> int:
             log.error("--resume needs --out RUN_DIR")
             return 2
         out = Path("runs") / time.strftime("fl-%Y%m%d-%H%M%S")
+    config = args.config
+    if args.resume and config is None:  # the run's own config: no need to repeat every --set
+        config = out / "config.yaml"
+        if not config.is_file():
+            log.error("--resume: %s holds no run to continue (no config.yaml)", out)
+            return 2
     try:
-        cfg = load_config(args.config, overrides)
+        cfg = load_config(config, overrides, args.plugins)
         trust_keys(out, args.keys)
         result = train(cfg, out, resume=args.resume, progress=not args.no_progress)
     except ConfigError as exc:

@@ -29,11 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from safetensors.torch import save_file
 from tqdm import tqdm
 
-from scaleflu.config import Config, ConfigError, as_config
+from scaleflu.config import Config, ConfigError, as_config, merge, parse_override
 from scaleflu.experiments.cells import Cell, RunKey, read_result
+from scaleflu.fl.run import load_run, train
 from scaleflu.unlearn.base import UnlearnContext, Unlearner, resolve_unlearn_config
+from scaleflu.unlearn.baselines.aoi_trace import annotate, replay_scale_trace
+from scaleflu.unlearn.registry import canonical_name, make_method
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +57,6 @@ def run_config(cfg: Mapping[str, Any], key: RunKey) -> Config:
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED}
     # e.g. a smaller run for MobileNetV3 on the CPU
     for item in cfg.experiment.model_settings.get(key.model) or []:
-        from scaleflu.config import merge, parse_override
-
         upd = parse_override(str(item))
         if set(upd) - {"data", "fl", "model"}:
             raise ConfigError(
@@ -78,6 +81,8 @@ def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
         view["fl"] = {k: v for k, v in view["fl"].items() if k != "device"}
     view["scale.groups_per_layer"] = (cfg.get("scale") or {}).get("groups_per_layer")
     # keys added later that are off by default: a run saved before they existed still matches
+    if not view.get("plugins"):
+        view.pop("plugins", None)
     fl = view.get("fl")
     if isinstance(fl, Mapping) and str(fl.get("lr_schedule") or "constant") == "constant":
         view["fl"] = fl = {k: v for k, v in fl.items() if k not in _LR_KEYS}
@@ -101,15 +106,11 @@ _CANARY_KEYS = ("canary_clients", "canaries", "canary_copies")
 
 def ensure_run(cfg: Config, key: RunKey, out: Path, progress: bool) -> Path:
     """Train (or resume, or reuse) the run of ``key``; returns its directory."""
-    from scaleflu.fl.run import train
-
     run_dir = out / "runs" / key.slug
     rcfg = run_config(cfg, key)
     done_marker = run_dir / "model.safetensors"
     if done_marker.is_file():
         saved = run_dir / "config.yaml"
-        import yaml
-
         if saved.is_file() and training_view(yaml.safe_load(saved.read_text())) == training_view(
             rcfg
         ):
@@ -139,8 +140,6 @@ def default_factory(name: str, cfg: Config, **params: Any) -> Unlearner:
     Hyper-parameters come from the experiment's ``baselines.<name>``, then ``params``; SCALE
     runs in ``experiment.scale_mode`` unless ``params`` names its ``mode``.
     """
-    from scaleflu.unlearn.registry import canonical_name, make_method
-
     if canonical_name(name) == "scale":
         params.setdefault("mode", str(cfg.experiment.scale_mode or "default"))
     return make_method(name, cfg, **params)
@@ -162,8 +161,6 @@ class Variant:
 
     def config(self, cfg: Config) -> Config:
         """The experiment config this variant runs under."""
-        from scaleflu.config import merge, parse_override
-
         out: Mapping[str, Any] = cfg
         for item in self.overrides:
             out = merge(out, parse_override(item))
@@ -241,8 +238,6 @@ def run_cells(
     try:
         for key, group in todo.items():
             try:
-                from scaleflu.fl.run import load_run
-
                 run = load_run(ensure_run(cfg, key, out, progress))
             except Exception as exc:  # noqa: BLE001 - recorded per cell, the others go on
                 log.error("run %s failed: %s", key.slug, exc)
@@ -312,14 +307,10 @@ def _run_cell(
             unlearner.overrides["budget_cpu_s"] = matched_budget(where, c, unlearner)
         result = unlearner.run(ctx)
         if result.details.get("aoi_time_avg_s") is None:
-            from scaleflu.unlearn.baselines.aoi_trace import annotate, replay_scale_trace
-
             if "rollout" in result.details:
                 annotate(result, replay_scale_trace(ctx, result.details))
         cdir.mkdir(parents=True, exist_ok=True)
         if bool(cfg.experiment.save_models) and getattr(unlearner, "state", None) is not None:
-            from safetensors.torch import save_file
-
             mp = cdir / "model.safetensors"
             save_file({k: v.contiguous() for k, v in unlearner.state.items()}, mp)
             result.model_path = str(mp)

@@ -493,7 +493,8 @@ def plot_table2_ppo(
             ax.set_title(f"{sc} unlearning reward")
             ax.set_xlabel("episode")
             ax.set_ylabel("return (smoothed)")
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:  # an empty panel gets no empty legend
+                ax.legend(fontsize=8)
         if any_line:
             fig.tight_layout()
             p = out / f"ppo_convergence_{ds}.png"
@@ -576,7 +577,8 @@ def plot_table2_sum_aoi(
             ax.set_title(f"Sum AoI with {model}")
             ax.set_xlabel("unlearning step")
             ax.set_ylabel("Sum AoI (s)")
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
         if any_line:
             fig.tight_layout()
             p = out / f"sum_aoi_{ds}.png"

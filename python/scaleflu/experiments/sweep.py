@@ -41,6 +41,8 @@ from scaleflu.experiments.harness import (
     ensure_run,
     run_cells,
 )
+from scaleflu.fl.optim import preload_torch_optim
+from scaleflu.unlearn.search import sb3_startup
 
 log = logging.getLogger(__name__)
 
@@ -190,9 +192,6 @@ def run_federation(
 
     Returns the federation's data (``complete`` once every cell has a result).
     """
-    from scaleflu.fl.optim import preload_torch_optim
-    from scaleflu.unlearn.search import sb3_startup
-
     out, work = Path(out), Path(work)
     run_root = work / "sweep" / fed.setting
     cell_root = out / "unlearn_sweep" / fed.setting

@@ -29,14 +29,14 @@ from typing import Any
 from scaleflu.config import ConfigError, as_config, save_config
 from scaleflu.experiments.cells import plan_cells
 from scaleflu.experiments.harness import MethodFactory, default_factory, run_cells
+from scaleflu.experiments.report import write_report
+from scaleflu.unlearn.registry import canonical_name
 
 log = logging.getLogger(__name__)
 
 
 def _check_methods(names: Iterable[str]) -> None:
     """Every method name is registered (before any run is trained)."""
-    from scaleflu.unlearn.registry import canonical_name
-
     for name in names:
         try:
             canonical_name(str(name))
@@ -80,8 +80,6 @@ def run_table2(
     tmp.write_text(json.dumps(summary, indent=2))
     tmp.replace(prev)
     if report:
-        from scaleflu.experiments.report import write_report
-
         summary["report"] = {k: str(v) for k, v in write_report(cfg, out).items()}
     log.info(
         "table2: %d cells done, %d failed, %.1fs -> %s",

@@ -19,15 +19,23 @@ to every update and returns the ones refused with their reason:
   ``norm_factor x median_n ||Delta_n||`` (the adaptive bound, on by default; the median of a
   round with one outlier is an honest norm, so a scaled update cannot raise its own bound);
 * **free-riding**: an update equal to the model it was trained from (``||Delta_n|| == 0``) is
-  flagged and carries no weight.
+  flagged and carries no weight;
+* **direction** (rounds of fewer than ``small_round`` updates, given the server's own reference
+  update of the round): an update whose cosine with it is below ``min_cosine`` (default -0.2:
+  pointing clearly away from the server's own descent) is refused. A non-IID robot's honest
+  update can be orthogonal to the reference (cosine -0.005 in a first round of the testbed's
+  tests); the growth attack's, which climbs the robot's own loss, had -0.35 to -0.91
+  (docs/testbed.md, "Direction of small rounds").
 
 With fewer than ``small_round`` updates (default 3) the round's median cannot single out a
 scaled update (with two it is the mean of the honest and the scaled norm, with one the
 attacker's own), so the adaptive bound then also takes a **floor**: ``floor_factor x`` the
 median of the ``prior`` norms the caller gives (the edge server: the norms it accepted in the
-last ``norm_history`` rounds, or in a round without such history the norm of its own
-reference update, trained from the same global model on its validation slice with as many SGD
-steps as the round's largest robot). The bound is the smaller of the two. ``floor_factor``
+last ``norm_history`` rounds that had ``small_round`` updates or more, where the round's median
+bounded them, or else the norm of its own reference update, trained from the same global model
+on its validation slice with as many SGD steps as the round's largest robot: never the norms of
+small rounds, which the updates being bounded could walk up round by round). The bound is the
+smaller of the two. ``floor_factor``
 (default 10) is wider than ``norm_factor``: the trusted norms come from other rounds, robots or
 data (non-IID robots move further than the server's balanced validation data); the measured
 norms are in docs/testbed.md ("Robust aggregation").
@@ -77,8 +85,17 @@ class AggregationConfig:
     free_rider_tol: float = 0.0  # ||Delta|| <= this counts as free-riding
     small_round: int = 3  # rounds with fewer updates than this use the floor from prior norms
     floor_factor: float = 10.0  # the floor: x the median of the prior (trusted) norms
-    norm_history: int = 5  # the floor: accepted norms of the last this many rounds (0: none)
+    # the floor: norms accepted in the last this many rounds of small_round updates or more,
+    # where the round's median bounded them (0: none)
+    norm_history: int = 5
     reference_samples: int = 512  # server's reference update: validation samples (0: none)
+    # in a round of fewer than small_round updates, refuse an update whose cosine with the
+    # server's own reference update of the round is below this (None: no such test)
+    min_cosine: float | None = -0.2
+    # the candidate model's accuracy on the server's validation data may fall at most this far
+    # below the previous model's; else the round's candidate is refused (None: no check)
+    acceptance_margin: float | None = None
+    acceptance_samples: int = 1000  # validation samples of the acceptance check
 
     @classmethod
     def from_dict(
@@ -103,6 +120,18 @@ class AggregationConfig:
             raise ValueError(f"{where}.trim_fraction must be in [0, 0.5)")
         if int(c.krum_f) < 0:
             raise ValueError(f"{where}.krum_f must be >= 0")
+        mc = c.min_cosine
+        if mc is not None and (
+            isinstance(mc, bool) or not isinstance(mc, (int, float)) or not -1 <= mc <= 1
+        ):
+            raise ValueError(f"{where}.min_cosine must be in [-1, 1] or null, got {mc!r}")
+        m = c.acceptance_margin
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or m < 0):
+            raise ValueError(f"{where}.acceptance_margin must be >= 0 or null, got {m!r}")
+        if isinstance(c.acceptance_samples, bool) or not isinstance(c.acceptance_samples, int):
+            raise ValueError(f"{where}.acceptance_samples must be an int >= 1")
+        if c.acceptance_samples < 1:
+            raise ValueError(f"{where}.acceptance_samples must be an int >= 1")
         for name in ("small_round", "norm_history", "reference_samples"):
             v = getattr(c, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
@@ -133,19 +162,40 @@ def norm(delta: Mapping[str, torch.Tensor]) -> float:
     return float(sum(float((v.to(torch.float64) ** 2).sum()) for v in delta.values()) ** 0.5)
 
 
+def cosine(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> float:
+    """Cosine of two updates over their common tensors (0 when either is zero)."""
+    dot = sum(float((a[k].to(torch.float64) * b[k].to(torch.float64)).sum()) for k in a if k in b)
+    den = norm(a) * norm(b)
+    return dot / den if den > 0 else 0.0
+
+
 def screen(
-    deltas: Mapping[int, State], cfg: AggregationConfig, prior: Sequence[float] = ()
+    deltas: Mapping[int, State],
+    cfg: AggregationConfig,
+    prior: Sequence[float] = (),
+    reference: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[dict[int, str], dict[int, float]]:
     """Updates refused before aggregation ({client: reason}) and every update's norm.
 
     ``prior``: trusted norms (earlier rounds' accepted norms, the server's reference update)
-    for the floor of rounds with fewer than ``small_round`` updates (module docstring).
+    for the floor of rounds with fewer than ``small_round`` updates (module docstring);
+    ``reference``: the server's own update of the round: in such a round an update pointing
+    away from it (cosine below ``min_cosine``) is refused as ``direction``.
     """
     norms = {n: norm(d) for n, d in deltas.items()}
     refused: dict[int, str] = {}
     for n, v in norms.items():
         if v <= cfg.free_rider_tol:
             refused[n] = f"free_riding: ||update|| {v:.3g} (the model it was sent)"
+    small = len(deltas) - len(refused) < int(cfg.small_round)
+    if small and reference is not None and cfg.min_cosine is not None:
+        for n, d in deltas.items():
+            c = cosine(d, reference)
+            if n not in refused and c < float(cfg.min_cosine):
+                refused[n] = (
+                    f"direction: cosine {c:.3f} with the server's reference update "
+                    f"< {float(cfg.min_cosine):g}"
+                )
     rest = [v for n, v in norms.items() if n not in refused]
     bound = None
     if cfg.norm_factor is not None and rest:
@@ -255,17 +305,19 @@ def robust_aggregate(
     sizes: Mapping[int, int],
     cfg: AggregationConfig | None,
     prior: Sequence[float] = (),
+    reference: Mapping[str, torch.Tensor] | None = None,
 ) -> AggregationResult:
     """Screen the local models' updates against ``base``, aggregate the rest with the strategy.
 
     ``cfg`` None: no screening, plain :func:`aggregate` of every local model. ``prior``:
-    trusted norms for the floor of small rounds (:func:`screen`). Raises
-    NoUpdateAcceptedError (a ValueError) when no update survives the screening.
+    trusted norms for the floor of small rounds, ``reference``: the server's own update for
+    their direction test (:func:`screen`). Raises NoUpdateAcceptedError (a ValueError) when
+    no update survives the screening.
     """
     if cfg is None:
         return AggregationResult(aggregate(locals_, sizes), list(locals_), {}, {})
     deltas = {n: update_of(s, base) for n, s in locals_.items()}
-    refused, norms = screen(deltas, cfg, prior)
+    refused, norms = screen(deltas, cfg, prior, reference)
     ok = [n for n in deltas if n not in refused]
     if not ok:
         raise NoUpdateAcceptedError(refused)

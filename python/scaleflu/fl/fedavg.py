@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from scaleflu.config import config_section
 from scaleflu.fl.data import ImageData
 from scaleflu.fl.device import cpu_state, model_device, resolve_device
 from scaleflu.fl.models import has_batchnorm
@@ -98,8 +99,6 @@ class LocalConfig:
     def from_config(cls, fl: Mapping[str, Any], epochs: int | None = None) -> LocalConfig:
         """The ``fl`` config section's local settings and lr schedule (``epochs`` overrides E;
         ``batch_size`` null: full batch). A plain mapping gets default.yaml's other keys."""
-        from scaleflu.config import config_section
-
         fl = config_section("fl", fl)
         return cls(
             int(epochs if epochs is not None else fl.local_epochs),

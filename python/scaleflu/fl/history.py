@@ -53,10 +53,12 @@ store's integrity chain holds every receipt its server issued.
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import hmac
 import json
 import logging
+import math
 import secrets
 import sqlite3
 import time
@@ -67,19 +69,22 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
 from scaleflu.fl.integrity import (
+    CorruptFileError,
     HistoryHeads,
     IntegrityError,
     RollbackError,
     check_mac,
     heads_for,
     key_for,
+    load_tensors,
     state_sha256,
 )
+from scaleflu.link.mcs import expected_frame_airtime_s, mcs_name
 
 log = logging.getLogger(__name__)
 
@@ -145,15 +150,51 @@ _DIGEST_TABLES_V2 = (*_DIGEST_TABLES, ("files", "name"), ("receipts", "seq"))
 
 @dataclass(frozen=True)
 class LinkModel:
-    """Simulated link: a transfer of ``b`` bytes takes ``b / goodput + latency`` seconds."""
+    """Simulated link: a transfer of ``b`` bytes takes ``b / goodput + latency`` seconds.
+
+    ``phy`` "stock" (the paper's): ``goodput`` as given. Otherwise the OFDM PHY's airtime from
+    the MCS table (``scaleflu.link.mcs``): ``phy`` "adaptive" (each frame at the MCS link
+    adaptation picks for its SNR) or an MCS name; the bytes go in link frames of ``mtu``, each
+    taking its expected airtime at mean SNR ``snr_db`` over ``fading`` ("none" or Rician K =
+    6 dB as the testbed's channel) with the measured frame error rates
+    (``expected_frame_airtime_s``; ``goodput`` is not used).
+    """
 
     goodput: float = 5.7e6 / 8  # bytes per second (about 5.7 Mbit/s, the stock OFDM PHY)
     latency: float = 0.01  # seconds per transfer
     count_uplink: bool = True  # charge each participant's upload to the round
+    phy: str = "stock"  # stock | adaptive | an MCS name
+    snr_db: float = 20.0  # mean SNR of the modelled PHY (phy other than stock)
+    fading: str = "none"  # none | rician | rayleigh (phy other than stock)
+    mtu: int = 1500
+
+    def __post_init__(self) -> None:
+        if self.phy != "stock":
+            object.__setattr__(self, "phy", mcs_name(self.phy))
+            if self.phy != "stock":
+                self._frame_s(self.mtu)  # a bad fading or an SNR nothing gets through: now
+
+    def _frame_s(self, frame_bytes: int) -> float:
+        s = _expected_frame_s(self.phy, frame_bytes, self.snr_db, self.fading)
+        if not math.isfinite(s):
+            raise ValueError(
+                f"link model: no frame gets through at {self.snr_db} dB with PHY {self.phy}"
+            )
+        return s
 
     def seconds(self, nbytes: int) -> float:
         """Seconds to move ``nbytes`` over the link."""
-        return nbytes / self.goodput + self.latency
+        if self.phy == "stock":
+            return nbytes / self.goodput + self.latency
+        per = self.mtu - 26  # link frame overhead (header 22 B + CRC32)
+        full, last = divmod(max(0, int(nbytes)), per)
+        s = full * self._frame_s(self.mtu) + (self._frame_s(last + 26) if last else 0.0)
+        return s + self.latency
+
+
+@functools.lru_cache(maxsize=256)
+def _expected_frame_s(phy: str, frame_bytes: int, snr_db: float, fading: str) -> float:
+    return expected_frame_airtime_s(phy, frame_bytes, snr_db, fading)
 
 
 def float_entries(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -247,6 +288,11 @@ class HistoryStore:
                 meta = self._meta()
                 if groups is not None and list(groups) != meta["layers"]:
                     raise ValueError("history store was created with different layers/groups")
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise CorruptFileError(
+                f"{self.dir / 'history.sqlite'}: the history database is unreadable ({exc})"
+            ) from None
         except Exception:
             self._db.close()
             raise
@@ -563,26 +609,25 @@ class HistoryStore:
         path = self._path(name)
         if not path.is_file():
             raise HistoryIntegrityError(f"{path}: a history file the store records is missing")
-        if self._key is not None:  # its SHA-256 is in the authenticated metadata
-            row = self._file_row(name)
-            data = path.read_bytes()
-            if row is None or not hmac.compare_digest(hashlib.sha256(data).hexdigest(), row[1]):
-                raise HistoryIntegrityError(
-                    f"{path}: history file fails its authenticated digest (modified, put back "
-                    "from an older copy, or written under another key); refusing it"
-                )
+        if self._key is None:
+            return load_tensors(path, "history file", prefix)
+        # its SHA-256 is in the authenticated metadata
+        row = self._file_row(name)
+        data = path.read_bytes()
+        if row is None or not hmac.compare_digest(hashlib.sha256(data).hexdigest(), row[1]):
+            raise HistoryIntegrityError(
+                f"{path}: history file fails its authenticated digest (modified, put back "
+                "from an older copy, or written under another key); refusing it"
+            )
+        try:
             flat = load_safetensors(data)
-            if prefix is None:
-                return flat
-            return {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
-        out: dict[str, torch.Tensor] = {}
-        with safe_open(str(path), framework="pt") as fh:
-            for key in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                if prefix is None:
-                    out[key] = fh.get_tensor(key)
-                elif key.startswith(prefix):
-                    out[key[len(prefix) :]] = fh.get_tensor(key)
-        return out
+        except (SafetensorError, ValueError, RuntimeError) as exc:
+            raise CorruptFileError(
+                f"{path}: history file is not a readable safetensors file ({exc})"
+            ) from None
+        if prefix is None:
+            return flat
+        return {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
 
     def _migrate(self) -> None:
         """A store of schema 1 (tensor files with ``.mac`` sidecars) becomes schema 2: its

@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 if TYPE_CHECKING:  # torch is imported when a model is saved or loaded, not for the error type
     import torch
@@ -59,6 +61,11 @@ class IntegrityError(RuntimeError):
 
 class RollbackError(IntegrityError):
     """A history store is older than the last version its server signed (put back, forked)."""
+
+
+class CorruptFileError(ValueError):
+    """A stored file cannot be read as what it must be (truncated, damaged, not that format);
+    the message starts with the file's path."""
 
 
 def _norm(path: str | Path) -> Path:
@@ -293,8 +300,6 @@ def save_model(
     state: Mapping[str, torch.Tensor], path: str | Path, key: bytes | None = None
 ) -> Path:
     """Save a state dict as safetensors (atomically) with its digest (``key`` or trusted)."""
-    from safetensors.torch import save_file
-
     path = Path(path)
     key = key if key is not None else key_for(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -306,11 +311,35 @@ def save_model(
     return path
 
 
+def load_tensors(
+    path: str | Path, what: str = "file", prefix: str | None = None
+) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file (``prefix``: only keys starting with it, without it).
+
+    Reading never executes anything from the file. A missing file is FileNotFoundError; one
+    that is not a whole safetensors file is :class:`CorruptFileError` naming it.
+    """
+    path = Path(path)
+    out: dict[str, torch.Tensor] = {}
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            for name in fh.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                if prefix is None:
+                    out[name] = fh.get_tensor(name)
+                elif name.startswith(prefix):
+                    out[name[len(prefix) :]] = fh.get_tensor(name)
+    except FileNotFoundError:
+        raise
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise CorruptFileError(
+            f"{path}: {what} is not a readable safetensors file (truncated or damaged: {exc})"
+        ) from None
+    return out
+
+
 def load_model(path: str | Path, key: bytes | None = None) -> dict[str, torch.Tensor]:
     """Load a safetensors state dict, checking its digest first (``key`` or trusted)."""
-    from safetensors.torch import load_file
-
     key = key if key is not None else key_for(path)
     if key is not None:
         check_mac(key, path, "model")
-    return load_file(str(path))
+    return load_tensors(path, "model")

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from scaleflu import plugins
+
 log = logging.getLogger(__name__)
 
 MODEL_NAMES = ("lenet", "mobilenetv3", "resnet18")
@@ -227,18 +229,27 @@ _BUILDERS: dict[str, type[nn.Module]] = {
 
 
 def build_model(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
-    """Build one of ``MODEL_NAMES`` for the given class count, channels and square image size."""
+    """Build one of ``MODEL_NAMES``, or a model a plugin registered (:mod:`scaleflu.plugins`),
+    for the given class count, channels and square image size."""
     key = name.lower().replace("-", "").replace("_", "")
     aliases = {"lenet5": "lenet", "mobilenetv3small": "mobilenetv3", "mobilenet": "mobilenetv3"}
     key = aliases.get(key, key)
-    if key not in _BUILDERS:
-        raise ValueError(f"unknown model {name!r}; choose one of {', '.join(MODEL_NAMES)}")
+    if key not in _BUILDERS and plugins.model_builder(name) is None:
+        names = ", ".join((*MODEL_NAMES, *plugins.model_names()))
+        raise ValueError(
+            f"unknown model {name!r}; choose one of {names} (or register yours: scaleflu.plugins)"
+        )
     if num_classes < 1 or in_channels < 1 or image_size < 1:
         raise ValueError(
             f"bad model shape: num_classes={num_classes}, in_channels={in_channels}, "
             f"image_size={image_size}"
         )
-    model = _BUILDERS[key](num_classes=num_classes, in_channels=in_channels, image_size=image_size)
+    if key not in _BUILDERS:
+        model = build_plugin_model(name, num_classes, in_channels, image_size)
+    else:
+        model = _BUILDERS[key](
+            num_classes=num_classes, in_channels=in_channels, image_size=image_size
+        )
     model.input_shape = (in_channels, image_size, image_size)  # type: ignore[assignment]
     return model
 
@@ -298,3 +309,37 @@ def layer_groups(model: nn.Module, G: int) -> dict[str, list[tuple[int, int]]]:
     """Parameter groups of every sensitivity layer: ``{layer_name: [(start, end), ...]}``."""
     params = dict(model.named_parameters())
     return {name: parameter_groups(params[name].numel(), G) for name in sensitivity_layers(model)}
+
+
+def build_plugin_model(name: str, num_classes: int, in_channels: int, image_size: int) -> nn.Module:
+    """Call the registered builder of ``name`` and check that it returned a module that maps
+    one image to ``num_classes`` logits."""
+    builder = plugins.model_builder(name)
+    if builder is None:
+        raise plugins.PluginError(f"no model {name!r} is registered")
+    where = f"model {name!r} ({plugins.origin('model', name)})"
+    try:
+        model = builder(num_classes, in_channels, image_size)
+    except Exception as exc:  # noqa: BLE001 - the user's builder: one line
+        raise plugins.PluginError(f"{where} failed to build: {type(exc).__name__}: {exc}") from None
+    if not isinstance(model, torch.nn.Module):
+        raise plugins.PluginError(f"{where} returned {type(model).__name__}, not a torch.nn.Module")
+    if not any(True for _ in model.parameters()):
+        raise plugins.PluginError(f"{where} has no parameters to train")
+    try:
+        with torch.no_grad():
+            was = model.training
+            model.eval()
+            out = model(torch.zeros(2, in_channels, image_size, image_size))
+            model.train(was)
+    except Exception as exc:  # noqa: BLE001
+        raise plugins.PluginError(
+            f"{where} cannot take a batch of {in_channels}x{image_size}x{image_size} images: "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (2, num_classes):
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise plugins.PluginError(
+            f"{where} gives {shape} for 2 images; expected (2, {num_classes}) logits"
+        )
+    return model

@@ -30,7 +30,7 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from scaleflu.config import Config, ConfigError, as_config, save_config
+from scaleflu.config import Config, ConfigError, as_config, read_config_file, save_config
 from scaleflu.fl.aggregation import screening_config
 from scaleflu.fl.data import (
     ImageData,
@@ -46,7 +46,9 @@ from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, derive_seed, make_tr
 from scaleflu.fl.history import HistoryStore, LinkModel
 from scaleflu.fl.integrity import load_model, save_model
 from scaleflu.fl.models import build_model, layer_groups
+from scaleflu.fl.ray_backend import RayTrainer
 from scaleflu.fl.strategy import NOT_EVALUATED, CentralEvaluator, FedAvg, close_round
+from scaleflu.plots import plot_training
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +162,14 @@ def build_setup(cfg: Mapping[str, Any]) -> FLSetup:
 def open_history(cfg: Config, run_dir: str | Path, model: nn.Module) -> HistoryStore:
     """The run's history store with the config's retention, precision, groups and link model."""
     h = cfg.history
-    link = LinkModel(float(h.link_goodput), float(h.link_latency), bool(h.count_uplink))
+    link = LinkModel(
+        float(h.link_goodput),
+        float(h.link_latency),
+        bool(h.count_uplink),
+        phy=str(h.link_phy),
+        snr_db=float(h.link_snr_db),
+        fading=str(h.link_fading),
+    )
     return HistoryStore(
         run_dir,
         keep_rounds=h.keep_rounds,
@@ -230,8 +239,6 @@ def _make_trainer(setup: FLSetup, model: nn.Module, local: LocalConfig) -> Any:
     fl = setup.cfg.fl
     seed = int(setup.cfg.seed)
     if fl.backend == "ray":
-        from scaleflu.fl.ray_backend import RayTrainer
-
         return RayTrainer(
             setup.model_args(),
             setup.train,
@@ -271,8 +278,12 @@ def train(
     saved_cfg_path = run_dir / "config.yaml"
     if saved_cfg_path.is_file() and (run_dir / "history").is_dir():
         if not resume:
-            raise ConfigError(f"run directory {run_dir} already holds a run; pass resume=True")
+            raise ConfigError(
+                f"{run_dir} already holds a run: continue it (scaleflu train --resume --out "
+                f"{run_dir}) or choose another folder"
+            )
         saved = yaml.safe_load(saved_cfg_path.read_text())
+        saved.setdefault("plugins", [])  # a run saved before plugins existed had none
         diff = [k for k in _diff_keys(saved, cfg) if k[:2] not in _RESUME_FREE]
         if diff:
             raise ConfigError(
@@ -402,8 +413,6 @@ def write_training_outputs(
     Every FedAvg run writes them: :func:`train` (``scaleflu train``, the Table II runs) and
     the testbed's edge server. A plotting failure is logged; the png is then None.
     """
-    from scaleflu.plots import plot_training
-
     run_dir = Path(run_dir)
     csv_path = write_metrics_csv(rows, run_dir / "metrics.csv", columns)
     try:
@@ -469,7 +478,7 @@ def load_run(run_dir: str | Path) -> LoadedRun:
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         raise ConfigError(f"{run_dir} is not a run directory (no config.yaml)")
-    setup = build_setup(yaml.safe_load(cfg_path.read_text()))
+    setup = build_setup(read_config_file(cfg_path))
     cfg = setup.cfg
     history = open_history(cfg, run_dir, setup.model)
     model = setup.new_model()

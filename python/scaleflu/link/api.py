@@ -103,6 +103,13 @@ class Link(abc.ABC):
         """
         raise NotImplementedError(f"{type(self).__name__} has no link-level authentication")
 
+    def set_require_auth(self, on: bool) -> None:
+        """Drop every frame from peers without a link key (``ArqConfig.require_auth``).
+
+        Link kinds without link-level authentication raise NotImplementedError.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no link-level authentication")
+
     def receiving_from(self, peer: int) -> bool:
         """Whether part of a message from ``peer`` is held now (a transfer from it is arriving).
 
@@ -181,12 +188,13 @@ class ArqLink(Link):
         )
         self._thread.start()
 
-    def feed(self, raw: bytes) -> None:
-        """Hand one frame received from the transport to the endpoint (thread-safe)."""
+    def feed(self, raw: bytes, snr_db: float | None = None) -> None:
+        """Hand one frame received from the transport to the endpoint (thread-safe);
+        ``snr_db``: the SNR the PHY measured on it (link adaptation), when it measures one."""
         with self._wake:
             if self._closed:
                 return
-            self.endpoint.on_frame(raw)
+            self.endpoint.on_frame(raw, snr_db)
             # wake the timer thread only when a timer now falls due before it would wake
             # anyway: a wake-up per received frame cost a thread switch and the GIL per frame
             nd = self.endpoint.next_deadline()
@@ -217,9 +225,11 @@ class ArqLink(Link):
     def clock_advanced(self) -> None:
         """The link's clock moved (called by its owner): wake the timer threads that are due."""
         now = self._clock()
-        due = 0.0 < self._wait_until <= now or any(
-            0.0 < t <= now for t in self._timer_waits.values()
-        )
+        # a copy (one C call under the GIL): the timer threads add and remove their entries
+        # while this runs on the clock owner's thread ("dictionary keys changed during
+        # iteration" killed the shared medium's lockstep once it ran fast)
+        waits = list(self._timer_waits.values())
+        due = 0.0 < self._wait_until <= now or any(0.0 < t <= now for t in waits)
         if due:
             with self._wake:
                 self._wake.notify_all()
@@ -258,6 +268,11 @@ class ArqLink(Link):
         """Authenticate every frame exchanged with ``peer`` (see ArqEndpoint.set_peer_key)."""
         with self._wake:
             self.endpoint.set_peer_key(peer, key)
+
+    def set_require_auth(self, on: bool) -> None:
+        """Drop frames from peers without a key (see ArqEndpoint.set_require_auth)."""
+        with self._wake:
+            self.endpoint.set_require_auth(on)
 
     def receiving_from(self, peer: int) -> bool:
         """Whether the reassembler holds a partial message from ``peer`` (see Link)."""

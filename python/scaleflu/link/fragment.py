@@ -145,7 +145,10 @@ class Reassembler:
     this for senders authenticated with a link key) have priority: an untrusted sender can only
     evict its own or other untrusted partial messages, never a trusted one, and the memory of
     completed messages is kept apart for trusted and untrusted senders so that a flood of
-    untrusted messages cannot make a trusted sender's retransmission count as new.
+    untrusted messages cannot make a trusted sender's retransmission count as new. Untrusted
+    partial messages (keyless senders, broadcasts) together hold at most
+    ``max_bytes_untrusted``, however many senders there are: a larger one is refused
+    (``too_large``), and a new one evicts the oldest untrusted ones to fit.
     """
 
     def __init__(
@@ -161,11 +164,15 @@ class Reassembler:
         on_drop: Callable[[Key, str, int], None] | None = None,
         max_messages_per_sender: int | None = None,
         max_bytes_per_sender: int | None = None,
+        max_bytes_untrusted: int | None = None,
     ) -> None:
         if max_messages < 1 or max_bytes < 1 or timeout <= 0 or max_fragments < 1:
             raise ValueError("reassembler limits must be positive")
+        if max_bytes_untrusted is not None and max_bytes_untrusted < 1:
+            raise ValueError("max_bytes_untrusted must be positive")
         self.max_messages = max_messages
         self.max_bytes = max_bytes
+        self.max_bytes_untrusted = min(max_bytes, max_bytes_untrusted or max_bytes)
         self.max_messages_per_sender = min(max_messages, max_messages_per_sender or max_messages)
         self.max_bytes_per_sender = min(max_bytes, max_bytes_per_sender or max_bytes)
         if self.max_messages_per_sender < 1 or self.max_bytes_per_sender < 1:
@@ -185,6 +192,7 @@ class Reassembler:
             OrderedDict(),
         )
         self._bytes = 0
+        self._untrusted_bytes = 0  # reserved by untrusted partial messages
         self._by_sender: dict[int, list[int]] = {}  # src -> [messages, bytes]
 
     # -- queries ---------------------------------------------------------------------------
@@ -197,6 +205,11 @@ class Reassembler:
     def bytes_in_flight(self) -> int:
         """Bytes reserved by partial messages (buffers + bitmaps)."""
         return self._bytes
+
+    @property
+    def untrusted_bytes(self) -> int:
+        """Bytes reserved by untrusted partial messages (at most ``max_bytes_untrusted``)."""
+        return self._untrusted_bytes
 
     def sender_usage(self, src: int) -> tuple[int, int]:
         """(partial messages, bytes reserved) held for sender ``src``."""
@@ -316,11 +329,18 @@ class Reassembler:
         return False
 
     # -- internals -------------------------------------------------------------------------
+    def _cap(self, trusted: bool) -> int:
+        """The largest message one sender may have reassembled (bytes, bitmap included)."""
+        if trusted:
+            return self.max_bytes_per_sender
+        return min(self.max_bytes_per_sender, self.max_bytes_untrusted)
+
     def _start(self, key: Key, frame: Frame, trusted: bool, now: float) -> _Partial | None:
         """Create state for a new message, rejecting ones that can never fit."""
         count = frame.count
         est = count * len(frame.payload) if frame.seq < count - 1 else 0
-        if count > self.max_fragments or est + (count + 7) // 8 > self.max_bytes_per_sender:
+        cap = self._cap(trusted)
+        if count > self.max_fragments or est + (count + 7) // 8 > cap:
             self.stats.rejected += 1
             if self.on_drop:
                 self.on_drop(key, "too_large", count)
@@ -335,13 +355,13 @@ class Reassembler:
             return None
         p = _Partial(src, count, frame.dst, trusted, now)
         self._partials[key] = p
-        self._charge(src, 1, p.nbytes)
+        self._charge(src, 1, p.nbytes, trusted)
         return p
 
     def _allocate(self, key: Key, p: _Partial, flen: int) -> bool:
         """Reserve and allocate the message buffer once the fragment length is known."""
         need = p.count * flen
-        if flen == 0 or need + len(p.bitmap) > self.max_bytes_per_sender:
+        if flen == 0 or need + len(p.bitmap) > self._cap(p.trusted):
             self._drop(key, "too_large")
             self.stats.rejected += 1
             return False
@@ -359,14 +379,15 @@ class Reassembler:
             p.total = off + len(p.last)
             p.last = None
         p.nbytes += need
-        self._charge(key[0], 0, need)
+        self._charge(key[0], 0, need, p.trusted)
         return True
 
     def _room(self, key: Key, size: int, trusted: bool, new: bool) -> bool:
         """Evict until ``size`` more bytes (and one more message if ``new``) fit; False if not.
 
         The sender's own partial messages go first (its quota), then other senders' oldest
-        untrusted ones; a trusted sender may also evict other trusted ones as a last resort.
+        untrusted ones; a trusted sender may also evict other trusted ones as a last resort. An
+        untrusted message also fits within ``max_bytes_untrusted`` of all untrusted ones.
         """
         src = key[0]
         while self.sender_usage(src)[1] + size > self.max_bytes_per_sender:
@@ -374,6 +395,14 @@ class Reassembler:
             if own is None:
                 return False
             self._drop(own, "evicted")
+            self.stats.evictions += 1
+        while not trusted and self._untrusted_bytes + size > self.max_bytes_untrusted:
+            victim = next(
+                (k for k, q in self._partials.items() if k != key and not q.trusted), None
+            )
+            if victim is None:
+                return False
+            self._drop(victim, "evicted")
             self.stats.evictions += 1
         while self._bytes + size > self.max_bytes or (
             new and len(self._partials) >= self.max_messages
@@ -389,17 +418,19 @@ class Reassembler:
             self.stats.evictions += 1
         return True
 
-    def _charge(self, src: int, messages: int, nbytes: int) -> None:
+    def _charge(self, src: int, messages: int, nbytes: int, trusted: bool) -> None:
         use = self._by_sender.setdefault(src, [0, 0])
         use[0] += messages
         use[1] += nbytes
         self._bytes += nbytes
+        if not trusted:
+            self._untrusted_bytes += nbytes
         if use[0] <= 0:
             del self._by_sender[src]
 
     def _remove(self, key: Key) -> None:
         p = self._partials.pop(key)
-        self._charge(key[0], -1, -p.nbytes)
+        self._charge(key[0], -1, -p.nbytes, p.trusted)
         if isinstance(p.buf, mmap.mmap):
             p.buf.close()
         p.buf = None  # release the buffer now, even if someone still holds the _Partial

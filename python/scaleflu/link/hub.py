@@ -8,9 +8,14 @@ delay). Two media:
 * ideal (``shared=False``, the ``frames`` link kind): frames are serialised at
   ``rate_bytes_per_s`` in arrival order and never collide, as if a perfect scheduler existed;
 * shared (``shared=True``, ``frames-shared``): one frequency. A frame occupies the medium for
-  ``MacConfig.airtime(len)`` from the moment it reaches the hub (a node's own frames go back to
-  back); two frames of different nodes that overlap in time collide and neither is delivered.
-  The MAC (``scaleflu.link.mac`` through :class:`MacLink`) keeps scheduled traffic clear of that.
+  ``MacConfig.airtime(len, mcs)`` from the moment it reaches the hub (a node's own frames go
+  back to back); two frames of different nodes that overlap in time collide and neither is
+  delivered. The MAC (``scaleflu.link.mac`` through :class:`MacLink`) keeps scheduled traffic
+  clear of that. With a :class:`HubPhy` the hub models the PHY at frame level: each link has a
+  mean SNR and the medium's fading (``scaleflu.link.fading``, seeded, on the hub's clock), a
+  frame is lost with the measured frame error rate of its MCS (or of the stock PHY) at its SNR
+  (``scaleflu.link.mcs``), and the receiver gets the SNR it would measure, so the MAC adapts
+  the MCS as over the radio.
 
 No GNU Radio (pyzmq carries the frames). The link kinds ``frames``
 and ``frames-shared`` (:mod:`scaleflu.linkkinds`) build the links with their defaults.
@@ -31,8 +36,10 @@ import zmq
 
 from .api import ArqLink
 from .arq import ArqConfig
+from .fading import FadingTrace
 from .mac import MacConfig
 from .maclink import MacLink
+from .mcs import MCS_TABLE, STOCK, frame_error_rate
 from .sim import ChannelModel
 
 log = logging.getLogger(__name__)
@@ -44,9 +51,30 @@ class _HubTx:
     start: float
     end: float
     collided: bool = False
+    mcs: int | None = None
+
+
+@dataclass(frozen=True)
+class HubPhy:
+    """The PHY a shared hub models at frame level (see the module docstring): every link's mean
+    ``snr_db`` with ``fading`` ("none", "rician" with ``k_factor_db``, "rayleigh") at
+    ``doppler_hz``, seeded; frames without an MCS are the stock PHY's."""
+
+    snr_db: float = 20.0
+    fading: str = "rician"
+    k_factor_db: float = 6.0
+    doppler_hz: float = 2.0
+    seed: int = 0
+    snr_error_db: float = 0.7  # the receiver's SNR estimate, give or take
+
+    def __post_init__(self) -> None:
+        if not -50.0 <= self.snr_db <= 100.0:
+            raise ValueError("HubPhy snr_db must be within -50 .. 100 dB")
+        FadingTrace(0, 0, 1, self.fading, self.k_factor_db, self.doppler_hz)  # checks fading
 
 
 _NODE = struct.Struct(">H")
+_SNR = struct.Struct("!f")  # the SNR a receiver measured, after the frame (HubPhy)
 # A node's frames carry its send time (time.monotonic(), one clock for every process on the
 # host) so that the shared medium places a burst when the node sent it, not when the hub's
 # thread got to it (under CPU load that lag made frames sent apart overlap at the hub).
@@ -65,9 +93,15 @@ class FrameHub:
         seed: int = 0,
         shared: bool = False,
         mac: MacConfig | None = None,
+        phy: HubPhy | None = None,
     ) -> None:
         self.model = model or ChannelModel()
         self.shared = shared
+        self.phy = phy
+        self._fades: dict[tuple[int, int], FadingTrace] = {}
+        self._t0 = time.monotonic()
+        self.phy_lost = 0  # frames lost by the PHY model (their SNR at their MCS)
+        self.bytes_by_mcs: dict[str, int] = {}
         rate = self.model.rate_bytes_per_s or MacConfig().rate_bytes_per_s
         self.mac = mac or MacConfig(rate_bytes_per_s=rate)
         self.collided_frames = 0
@@ -84,7 +118,7 @@ class FrameHub:
         self.frames_out = 0
         self.bytes_in = 0
         self._nodes: dict[int, float] = {}  # node -> last seen
-        self._events: list[tuple[float, int, int, bytes, _HubTx | None]] = []
+        self._events: list[tuple[float, int, int, bytes, _HubTx | None, float | None]] = []
         self._n = 0
         self._busy_until = 0.0
         self._stop = threading.Event()
@@ -98,14 +132,16 @@ class FrameHub:
         self._thread.join(timeout=5.0)
         self._router.close(0)
 
-    def _ingest(self, node: int, raw: bytes, stamp: float | None = None) -> None:
+    def _ingest(
+        self, node: int, raw: bytes, stamp: float | None = None, mcs: int | None = None
+    ) -> None:
         self.frames_in += 1
         self.bytes_in += len(raw)
         now = time.monotonic()
         if stamp is not None:  # the sender's send time, never in the future, at most 0.5 s old
             now = min(now, max(stamp, now - MAX_STAMP_AGE_S))
         if self.shared:
-            self._ingest_shared(node, raw, now)
+            self._ingest_shared(node, raw, now, mcs)
             return
         start = now
         if self.model.rate_bytes_per_s:
@@ -116,11 +152,23 @@ class FrameHub:
                 continue
             for delay, data, _held in self.model.impair(raw, self.rng):
                 self._n += 1
-                heapq.heappush(self._events, (start + delay, self._n, dst, data, None))
+                heapq.heappush(self._events, (start + delay, self._n, dst, data, None, None))
 
-    def _ingest_shared(self, node: int, raw: bytes, now: float) -> None:
+    def _snr(self, src: int, dst: int, t: float) -> float:
+        """The SNR of link src -> dst at hub time ``t`` (HubPhy)."""
+        assert self.phy is not None
+        fade = self._fades.get((src, dst))
+        if fade is None:
+            p = self.phy
+            fade = FadingTrace(p.seed, src, dst, p.fading, p.k_factor_db, p.doppler_hz)
+            self._fades[(src, dst)] = fade
+        return self.phy.snr_db + fade.gain_db(t - self._t0)
+
+    def _ingest_shared(self, node: int, raw: bytes, now: float, mcs: int | None = None) -> None:
         start = max(now, self._node_busy.get(node, 0.0))
-        tx = _HubTx(node, start, start + self.mac.airtime(len(raw)))
+        tx = _HubTx(node, start, start + self.mac.airtime(len(raw), mcs), mcs=mcs)
+        name = STOCK if mcs is None else MCS_TABLE[mcs].name
+        self.bytes_by_mcs[name] = self.bytes_by_mcs.get(name, 0) + len(raw)
         self._node_busy[node] = tx.end
         self._recent = [t for t in self._recent if t.end > now - 1.0]
         for t in self._recent:
@@ -133,9 +181,18 @@ class FrameHub:
         for dst in self._nodes:
             if dst == node:
                 continue
+            snr = None
+            if self.phy is not None:
+                snr = self._snr(node, dst, (tx.start + tx.end) / 2)
+                if self.rng.random() < frame_error_rate(
+                    STOCK if mcs is None else mcs, snr, len(raw)
+                ):
+                    self.phy_lost += 1
+                    continue
+                snr += self.rng.gauss(0.0, self.phy.snr_error_db)
             for delay, data, _held in self.model.impair(raw, self.rng):
                 self._n += 1
-                heapq.heappush(self._events, (tx.end + delay, self._n, dst, data, tx))
+                heapq.heappush(self._events, (tx.end + delay, self._n, dst, data, tx, snr))
 
     def _run(self) -> None:
         poller = zmq.Poller()
@@ -143,11 +200,14 @@ class FrameHub:
         while not self._stop.is_set():
             now = time.monotonic()
             while self._events and self._events[0][0] <= now:
-                _, _, dst, data, tx = heapq.heappop(self._events)
+                _, _, dst, data, tx, snr = heapq.heappop(self._events)
                 if tx is not None and tx.collided:
                     continue
+                parts = [b"R" + _NODE.pack(dst), data]
+                if snr is not None:
+                    parts.append(_SNR.pack(min(max(snr, -50.0), 100.0)))
                 try:
-                    self._router.send_multipart([b"R" + _NODE.pack(dst), data], zmq.NOBLOCK)
+                    self._router.send_multipart(parts, zmq.NOBLOCK)
                     self.frames_out += 1
                 except zmq.ZMQError:
                     pass
@@ -160,6 +220,12 @@ class FrameHub:
                 except zmq.ZMQError:
                     break
                 stamp = None
+                mcs = None
+                if len(parts) == 4 and len(parts[3]) == 1:  # [ident, stamp, frame, mcs]
+                    mcs = parts[3][0]
+                    if mcs >= len(MCS_TABLE):  # not an MCS of this table: ignore the frame
+                        continue
+                    parts = parts[:3]
                 if len(parts) == 3 and len(parts[1]) == _STAMP.size:  # [ident, stamp, frame]
                     stamp = _STAMP.unpack(parts[1])[0]
                     if stamp != stamp:  # NaN: no stamp
@@ -174,7 +240,7 @@ class FrameHub:
                 if ident[:1] == b"R":  # the node's receive socket: a keep-alive
                     self._nodes[node] = time.monotonic()
                 elif payload:
-                    self._ingest(node, payload, stamp)
+                    self._ingest(node, payload, stamp, mcs)
 
 
 class _HubIO:
@@ -205,10 +271,13 @@ class _HubIO:
         )
         self._rx.start()
 
-    def _transmit(self, raw: bytes) -> None:
+    def _transmit(self, raw: bytes, mcs: int | None = None) -> None:
+        parts = [_STAMP.pack(time.monotonic()), raw]
+        if mcs is not None:  # the MAC's choice: the hub's PHY model times and loses it by it
+            parts.append(bytes([mcs]))
         with self._tx_lock:
             try:
-                self._tx.send_multipart([_STAMP.pack(time.monotonic()), raw], zmq.NOBLOCK)
+                self._tx.send_multipart(parts, zmq.NOBLOCK)
             except zmq.ZMQError:
                 log.debug("hub link %d: frame dropped at the socket", self.node_id)
 
@@ -218,11 +287,15 @@ class _HubIO:
             if self._sock.poll(50):
                 while True:
                     try:
-                        frame = self._sock.recv(zmq.NOBLOCK)
+                        parts = self._sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.ZMQError:
                         break
-                    if frame:
-                        self.feed(frame)  # type: ignore[attr-defined]
+                    snr = None
+                    if len(parts) == 2 and len(parts[1]) == _SNR.size:  # the hub's PHY model
+                        snr = _SNR.unpack(parts[1])[0]
+                        snr = snr if -50.0 <= snr <= 100.0 else None
+                    if parts and parts[0]:
+                        self.feed(parts[0], snr)  # type: ignore[attr-defined]
             if time.monotonic() - last_ping > 1.0:
                 self._sock.send(b"", zmq.NOBLOCK)
                 last_ping = time.monotonic()

@@ -72,12 +72,12 @@ class MacLink(ArqLink):
         """Whether this node schedules the medium."""
         return isinstance(self.mac, MacServer)
 
-    def feed(self, raw: bytes) -> None:
-        """One frame from the transport (thread-safe)."""
+    def feed(self, raw: bytes, snr_db: float | None = None) -> None:
+        """One frame from the transport (thread-safe); ``snr_db``: the PHY's SNR of it."""
         with self._wake:
             if self._closed:
                 return
-            (self.mac or self.endpoint).on_frame(raw)
+            (self.mac or self.endpoint).on_frame(raw, snr_db)
             self._wake.notify()
 
     def broadcast(
@@ -164,11 +164,11 @@ def attach_mac(
         link.mac = m  # type: ignore[attr-defined]
         link.is_server = isinstance(m, MacServer)  # type: ignore[attr-defined]
 
-    def feed(raw: bytes) -> None:
+    def feed(raw: bytes, snr_db: float | None = None) -> None:
         with link._wake:
             if link._closed:
                 return
-            m.on_frame(raw)
+            m.on_frame(raw, snr_db)
             link._wake.notify_all()
 
     def broadcast(message, targets, timeout=None):  # noqa: ANN001, ANN202

@@ -1,13 +1,18 @@
 """Frame-level virtual-time simulator of one shared medium, for the MAC and for unscheduled traffic.
 
-No PHY: a frame occupies its frequency for ``MacConfig.airtime(len)`` seconds (PHY rate plus a
-preamble). Every node has one transmitter (its frames go on air back to back, in order) and one
-receiver (half duplex: it hears nothing while it transmits). A frame reaches a receiver unless
+No PHY: a frame occupies its frequency for ``MacConfig.airtime(len, mcs)`` seconds (PHY rate
+plus a preamble, or the coded PHY's frame at the frame's MCS: ``scaleflu.link.mcs``). Every node
+has one transmitter (its frames go on air back to back, in order) and one receiver (half
+duplex: it hears nothing while it transmits). A frame reaches a receiver unless
 
 * the link is out of range (``set_link(a, b, loss=1.0)`` or ``out_of_range``),
 * another frame on the same frequency overlaps it in time at that receiver and the wanted
   frame is not ``capture_db`` stronger than the sum of the overlapping ones (collision), or
-* the link's own loss draw drops it (seeded, per frame).
+* the link's own loss draw drops it (seeded, per frame): a fixed loss, ``loss_fn``, or with
+  ``snr_fn`` (the link's SNR at the frame's time: a fading trace) the measured frame error
+  rate of the frame's MCS (or of the stock PHY) at that SNR (``scaleflu.link.mcs``); the
+  receiver then gets the SNR it would measure (``on_frame(raw, snr_db=...)``, with
+  ``snr_error_db`` of estimation noise), which drives link adaptation.
 
 Link gains come from ``set_link(..., gain_db=...)`` (default 0 dB everywhere, so any overlap is
 a collision). FDMA: give nodes separate ``tx_freq``/``rx_freqs``. ``full_duplex_pairs=True`` makes
@@ -35,6 +40,7 @@ from .arq import ArqConfig, ArqEndpoint
 from .fragment import fragment
 from .frame import BROADCAST, FRAME_MAGIC, FrameType
 from .mac import MAC_MAGIC, MAC_MSG_ID, MacConfig, MacServer, MacStation
+from .mcs import MCS_TABLE, STOCK, frame_error_rate
 
 _U16 = struct.Struct(">H")
 
@@ -55,6 +61,7 @@ class _Tx:
     dst: int
     category: str
     collided: bool = False
+    mcs: int | None = None
 
 
 @dataclass
@@ -75,6 +82,7 @@ class MediumStats:
     delivered: int = 0
     airtime_by_node: dict[int, float] = field(default_factory=dict)  # seconds each node sent
     frames_by_node: dict[int, int] = field(default_factory=dict)
+    bytes_by_mcs: dict[str, int] = field(default_factory=dict)  # frames on air by MCS
 
     def as_dict(self) -> dict[str, Any]:
         """Counters as a plain dict (airtime in seconds)."""
@@ -82,6 +90,7 @@ class MediumStats:
         d["airtime"] = dict(self.airtime)
         d["airtime_by_node"] = dict(self.airtime_by_node)
         d["frames_by_node"] = dict(self.frames_by_node)
+        d["bytes_by_mcs"] = dict(self.bytes_by_mcs)
         return d
 
 
@@ -114,6 +123,8 @@ class MacSim:
         prop_delay: float = 0.0,
         start_quantum: float = 0.0,
         loss_fn: Callable[[int, int, float, float, int], float] | None = None,
+        snr_fn: Callable[[int, int, float], float] | None = None,
+        snr_error_db: float = 0.7,
     ) -> None:
         if prop_delay < 0 or start_quantum < 0:
             raise ValueError("prop_delay and start_quantum must be >= 0")
@@ -125,6 +136,10 @@ class MacSim:
         # loss_fn(src, dst, start, end, nbytes) -> loss probability of that frame on that link
         # (time-varying channels: a fading trace and the PHY's frame error rate per SNR)
         self.loss_fn = loss_fn
+        # snr_fn(src, dst, t) -> SNR (dB) of that link at virtual time t: frames are lost by
+        # the PHY's frame error rate at their MCS, receivers get the SNR (+ estimation noise)
+        self.snr_fn = snr_fn
+        self.snr_error_db = snr_error_db
         self.server = server
         self.capture_db = capture_db
         self.full_duplex_pairs = full_duplex_pairs
@@ -154,9 +169,9 @@ class MacSim:
         """Virtual time in seconds (give it to every node as its clock)."""
         return self.now
 
-    def transmitter(self, node_id: int) -> Callable[[bytes], None]:
-        """The ``transmit``/``phy_transmit`` callable of a node."""
-        return lambda raw: self._transmit(node_id, bytes(raw))
+    def transmitter(self, node_id: int) -> Callable[..., None]:
+        """The ``transmit``/``phy_transmit`` callable of a node (``(raw, mcs=None)``)."""
+        return lambda raw, mcs=None: self._transmit(node_id, bytes(raw), mcs)
 
     def add(self, node_id: int, node: SimNode, freq: float = 0.0, rx_freqs=None) -> None:
         """Attach a node transmitting on ``freq`` and listening on ``rx_freqs`` ({freq})."""
@@ -191,16 +206,18 @@ class MacSim:
     def _audible(self, src: int, dst: int) -> bool:
         return self._loss.get((src, dst), 0.0) < 1.0
 
-    def _transmit(self, src: int, raw: bytes) -> None:
+    def _transmit(self, src: int, raw: bytes, mcs: int | None = None) -> None:
         cat, dst = classify(raw, self.server)
         port = (src, dst) if self.full_duplex_pairs else (src, -1)  # one transmitter per node
         start = max(self.now, self._tx_busy.get(port, 0.0))
         if self.start_quantum and start > self._tx_busy.get(port, -1.0):  # not back to back
             q = self.start_quantum
             start = math.ceil(start / q - 1e-9) * q
-        end = start + self.config.airtime(len(raw))
+        end = start + self.config.airtime(len(raw), mcs)
         self._tx_busy[port] = end
-        tx = _Tx(src, self.tx_freq.get(src, 0.0), start, end, raw, dst, cat)
+        tx = _Tx(src, self.tx_freq.get(src, 0.0), start, end, raw, dst, cat, mcs=mcs)
+        name = STOCK if mcs is None else MCS_TABLE[mcs].name
+        self.stats.bytes_by_mcs[name] = self.stats.bytes_by_mcs.get(name, 0) + len(raw)
         self.stats.frames += 1
         self.stats.bytes += len(raw)
         if cat in ("downlink", "uplink"):
@@ -264,11 +281,19 @@ class MacSim:
             p = self._loss.get((tx.src, r), 0.0)
             if self.loss_fn is not None and p < 1.0:
                 p = max(p, self.loss_fn(tx.src, r, tx.start, tx.end, len(tx.raw)))
+            snr = None
+            if self.snr_fn is not None and p < 1.0:
+                snr = self.snr_fn(tx.src, r, (tx.start + tx.end) / 2)
+                mcs = STOCK if tx.mcs is None else tx.mcs
+                p = max(p, frame_error_rate(mcs, snr, len(tx.raw)))
             if p and self.rng.random() < p:
                 self.stats.lost_link += 1
                 continue
             self.stats.delivered += 1
-            self.nodes[r].on_frame(tx.raw)
+            if snr is None:
+                self.nodes[r].on_frame(tx.raw)
+            else:  # what the receiver measures: the frame's SNR, give or take its estimate
+                self.nodes[r].on_frame(tx.raw, snr_db=snr + self.rng.gauss(0, self.snr_error_db))
             self._touched.add(r)
 
     def _refresh_timers(self) -> None:
@@ -353,6 +378,7 @@ def simulate_round(
     rx_latency_s: float = 0.0,
     start_quantum_s: float = 0.0,
     loss_fn: Callable[[int, int, float, float, int], float] | None = None,
+    snr_fn: Callable[[int, int, float], float] | None = None,
 ) -> dict[str, Any]:
     """One FedAvg round in virtual time: model down to ``n_robots`` robots, training, uploads.
 
@@ -364,7 +390,9 @@ def simulate_round(
     ``deadline_s`` (seconds of virtual time after the model went out). ``rx_latency_s`` and
     ``start_quantum_s`` fit the model to the sample-level medium (MacSim's ``prop_delay`` and
     ``start_quantum``: receiver latency, bursts starting at lockstep block boundaries);
-    ``loss_fn`` a time-varying frame loss per link (MacSim).
+    ``loss_fn`` a time-varying frame loss per link, ``snr_fn`` a time-varying SNR per link
+    (frames lost by the PHY's measured error rate at their MCS; MacSim). ``mac.mcs`` turns on
+    link adaptation (the scheduled mode; the others send at the PHY's one rate).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -383,6 +411,7 @@ def simulate_round(
         prop_delay=rx_latency_s,
         start_quantum=start_quantum_s,
         loss_fn=loss_fn,
+        snr_fn=snr_fn,
     )
     model = rng.randbytes(model_bytes)
     updates = {r: rng.randbytes(update_bytes or model_bytes) for r in robots}
@@ -456,6 +485,15 @@ def simulate_round(
             "join_attempts": {r: macs[r].join_attempts for r in in_range},
             "collided_frames": sim.stats.collided_frames,
         }
+    if mode == "scheduled" and mac.mcs is not None:
+        # link adaptation starts from reports: the robots' idle polls (as after registration)
+        # give the server an SNR of every robot's link before the model goes out
+        in_range = [r for r in robots if r not in out_of_range]
+        sim.run_until(
+            lambda: all(macs[0].links.get(r) and macs[0].links[r].down_snr_db for r in in_range),
+            max_time=sim.now + 5.0,
+        )
+        out["warmup_s"] = sim.now
     base = sim.stats.as_dict()
     retx0 = sum(ep.stats.retransmissions for ep in eps.values())
     t0[0] = sim.now
@@ -505,8 +543,12 @@ def simulate_round(
             "update_s": dict(sorted(t_update.items())),
         }
     )
+    out["bytes_by_mcs"] = {
+        k: v - base["bytes_by_mcs"].get(k, 0) for k, v in st["bytes_by_mcs"].items()
+    }
     if mode == "scheduled":
         out["mac"] = macs[0].stats.as_dict()
+        out["adaptation"] = macs[0].adaptation()
         out["broadcast"] = {
             "confirmed": sorted(handle.confirmed),
             "passes": handle.passes,

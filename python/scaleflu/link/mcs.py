@@ -17,6 +17,7 @@ to the most robust MCS after losses; ``coded_ofdm_tx(mcs="adaptive")`` and a MAC
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,16 +25,24 @@ from typing import Any
 
 __all__ = [
     "ADAPTIVE",
+    "FER_AWGN_1500",
     "MCS",
     "MCS_TABLE",
     "MCS_TABLE_VERSION",
+    "STOCK",
     "McsPolicy",
     "McsPolicyConfig",
     "airtime_s",
+    "expected_frame_airtime_s",
+    "frame_airtime_s",
+    "frame_error_rate",
     "frame_samples",
     "mcs_by_name",
+    "mcs_name",
     "parse_mcs",
+    "parse_phy_mcs",
     "payload_symbols",
+    "stock_frame_samples",
 ]
 
 MCS_TABLE_VERSION = 1
@@ -43,6 +52,8 @@ PREAMBLE_SYMBOLS = 4  # 2 sync + 2 SIGNAL
 TAIL_BITS = 6
 PHY_CRC_LEN = 4
 ADAPTIVE = "adaptive"
+# The paper's PHY: gr-digital's OFDM chain, uncoded QPSK, one rate (no MCS in its header)
+STOCK = "stock"
 
 
 @dataclass(frozen=True)
@@ -148,6 +159,150 @@ def airtime_s(
     return frame_samples(mcs, psdu_len, cp_len, post_padding) / samp_rate
 
 
+def parse_phy_mcs(value: int | str | MCS | None) -> MCS | str:
+    """The PHY a config or command line names: ``"stock"`` (also ``None``, ``"none"``: the
+    paper's uncoded stock PHY), ``"adaptive"`` (``"auto"``) or one MCS (name or index)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in (STOCK, "none")):
+        return STOCK
+    try:
+        return parse_mcs(value)
+    except ValueError as exc:  # the PHY's own names too, not only the table's
+        raise ValueError(f"PHY {value!r}: not auto (adaptive), stock or an MCS: {exc}") from None
+
+
+def mcs_name(value: int | str | MCS | None) -> str:
+    """The name of what :func:`parse_phy_mcs` gives (``"stock"``, ``"adaptive"``, an MCS)."""
+    m = parse_phy_mcs(value)
+    return m.name if isinstance(m, MCS) else m
+
+
+def stock_frame_samples(frame_bytes: int, cp_len: int = 16, post_padding: int = 160) -> int:
+    """Samples on air for one frame of the stock PHY (``scaleflu.radio.ofdm.samples_per_frame``
+    at FFT 64, QPSK: 2 sync + 1 header symbol, the payload with its CRC32 on 48 carriers)."""
+    n_sym = -(-8 * (frame_bytes + 4) // (N_DATA * 2))
+    return (3 + n_sym) * (FFT_LEN + cp_len) + post_padding
+
+
+def frame_airtime_s(mcs: int | str | MCS | None, frame_bytes: int, samp_rate: float = 5e6) -> float:
+    """Seconds on air of one link frame of ``frame_bytes`` at ``mcs`` (an MCS, or ``"stock"``
+    / None for the stock PHY), padding included, at ``samp_rate``."""
+    m = parse_phy_mcs(mcs)
+    if m == STOCK:
+        return stock_frame_samples(frame_bytes) / samp_rate
+    if not isinstance(m, MCS):
+        raise ValueError("frame_airtime_s needs a fixed MCS or 'stock', not 'adaptive'")
+    return frame_samples(m, frame_bytes) / samp_rate
+
+
+# Frame error rate of 1500 B frames against the SNR per sample (dB), AWGN, through the real GNU
+# Radio receivers, 100 frames per point: `.venv/bin/python benchmarks/phy_mcs.py --frames 100`
+# (2026-11-26, benchmarks/results/phy_mcs.json: "fer" -> "awgn" per MCS, "stock" -> "awgn";
+# docs/link.md 12.2). Between points the FER is interpolated in log scale; below the first
+# point it is 1, above the last the last value.
+FER_AWGN_1500: dict[str, tuple[tuple[float, float], ...]] = {
+    "bpsk-1/2": ((-1.5, 1.0), (-0.5, 0.64), (0.5, 0.12), (1.5, 0.01), (2.5, 0.0)),
+    "bpsk-3/4": ((1.0, 1.0), (2.0, 0.51), (3.0, 0.04), (4.0, 0.0)),
+    "qpsk-1/2": ((1.5, 1.0), (2.5, 0.61), (3.5, 0.09), (4.5, 0.0)),
+    "qpsk-3/4": ((4.0, 1.0), (5.0, 0.61), (6.0, 0.06), (7.0, 0.01), (8.0, 0.0)),
+    "16qam-1/2": ((6.0, 1.0), (7.0, 0.98), (8.0, 0.56), (9.0, 0.08), (10.0, 0.0)),
+    "16qam-3/4": ((9.5, 1.0), (10.5, 0.99), (11.5, 0.35), (12.5, 0.02), (13.5, 0.01), (14.5, 0.0)),
+    "64qam-2/3": ((13.5, 1.0), (14.5, 0.96), (15.5, 0.39), (16.5, 0.07), (17.5, 0.07), (18.5, 0.0)),
+    "64qam-3/4": ((15.5, 1.0), (16.5, 0.65), (17.5, 0.12), (18.5, 0.01), (19.5, 0.0)),
+    "qpsk-uncoded": ((10.0, 1.0), (11.0, 0.56), (12.0, 0.12), (13.0, 0.0)),
+    STOCK: ((14.0, 1.0), (16.0, 0.97), (17.0, 0.84), (18.0, 0.42), (19.0, 0.01), (20.0, 0.0)),
+}
+_FER_FLOOR = 1e-4  # log interpolation towards a point of FER 0 stops here
+
+
+def _fer_1500(name: str, snr_db: float) -> float:
+    pts = FER_AWGN_1500[name]
+    if snr_db <= pts[0][0]:
+        return pts[0][1]
+    if snr_db >= pts[-1][0]:
+        return pts[-1][1]
+    for (s0, f0), (s1, f1) in zip(pts, pts[1:], strict=False):
+        if s0 <= snr_db <= s1:
+            l0, l1 = math.log(max(f0, _FER_FLOOR)), math.log(max(f1, _FER_FLOOR))
+            f = math.exp(l0 + (l1 - l0) * (snr_db - s0) / (s1 - s0))
+            return 0.0 if f <= _FER_FLOOR * 1.0001 else min(f, 1.0)
+    return 1.0  # pragma: no cover - the points are sorted
+
+
+def frame_error_rate(mcs: int | str | MCS | None, snr_db: float, frame_bytes: int = 1500) -> float:
+    """Probability that a frame of ``frame_bytes`` at ``mcs`` (or ``"stock"``) is lost at
+    ``snr_db`` (per sample, AWGN; a fading channel: the frame's own SNR) (``FER_AWGN_1500``).
+
+    A shorter frame loses fewer bits: 1 - (1 - FER_1500)^(bytes / 1500); but a coded frame is
+    lost at least as often as its preamble and BPSK-1/2 SIGNAL field are missed, which is taken
+    to be the FER of a 1500 B bpsk-1/2 frame at that SNR (the receiver's detection, not the
+    payload's length, decides for GRANTs, REPORTs and ACKs in a deep fade).
+    """
+    m = parse_phy_mcs(mcs)
+    if not isinstance(m, MCS) and m != STOCK:
+        raise ValueError("frame_error_rate needs a fixed MCS or 'stock', not 'adaptive'")
+    if not math.isfinite(snr_db):
+        return 1.0
+    name = m.name if isinstance(m, MCS) else STOCK
+    f = _fer_1500(name, snr_db)
+    if f > 0.0 and frame_bytes != 1500:
+        f = 1.0 - (1.0 - f) ** (max(1, frame_bytes) / 1500.0)
+    if isinstance(m, MCS):
+        f = max(f, _fer_1500("bpsk-1/2", snr_db))
+    return f
+
+
+_FADE_DRAWS = 2000  # gains averaged over for a fading link's expectation (seeded, fixed)
+
+
+def _fade_gains_db(fading: str, k_factor_db: float) -> tuple[float, ...]:
+    """Power gains (dB) of a fading link, drawn once (seed 0): Rician K, Rayleigh, or none."""
+    if fading == "none":
+        return (0.0,)
+    if fading not in ("rician", "rayleigh"):
+        raise ValueError(f"fading must be none, rayleigh or rician, got {fading!r}")
+    rng = random.Random(0)
+    k = 10 ** (k_factor_db / 10.0) if fading == "rician" else 0.0
+    los, nlos = math.sqrt(k / (k + 1)), math.sqrt(1 / (2 * (k + 1)))
+    out = []
+    for _ in range(_FADE_DRAWS):
+        re, im = los + nlos * rng.gauss(0, 1), nlos * rng.gauss(0, 1)
+        out.append(10 * math.log10(max(re * re + im * im, 1e-12)))
+    return tuple(out)
+
+
+def expected_frame_airtime_s(
+    mcs: int | str | MCS | None,
+    frame_bytes: int,
+    snr_db: float,
+    fading: str = "none",
+    k_factor_db: float = 6.0,
+    samp_rate: float = 5e6,
+    margin_db: float = 2.0,
+) -> float:
+    """Expected airtime to deliver one frame of ``frame_bytes``: the mean airtime of a
+    transmission over the mean success rate (1 - FER) of one, at mean SNR ``snr_db`` over the
+    link's fading (each transmission sees the gain of one draw). ``mcs``: one MCS or
+    ``"stock"`` (the same MCS whatever the fade), or ``"adaptive"``: each frame at the MCS
+    ``McsPolicy`` picks for the frame's own SNR
+    (``margin_db`` over the 10 % FER SNR, the most robust below; the adaptation knows the
+    channel: a bound on what the MAC achieves). ``math.inf`` when no frame gets through."""
+    m = parse_phy_mcs(mcs)
+    gains = _fade_gains_db(fading, k_factor_db)
+    ladder = McsPolicy(McsPolicyConfig(margin_db=margin_db)).ladder if m == ADAPTIVE else None
+    air, ok = 0.0, 0.0
+    for g in gains:  # every transmission, a retransmission too, meets a draw of its own
+        snr = snr_db + g
+        this = m
+        if ladder is not None:
+            this = ladder[0]
+            for cand in ladder:
+                if snr >= cand.snr_db + margin_db:
+                    this = cand
+        air += frame_airtime_s(this, frame_bytes, samp_rate)
+        ok += 1.0 - frame_error_rate(this, snr, frame_bytes)
+    return math.inf if ok <= 0.0 else air / ok
+
+
 @dataclass(frozen=True)
 class McsPolicyConfig:
     """Link adaptation settings (dB are per-sample SNRs, as the receiver reports them).
@@ -158,7 +313,10 @@ class McsPolicyConfig:
     consecutive losses drop to the most robust MCS for ``hold`` reports; a peer not heard from
     for ``stale_s`` seconds gets the most robust MCS. ``candidates`` are the MCS names the
     policy may choose (default: every MCS not dominated by one that is at least as fast at a
-    lower SNR, which leaves out "qpsk-uncoded").
+    lower SNR, which leaves out "qpsk-uncoded"). A burst whose fate is known as a whole
+    (:meth:`McsPolicy.outcome`: a MAC's granted burst, the frames an ACK covers) that lost at
+    least ``down_loss`` of its frames steps one MCS down, at least ``fallback_loss`` falls back
+    to the most robust MCS; either holds for ``hold`` reports.
     """
 
     margin_db: float = 2.0
@@ -168,10 +326,14 @@ class McsPolicyConfig:
     hold: int = 4
     stale_s: float = 10.0
     candidates: tuple[str, ...] | None = None
+    down_loss: float = 0.2
+    fallback_loss: float = 0.5
 
     def __post_init__(self) -> None:
         if self.up_after < 1 or self.fallback_after < 1 or self.hold < 0:
             raise ValueError("up_after and fallback_after must be >= 1, hold >= 0")
+        if not 0.0 < self.down_loss <= self.fallback_loss <= 1.0:
+            raise ValueError("need 0 < down_loss <= fallback_loss <= 1")
         if not self.stale_s > 0:
             raise ValueError("stale_s must be > 0")
         for v in (self.margin_db, self.up_hysteresis_db):
@@ -251,13 +413,18 @@ class McsPolicy:
             return
         st = self._state(peer)
         now = self._clock()
+        fresh = st.last_report is None or now - st.last_report > self.config.stale_s
         st.last_snr_db, st.last_report, st.reports = float(snr_db), now, st.reports + 1
         if ok is False:
             self.lost(peer)
         elif ok is True:
             st.losses = 0
         down = self._target(snr_db)
-        if down < st.current:
+        if fresh and st.hold == 0:
+            # the first report (or the first after a silence): nothing to flap from, so the
+            # MCS that fits it at once (the margin, not the hysteresis)
+            st.current, st.up_streak = down, 0
+        elif down < st.current:
             st.current, st.up_streak = down, 0
         elif st.hold > 0:
             st.hold -= 1
@@ -285,6 +452,39 @@ class McsPolicy:
     def delivered(self, peer: Any) -> None:
         """A frame to ``peer`` arrived."""
         self._state(peer).losses = 0
+
+    def outcome(self, peer: Any, sent: int, lost: int) -> None:
+        """``lost`` of ``sent`` frames to ``peer`` were lost (a burst whose fate is known as a
+        whole): one MCS down from ``down_loss``, the most robust from ``fallback_loss``."""
+        if sent <= 0:
+            return
+        lost = min(max(0, int(lost)), int(sent))
+        st = self._state(peer)
+        frac = lost / sent
+        if lost == 0:
+            st.losses = 0
+            return
+        if frac >= self.config.fallback_loss:
+            if st.current > 0:
+                st.fallbacks += 1
+            st.current, st.up_streak, st.losses = 0, 0, 0
+            st.hold = self.config.hold
+        elif frac >= self.config.down_loss and st.current > 0:
+            st.current, st.up_streak = st.current - 1, 0
+            st.hold = self.config.hold
+
+    def position(self, peer: Any = None) -> int:
+        """Rung of ``peer``'s MCS on the ladder (0: the most robust)."""
+        idx = self.choose(peer)
+        for i, m in enumerate(self.ladder):
+            if m.index == idx:
+                return i
+        return 0
+
+    @property
+    def robust(self) -> int:
+        """Index of the most robust MCS the policy chooses."""
+        return self.ladder[0].index
 
     def choose(self, peer: Any = None) -> int:
         """MCS index for the next frame to ``peer`` (the most robust one without fresh reports)."""

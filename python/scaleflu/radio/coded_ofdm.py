@@ -39,6 +39,7 @@ from scaleflu.link.mcs import (
     MCS_TABLE,
     McsPolicy,
     McsPolicyConfig,
+    frame_samples,
     parse_mcs,
     payload_symbols,
 )
@@ -103,8 +104,10 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
 
     Message ports: "in" PDUs -> "out" PDUs; "feedback" dicts with "snr_db" (a number) and
     optionally "peer" (or "node": the node whose reception it describes; absent: the whole
-    link) and "crc_ok" (False: that frame was lost). ``coded_ofdm_rx``'s "report" dicts are
-    such feedback. Malformed feedback is ignored and counted.
+    link) and "crc_ok" (False: that frame was lost), and/or "sent" and "lost" (frames whose
+    fate an ACK settled, and those it proved lost: ``McsPolicy.outcome``). ``coded_ofdm_rx``'s
+    "report" dicts and ``link_arq``'s "mcs_feedback" dicts (from the peer's ACKs) are such
+    feedback. Malformed feedback is ignored and counted.
 
     With ``target`` (the modulator) the choice is made late: the policy's MCS for each
     destination is written into the modulator's table (``set_dst_mcs``) after every report and
@@ -152,19 +155,27 @@ class mcs_adapter(gr.basic_block):  # noqa: N801 - GNU Radio block naming
     def _on_feedback(self, msg: Any) -> None:
         try:
             d = pmt.to_python(msg)
-            if not isinstance(d, dict) or "snr_db" not in d:
-                raise ValueError("no snr_db")
-            snr = float(d["snr_db"])
+            if not isinstance(d, dict) or ("snr_db" not in d and "sent" not in d):
+                raise ValueError("neither snr_db nor sent")
+            snr = None if d.get("snr_db") is None else float(d["snr_db"])
             peer = d.get("peer", d.get("node"))
             peer = None if peer is None else int(peer)
             ok = d.get("crc_ok")
             ok = None if ok is None else bool(ok)
+            sent = lost = 0
+            if "sent" in d:
+                sent, lost = int(d["sent"]), int(d.get("lost", 0))
+                if not 0 <= lost <= sent <= 1 << 32:
+                    raise ValueError(f"sent {sent} / lost {lost}")
         except (TypeError, ValueError, OverflowError) as exc:
             self.bad_feedback += 1
             logger.debug("ignoring MCS feedback %r: %s", msg, exc)
             return
         self.feedback += 1
-        self.policy.report(peer, snr, ok)
+        if snr is not None:
+            self.policy.report(peer, snr, ok)
+        if sent:
+            self.policy.outcome(peer, sent, lost)
         self._apply(peer)
 
 
@@ -238,6 +249,15 @@ class coded_ofdm_tx(gr.hier_block2):  # noqa: N801 - GNU Radio block naming
         if self.adaptive:
             raise ValueError("this transmitter was built adaptive; give PDUs 'mcs' metadata")
         self.framer.set_mcs(_mcs_index(mcs))
+
+    def set_output_bursts(self, bursts: int) -> None:
+        """Room for ``bursts`` of the longest burst in the modulator's output buffer (before
+        the flowgraph starts). The modulator holds two; a slow reader (a Python block) then
+        makes it wait for each burst (64 bpsk-1/2 frames took 7.5 s to reach the shared
+        medium's Python tap, 0.05 s with 8). More room also lets it modulate further ahead of
+        link adaptation (frames take their MCS when they are modulated)."""
+        longest = max(frame_samples(m, self.mtu, self.cp_len, self.post_padding) for m in MCS_TABLE)
+        self.framer.set_min_output_buffer(0, max(8192, 1 << (bursts * longest).bit_length()))
 
     def set_amplitude(self, amplitude: float) -> None:
         """RMS amplitude of the bursts (1: unit mean power)."""

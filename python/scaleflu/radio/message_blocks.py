@@ -9,6 +9,7 @@ the C++ blocks frame_builder and frame_parser. GRC and users reach the blocks th
 from __future__ import annotations
 
 import logging
+import math
 import random
 import threading
 from dataclasses import replace
@@ -37,8 +38,14 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _HEADER_KEYS = ("type", "src", "dst", "msg_id", "seq", "count")
-_KEYS = {k: pmt.intern(k) for k in (*_HEADER_KEYS, "size", "status", "reason", "elapsed")}
-_PORT_NAMES = ("send", "frames_in", "frames_out", "delivered", "status", "in", "out")
+_KEYS = {
+    k: pmt.intern(k)
+    for k in (*_HEADER_KEYS, "size", "status", "reason", "elapsed", "snr_db", "mcs", "peer")
+}
+_KEYS.update({k: pmt.intern(k) for k in ("sent", "lost")})
+_PORT_NAMES = (
+    "send", "frames_in", "frames_out", "delivered", "status", "in", "out", "mcs_feedback"
+)  # fmt: skip
 _PORTS = {k: pmt.intern(k) for k in _PORT_NAMES}
 _RAW = pmt.intern("raw")
 
@@ -103,6 +110,17 @@ def _meta_int(meta: pmt.pmt_t, key: str) -> int | None:
     if pmt.is_uint64(v):
         return int(pmt.to_uint64(v))
     return None
+
+
+def _meta_float(meta: pmt.pmt_t, key: str) -> float | None:
+    """Real-number metadata field, or None when absent, not a number or not finite."""
+    if not pmt.is_dict(meta):
+        return None
+    v = pmt.dict_ref(meta, _KEYS.get(key) or pmt.intern(key), pmt.PMT_NIL)
+    if not pmt.is_number(v) or pmt.is_complex(v):
+        return None
+    x = float(pmt.to_double(v))
+    return x if math.isfinite(x) else None
 
 
 def frame_to_pdu(raw: bytes) -> pmt.pmt_t:
@@ -178,6 +196,14 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
       * out "status": one PDU per send when it finishes: metadata "msg_id", "dst", "size",
         "status" ("delivered"/"failed"/"unconfirmed"), "reason", "elapsed" plus the echoed
         send metadata.
+      * out "mcs_feedback": for every ACK of one of our sends, a dict {"peer", "snr_db" (the
+        SNR the peer measured on our frames, when its ACK reports one), "sent", "lost"}
+        (fragments the ACK settled, and those it proved lost): connect it to a coded
+        transmitter's "feedback" port and the link adapts its MCS per peer from its ACKs.
+
+    Frames on "frames_in" whose metadata has "snr_db" (the coded OFDM receiver's) hand that SNR
+    to the ARQ, whose ACKs report it back (ACK version 2); a MAC put under the link uses it too.
+    Frames the link puts out with an MCS (a MAC's choice) carry it as metadata "mcs".
 
     A timer thread (scaleflu.link.ArqLink) drives retransmissions, delayed ACKs and pacing; at
     most ``window`` DATA frames are in flight and, with ``rate_bytes_per_s`` > 0, a token bucket
@@ -221,6 +247,7 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
         self.frames_in_count = 0  # PDUs handled on "frames_in"
         self.frames_done = 0  # ... and handed to the link (processed: feed() returned)
         self.frames_out_count = 0  # frames published on "frames_out"
+        self.on_progress: Any = None  # called after a frame was handled or put out
         self._pub_lock = threading.Lock()
         for p in ("send", "frames_in"):
             self.message_port_register_in(_PORTS[p])
@@ -229,15 +256,17 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
         self.set_msg_handler(_PORTS["send"], self._handle_send)
         self.set_msg_handler(_PORTS["frames_in"], self._handle_frame)
         self.link = _BlockLink(self, node_id, self.config, queue_delivered)
+        self.message_port_register_out(_PORTS["mcs_feedback"])
+        self.link.endpoint.on_peer_report = self._publish_feedback
 
     # -- Python API (used by the Link back-ends in scaleflu.radio.links) ----------------------
     def send(self, dst: int, payload: bytes, deadline: float | None = None) -> SendHandle:
         """Start sending ``payload`` to ``dst``; the handle reports DELIVERED/FAILED/UNCONFIRMED."""
         return self.link.send_async(dst, bytes(payload), deadline)
 
-    def feed(self, raw: bytes) -> None:
+    def feed(self, raw: bytes, snr_db: float | None = None) -> None:
         """Hand one received raw frame to the endpoint (thread-safe)."""
-        self.link.feed(raw)
+        self.link.feed(raw, snr_db)
 
     def stats(self) -> dict[str, Any]:
         """ARQ and reassembly counters, plus PDUs this block refused."""
@@ -282,15 +311,35 @@ class link_arq(gr.basic_block):  # noqa: N801 - GNU Radio block naming
             if raw is None:
                 self.bad_pdus += 1
                 return
-            self.link.feed(raw)
+            snr = _meta_float(pmt.car(msg), "snr_db")
+            self.link.feed(raw, snr if snr is not None and -50.0 <= snr <= 100.0 else None)
         finally:
             self.frames_done += 1
+            if self.on_progress is not None:
+                self.on_progress()
 
     # -- publishing ------------------------------------------------------------------------
-    def _transmit(self, raw: bytes) -> None:
+    def _transmit(self, raw: bytes, mcs: int | None = None) -> None:
         # Called by the endpoint with the link lock held: publish and return, never block.
-        self.message_port_pub(_PORTS["frames_out"], self._to_pdu(raw))
+        pdu = self._to_pdu(raw)
+        if mcs is not None:  # a MAC's choice for this frame: the coded modulator takes it
+            pdu = pmt.cons(
+                pmt.dict_add(pmt.car(pdu), _KEYS["mcs"], pmt.from_long(mcs)), pmt.cdr(pdu)
+            )
+        self.message_port_pub(_PORTS["frames_out"], pdu)
         self.frames_out_count += 1
+        if self.on_progress is not None:
+            self.on_progress()
+
+    def _publish_feedback(self, peer: int, snr_db: float | None, acked: int, lost: int) -> None:
+        # the endpoint's ACK hook (link lock held): one dict for the transmitter's adaptation
+        d = pmt.make_dict()
+        d = pmt.dict_add(d, _KEYS["peer"], pmt.from_long(peer))
+        if snr_db is not None:
+            d = pmt.dict_add(d, _KEYS["snr_db"], pmt.from_double(snr_db))
+        d = pmt.dict_add(d, _KEYS["sent"], pmt.from_long(acked + lost))
+        d = pmt.dict_add(d, _KEYS["lost"], pmt.from_long(lost))
+        self.message_port_pub(_PORTS["mcs_feedback"], d)
 
     def _publish_delivered(self, src: int, payload: bytes) -> None:
         meta = pmt.make_dict()

@@ -1,7 +1,8 @@
 """The PHY of the GNU Radio links: its parameters, the simulated channel of a pair, its measures.
 
-``PhyConfig`` holds what transmitter and receiver must agree on and builds both (today the
-stock-OFDM ``ofdm_link_tx``/``ofdm_link_rx`` of :mod:`scaleflu.radio.ofdm`); ``ChannelConfig``
+``PhyConfig`` holds what transmitter and receiver must agree on and builds both (the stock
+gr-digital ``ofdm_link_tx``/``ofdm_link_rx`` of :mod:`scaleflu.radio.ofdm`, the paper's uncoded
+PHY, or with ``mcs`` the coded PHY of :mod:`scaleflu.radio.coded_ofdm`); ``ChannelConfig``
 is the simulated channel of one directed pair of the per-pair links (AWGN, carrier offset,
 multipath, frame loss). ``burst_power`` and ``phy_rate_bytes_per_s`` measure the PHY;
 ``split_phy_options`` sorts a flat option dict (as the link factory gets it) into the two.
@@ -20,6 +21,7 @@ import pmt
 from gnuradio import blocks, channels, gr
 
 from scaleflu.link.frame import BROADCAST
+from scaleflu.link.mcs import ADAPTIVE, MCS, STOCK, McsPolicy, frame_samples, parse_phy_mcs
 
 from .coded_ofdm import coded_ofdm_rx, coded_ofdm_tx
 from .ofdm import (
@@ -43,18 +45,57 @@ class PhyConfig:
     mtu: int = 1500
     post_padding: int = DEFAULT_POST_PADDING
     min_output_buffer: int | None = None
-    # None: the stock gr-digital chain above (uncoded, the paper's PHY); an MCS name, index or
-    # "adaptive": the coded PHY (scaleflu.radio.coded_ofdm; fft_len and bps_* do not apply)
+    # None (also "stock", "none"): the stock gr-digital chain above (uncoded, the paper's PHY);
+    # an MCS name, index or "adaptive": the coded PHY (scaleflu.radio.coded_ofdm; fft_len and
+    # bps_* do not apply). The link kinds with a PHY default to "adaptive" (scaleflu.linkkinds)
     mcs: int | str | None = None
 
-    def tx(self, node_id: int, amplitude: float = 1.0, dst: int = BROADCAST) -> ofdm_link_tx:
-        """A transmitter for ``node_id`` (``dst``: the address of frames given without one)."""
+    def __post_init__(self) -> None:
+        m = parse_phy_mcs(self.mcs)  # a bad name fails here, with the known ones
+        object.__setattr__(self, "mcs", None if m == STOCK else m.name if isinstance(m, MCS) else m)
+
+    @property
+    def coded(self) -> bool:
+        """Whether this is the coded PHY (an MCS per frame)."""
+        return self.mcs is not None
+
+    @property
+    def adaptive(self) -> bool:
+        """Whether the coded PHY chooses its MCS per peer (link adaptation)."""
+        return self.mcs == ADAPTIVE
+
+    def frame_samples(self, frame_bytes: int, mcs: int | str | None = None) -> int:
+        """Samples on air of one link frame (the stock PHY's, or at ``mcs`` / this MCS;
+        adaptive without ``mcs``: the most robust MCS)."""
+        if not self.coded:
+            return samples_per_frame(
+                frame_bytes, self.fft_len, self.cp_len, self.bps_payload, self.post_padding
+            )
+        m = mcs if mcs is not None else self.mcs
+        if m == ADAPTIVE:
+            m = McsPolicy().robust
+        return frame_samples(m, frame_bytes, self.cp_len, self.post_padding)
+
+    def tx(
+        self,
+        node_id: int,
+        amplitude: float = 1.0,
+        dst: int = BROADCAST,
+        mac_chooses: bool = False,
+    ) -> ofdm_link_tx:
+        """A transmitter for ``node_id`` (``dst``: the address of frames given without one).
+        ``mac_chooses``: a MAC stamps every frame's MCS (``link_arq``'s "mcs" metadata), so an
+        adaptive coded transmitter needs no policy of its own: frames without one go at the
+        most robust MCS."""
         if self.mcs is not None:
+            mcs = self.mcs
+            if mac_chooses and mcs == ADAPTIVE:
+                mcs = McsPolicy().robust
             return coded_ofdm_tx(
                 mtu=self.mtu,
                 src=node_id,
                 dst=dst,
-                mcs=self.mcs,
+                mcs=mcs,
                 cp_len=self.cp_len,
                 post_padding=self.post_padding,
                 amplitude=amplitude,
@@ -138,8 +179,8 @@ def burst_power(phy: PhyConfig = PhyConfig()) -> float:  # noqa: B008 - frozen d
     tx.framer.to_basic_block()._post(
         pmt.intern("in"), pmt.cons(pmt.make_dict(), pmt.init_u8vector(len(payload), payload))
     )
-    want = samples_per_frame(phy.mtu, phy.fft_len, phy.cp_len, phy.bps_payload, phy.post_padding)
-    for _ in range(500):
+    want = phy.frame_samples(phy.mtu)
+    for _ in range(2000):
         if len(sink.data()) >= want:
             break
         threading.Event().wait(0.005)
@@ -153,12 +194,12 @@ def burst_power(phy: PhyConfig = PhyConfig()) -> float:  # noqa: B008 - frozen d
 
 
 def phy_rate_bytes_per_s(phy: PhyConfig, samp_rate: float) -> float:
-    """Frame bytes per second the PHY carries back to back at ``samp_rate`` (with padding)."""
-    return (
-        phy.mtu
-        * samp_rate
-        / samples_per_frame(phy.mtu, phy.fft_len, phy.cp_len, phy.bps_payload, phy.post_padding)
-    )
+    """Frame bytes per second the PHY carries back to back at ``samp_rate`` (with padding);
+    adaptive: at the fastest MCS the adaptation may choose."""
+    if phy.adaptive:
+        top = McsPolicy().ladder[-1]
+        return phy.mtu * samp_rate / phy.frame_samples(phy.mtu, top.index)
+    return phy.mtu * samp_rate / phy.frame_samples(phy.mtu)
 
 
 def _channel_block(ch: ChannelConfig, power: float, seed: int) -> channels.channel_model:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from scaleflu.config import as_config
 from scaleflu.link import Encoding, Link
 from scaleflu.link.arq import SendHandle
 from scaleflu.link.wire import decode_tensors, encode_tensors
@@ -23,8 +24,6 @@ ENCODINGS = {"raw": Encoding.RAW, "fp16": Encoding.FP16, "int8": Encoding.INT8}
 def federation_config(cfg: Mapping[str, Any]) -> Any:
     """A checked copy of ``cfg`` as the testbed's federation runs it: ``fl.rounds`` :=
     ``testbed.rounds`` (also the lr schedule's T), the same on the server and on every robot."""
-    from scaleflu.config import as_config
-
     out = as_config(as_config(cfg).to_dict())
     out.fl.rounds = int(out.testbed.rounds)
     return out
@@ -107,13 +106,17 @@ def cast_like(
     }
 
 
-def install_link_keys(link: Link, keys: Mapping[int, bytes], node_id: int) -> bool:
+def install_link_keys(
+    link: Link, keys: Mapping[int, bytes], node_id: int, require_auth: bool = True
+) -> bool:
     """Give the link a per-peer key, ``HKDF(K_r, "link", r)``, for each peer it talks to.
 
     On the server (``node_id`` 0) one key per robot in ``keys``; on robot r the key shared with
-    the server. Links with per-peer keys (``set_peer_key``, the link-hardening work) then tag
-    every DATA/ACK/NACK frame, so keyless nodes cannot forge link control or evict an
-    authenticated robot's partial messages. Returns False when the link has no such API.
+    the server. Links with per-peer keys (``set_peer_key``) then tag every DATA/ACK/NACK frame,
+    so keyless nodes cannot forge link control or evict an authenticated robot's partial
+    messages; with ``require_auth`` (``testbed.arq.require_auth``, on by default) the link also
+    drops every frame of a node without a key: no ACK, NACK or reassembly for it. Returns False
+    when the link has no such API.
     """
     setter = getattr(link, "set_peer_key", None)
     if setter is None:
@@ -125,6 +128,12 @@ def install_link_keys(link: Link, keys: Mapping[int, bytes], node_id: int) -> bo
             setter(r, derive_key(k, "link", r))
     else:
         setter(SERVER_ID, derive_key(keys[node_id], "link", node_id))
+    auth = getattr(link, "set_require_auth", None)
+    if auth is not None:
+        try:
+            auth(bool(require_auth))
+        except NotImplementedError:
+            log.info("link %s cannot refuse keyless frames", type(link).__name__)
     return True
 
 

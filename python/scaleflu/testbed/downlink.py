@@ -116,6 +116,11 @@ class Downlink:
         self.held.pop(robot, None)
         self.reset_at[robot] = time.monotonic()
 
+    def held_sha(self, robot: int) -> str | None:
+        """SHA-256 of the model the robot is known to hold (None: none known)."""
+        held = self.held.get(robot)
+        return held.sha if held is not None else None
+
     def needs(self, robot: int, src_sha: str) -> bool:
         """Whether a robot should be sent the state ``src_sha``: it lacks it, none in flight."""
         if any(o.robot == robot for o in self.outgoing):

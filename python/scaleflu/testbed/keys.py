@@ -39,16 +39,42 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from scaleflu.keys import (
     KEY_BYTES,
-    MIN_KEY_BYTES,
+    check_key,
     fingerprint,
     private_bytes,
     public_bytes,
     read_key_file,
+    weak_key_reason,
     write_key_file,
 )
 from scaleflu.testbed.protocol import MAX_ROBOT_ID, generate_keys
 
 log = logging.getLogger(__name__)
+
+
+def rotate_hint(robot: int, store: str | Path = "keys.json") -> str:
+    """The fix of a weak robot key: the command that gives the robot a new one."""
+    return (
+        f"give robot {robot} a new key: scaleflu keys rotate --store {store} --robot {robot} "
+        f"--out-dir DIR, then copy DIR/robot{robot}.json to robot {robot}"
+    )
+
+
+def check_robot_key(
+    robot: int, key: bytes, where: str = "", store: str | Path = "keys.json"
+) -> bytes:
+    """``key`` of robot ``robot`` unless it is weak (:func:`scaleflu.keys.weak_key_reason`:
+    shorter than 32 bytes, all bytes equal, a repeated pattern): then a
+    :class:`~scaleflu.keys.WeakKeyError` naming ``where`` (the key file) and the fix."""
+    what = f"{where}: key of robot {robot}" if where else f"the key of robot {robot}"
+    return check_key(key, what, rotate_hint(robot, store))
+
+
+def _hex_key(v: Any, path: Path, robot: Any) -> bytes:
+    try:
+        return bytes.fromhex(str(v))
+    except ValueError:
+        raise ValueError(f"{path}: key of robot {robot} is not hex") from None
 
 
 def _robot_id(x: Any, path: Path) -> int:
@@ -91,8 +117,12 @@ class KeyStore:
         )
 
     @classmethod
-    def load(cls, path: str | Path) -> KeyStore:
-        """Read a store; PermissionError for a loose mode, ValueError for a bad file."""
+    def load(cls, path: str | Path, allow_weak: bool = False) -> KeyStore:
+        """Read a store; PermissionError for a loose mode, ValueError for a bad file.
+
+        A weak robot key (:func:`check_robot_key`) is refused with the file and the command
+        that replaces it; ``allow_weak`` reads it anyway (``scaleflu keys rotate`` itself).
+        """
         path = Path(path)
         raw = read_key_file(path)
         robots_raw = raw.get("robots")
@@ -100,10 +130,11 @@ class KeyStore:
             raise ValueError(f"{path}: expected {{'robots': {{'<id>': '<hex key>'}}, ...}}")
         robots = {}
         for k, v in robots_raw.items():
-            key = bytes.fromhex(str(v))
-            if len(key) < MIN_KEY_BYTES:
-                raise ValueError(f"{path}: key of robot {k} is shorter than 16 bytes")
-            robots[_robot_id(k, path)] = key
+            rid = _robot_id(k, path)
+            key = _hex_key(v, path, rid)
+            if not allow_weak:
+                check_robot_key(rid, key, str(path), path)
+            robots[rid] = key
         sk_hex = raw.get("server_signing_key")
         if not isinstance(sk_hex, str) or len(sk_hex) != 64:
             raise ValueError(f"{path}: no server_signing_key (a server store is needed here)")
@@ -146,9 +177,10 @@ class KeyStore:
     def describe(self) -> list[str]:
         """One line per robot with a key fingerprint (never the key itself)."""
         lines = [f"server public key {self.public_key.hex()}"]
-        lines += [
-            f"robot {r}: enrolled, key {fingerprint(k)}" for r, k in sorted(self.robots.items())
-        ]
+        for r, k in sorted(self.robots.items()):
+            why = weak_key_reason(k)
+            weak = f" WEAK ({why}): scaleflu keys rotate --robot {r}" if why else ""
+            lines.append(f"robot {r}: enrolled, key {fingerprint(k)}{weak}")
         lines += [f"robot {r}: revoked" for r in self.revoked]
         return lines
 
@@ -169,9 +201,7 @@ class Enrolment:
         robots = raw.get("robots")
         if not isinstance(robots, dict) or str(robot) not in robots:
             raise ValueError(f"{path}: no key for robot {robot}")
-        key = bytes.fromhex(str(robots[str(robot)]))
-        if len(key) < MIN_KEY_BYTES:
-            raise ValueError(f"{path}: key of robot {robot} is shorter than 16 bytes")
+        key = check_robot_key(robot, _hex_key(robots[str(robot)], path, robot), str(path))
         pub = raw.get("server_public_key")
         if pub is None and isinstance(raw.get("server_signing_key"), str):
             sk = Ed25519PrivateKey.from_private_bytes(bytes.fromhex(raw["server_signing_key"]))
@@ -197,10 +227,7 @@ def load_keys(path: str | Path) -> dict[int, bytes]:
     out: dict[int, bytes] = {}
     for k, v in robots.items():
         rid = _robot_id(k, path)
-        key = bytes.fromhex(str(v))
-        if len(key) < MIN_KEY_BYTES:
-            raise ValueError(f"{path}: key of robot {rid} is shorter than 16 bytes")
-        out[rid] = key
+        out[rid] = check_robot_key(rid, _hex_key(v, path, rid), str(path))
     return out
 
 

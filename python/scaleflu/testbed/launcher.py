@@ -35,13 +35,17 @@ from typing import IO, Any
 from scaleflu.config import (
     Config,
     _read_file,
+    absolute_plugin,
     as_config,
     default_config,
     merge,
     parse_override,
     save_config,
 )
+from scaleflu.fl.data import load_datasets, make_partitions
 from scaleflu.link import ChannelModel
+from scaleflu.link.hub import FrameHub, HubPhy
+from scaleflu.link.mcs import mcs_name
 from scaleflu.linkkinds import canonical_kind
 from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import client_of, robot_of
@@ -90,7 +94,8 @@ DEMO_SETTINGS: dict[str, Any] = {
 _ROBOT_EVAL = re.compile(r"robot \d+: \w+ model: ")
 _LOGLINE = re.compile(r"\d\d:\d\d:\d\d ")
 _ECHO = re.compile(
-    r"registered|round \d+ (done|closed)|rejected|unlearn|Phase I|resuming|report written|"
+    r"registered|refused|round \d+ (done|closed|progress)|rejected|unlearn|Phase I|resuming|"
+    r"report written|"
     r"model r\d+ -> robot \d+.*failed|fewer than|Error|Traceback"
 )
 
@@ -198,8 +203,6 @@ def _rounds_done(run_dir: Path) -> int:
 
 def largest_robot(cfg: Config) -> int:
     """The robot with the most training samples under the config's seeded partition."""
-    from scaleflu.fl.data import load_datasets, make_partitions
-
     clean, _ = load_datasets(cfg.data, int(cfg.seed))
     parts = make_partitions(cfg.data, clean.labels, int(cfg.seed))
     return robot_of(max(range(len(parts)), key=lambda n: len(parts[n])))
@@ -218,6 +221,8 @@ def build_config(args: argparse.Namespace) -> Config:
     demo["data"]["poison"]["backdoor_clients"] = []
     demo["fl"]["clients_per_round"] = n
     demo["testbed"] = {"robots": n, "rounds": args.rounds, "min_robots": n, "link": args.link}
+    if getattr(args, "mcs", None):
+        demo["testbed"]["mcs"] = mcs_name(args.mcs)
     # the demo serves the request with one method and runs Retrain and the fine-tune control on
     # it too (cheap at the demo's size): the summary prints them side by side
     demo["testbed"]["unlearn"] = {"compare": ["retrain", "finetune"]}
@@ -228,6 +233,8 @@ def build_config(args: argparse.Namespace) -> Config:
         cfg = merge(cfg, _read_file(Path(args.config)))
     for o in args.overrides:
         cfg = merge(cfg, parse_override(o))
+    extra = [absolute_plugin(p) for p in getattr(args, "plugins", None) or []]
+    cfg["plugins"] = [*cfg["plugins"], *(p for p in extra if p not in cfg["plugins"])]
     cfg = as_config(cfg)  # checked at once: a bad file or --set fails before anything starts
     if args.backdoor_robot is None:
         args.backdoor_robot = largest_robot(cfg)
@@ -261,17 +268,23 @@ def start_medium(cfg: Config, args: argparse.Namespace) -> tuple[Any, str]:
         default=ch,
         node_timeout=float(med.node_timeout_s),
         hub=0,  # the robots take frames from the server only: they skip each other's uploads
-        # stride only after 16 quiet blocks (26 ms): a robot that trains beside its radio may
-        # decode its grant a few blocks late, and a 16-block stride then would put its answer
-        # past the grant's window (collided samples in the demo, never in the benchmarks)
+        # the stride waits for idle_blocks quiet blocks and never runs while the server's MAC
+        # expects an answer (a robot that trains beside its radio may decode its grant a few
+        # blocks late; a stride then put its answer past the grant's window)
         idle_blocks=int(med.idle_blocks),
+        deaf_blocks=int(med.deaf_blocks),
     )
     broker = MediumBroker(mcfg).start()
+    phy = str(cfg.testbed.mcs)
+    phy = {
+        "adaptive": "coded OFDM, the MAC adapts each robot's MCS",
+        "stock": "the paper's uncoded QPSK (stock OFDM)",
+    }.get(phy, f"coded OFDM at {phy}")
     k = f", K = {ch.k_factor_db:g} dB" if fading == "rician" else ""
     desc = (
         f"one simulated frequency (ofdm-shared, broker {broker.address}): {fading} fading"
         f"{k}, {ch.doppler_hz:g} Hz Doppler, {snr:g} dB mean SNR on every link, "
-        f"{mcfg.samp_rate / 1e6:g} MS/s; server-scheduled MAC, broadcast downlink"
+        f"{mcfg.samp_rate / 1e6:g} MS/s; {phy}; server-scheduled MAC, broadcast downlink"
     )
     return broker, desc
 
@@ -317,17 +330,32 @@ def run_testbed(args: argparse.Namespace) -> int:
         link_args += ["--broker", broker.address]
         out.write(f"channel: {desc}\n")
     elif args.link in ("frames", "frames-shared"):
-        from scaleflu.link.hub import FrameHub
-
         ch = dict(tb.channel)
         if args.loss is not None:
             ch["loss"] = args.loss
         shared = args.link == "frames-shared"
-        hub = FrameHub("tcp://127.0.0.1:0", ChannelModel(**ch), seed=int(cfg.seed), shared=shared)
+        phy = None
+        if shared:  # the PHY at frame level: testbed.medium's channel, the MCS error curves
+            med = cfg.testbed.medium
+            phy = HubPhy(
+                snr_db=float(med.snr_db if args.snr_db is None else args.snr_db),
+                fading=args.fading or str(med.fading),
+                k_factor_db=float(med.k_factor_db),
+                doppler_hz=float(med.doppler_hz),
+                seed=int(cfg.seed),
+            )
+        hub = FrameHub(
+            "tcp://127.0.0.1:0", ChannelModel(**ch), seed=int(cfg.seed), shared=shared, phy=phy
+        )
         link_args += ["--hub", hub.address]
         out.write(
             f"channel: frame hub {hub.address} {ch}"
-            + (" on one frequency, server-scheduled MAC\n" if shared else "\n")
+            + (
+                f" on one frequency, server-scheduled MAC; PHY model {cfg.testbed.mcs} at "
+                f"{phy.snr_db:g} dB mean, {phy.fading} fading\n"
+                if shared and phy is not None
+                else "\n"
+            )
         )
     else:
         base = free_port_block(args.robots + 1)

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import zmq
+
 from scaleflu.link.frame import FrameType, encode_frame
 
 SERVER = 0
@@ -81,8 +83,6 @@ def flood(
     stop: Any = None,
 ) -> dict[str, Any]:
     """Send ``rate`` frames/s to the hub for ``duration`` s (or until ``stop()`` is true)."""
-    import zmq
-
     ctx = zmq.Context.instance()
     tx = ctx.socket(zmq.DEALER)
     tx.setsockopt(zmq.IDENTITY, b"T" + _NODE.pack(node))

@@ -14,7 +14,7 @@ Every message on the link is one envelope (big-endian)::
     20   8    counter (u64, strictly increasing per sender; starts at the sender's clock in us)
     28   4    meta length J (plaintext)
     32   4    body length B (plaintext)
-    36   12   AEAD nonce (random)
+    36   12   AEAD nonce: the counter (8 bytes, as at offset 20) then 4 random bytes
     48   J+B+16  ChaCha20-Poly1305(direction key, nonce, meta || body, aad = bytes 0..47)
 
 meta is a UTF-8 JSON object (control fields), body a scaleflu.link wire message (tensors) or empty;
@@ -28,11 +28,20 @@ sender, the session is the current one (REGISTER: the session the server announc
 recorded before a restart is refused as ``bad_session``), and the counter has not been accepted
 before (replay window). Counters are committed only after the tag verified, so forged traffic cannot
 advance them. Nothing is ever unpickled: meta is JSON, tensors use the versioned wire format.
+
+**Nonces.** The AEAD nonce begins with the envelope's counter, so a nonce is used once per key.
+After the tag verified, a message whose nonce is that of a counter already accepted from its
+sender is refused as ``nonce_reuse`` (counted in :attr:`ReplayGuard.nonce_reuses`; the keystream
+reused, the second message never processed), as is another message under a counter already
+accepted; the same message again is a ``replay``; a nonce that names no counter of the sender
+is ``bad_nonce``. The 4 random bytes after the counter keep two sender processes that start
+with the same clock reading apart.
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 import logging
 import secrets
@@ -53,10 +62,11 @@ from scaleflu.keys import KEY_BYTES, derive_key
 log = logging.getLogger(__name__)
 
 MAGIC = b"SFTB"
-VERSION = 2
+VERSION = 3  # 3: the AEAD nonce begins with the counter (2: random nonces)
 HEADER = struct.Struct(">4sBBHIIHHQII")
 HEADER_SIZE = HEADER.size  # 36
 NONCE_SIZE = 12
+NONCE_RANDOM = 4  # random bytes of a nonce after its 8-byte counter
 TAG_SIZE = 16
 MAC_SIZE = NONCE_SIZE + TAG_SIZE  # bytes an envelope adds to meta + body besides the header
 MAX_META = 64 * 1024
@@ -150,7 +160,7 @@ def seal(env: Envelope, key: bytes) -> bytes:
         len(meta),
         len(env.body),
     )
-    nonce = secrets.token_bytes(NONCE_SIZE)
+    nonce = struct.pack(">Q", env.counter) + secrets.token_bytes(NONCE_RANDOM)
     direction, robot = direction_of(env.sender, env.receiver)
     aead = ChaCha20Poly1305(derive_key(key, direction, robot))
     return head + nonce + aead.encrypt(nonce, meta + bytes(env.body), head + nonce)
@@ -224,30 +234,46 @@ class ReplayGuard:
 
     Counters above the highest one seen are new. Counters within ``window`` below it (the link
     may deliver concurrent messages out of order) are accepted once; older ones are refused.
-    Counters are microseconds of the sender's clock, so ``window`` is 120 s by default.
+    Counters are microseconds of the sender's clock, so ``window`` is 120 s by default. Each
+    accepted counter keeps a digest of its message, so that a second message under a counter
+    (and so a nonce) already used is told apart from a replay: ``nonce_reuse``, counted in
+    :attr:`nonce_reuses`.
     """
 
     def __init__(self, window: int = 120_000_000) -> None:
         self.window = window
         self._max: dict[int, int] = {}
-        self._seen: dict[int, set[int]] = {}
+        self._seen: dict[int, dict[int, bytes]] = {}
+        self.nonce_reuses = 0
 
-    def check(self, peer: int, counter: int) -> None:
-        """Raise ProtocolError('replay') for a counter seen before or older than the window."""
+    def check(self, peer: int, counter: int, digest: bytes | None = None) -> None:
+        """Raise ProtocolError('replay') for a counter seen before or older than the window
+        (``nonce_reuse`` when ``digest``, the message's, differs from the one accepted)."""
         top = self._max.get(peer, 0)
-        if counter in self._seen.get(peer, ()):
+        seen = self._seen.get(peer, {})
+        if counter in seen:
+            if digest is not None and seen[counter] != digest:
+                self.nonce_reuses += 1
+                raise ProtocolError(
+                    "nonce_reuse", f"another message under counter {counter} (its nonce)"
+                )
             raise ProtocolError("replay", f"counter {counter} already accepted")
         if counter <= top - self.window or (counter <= top and peer not in self._seen):
             raise ProtocolError("replay", f"counter {counter} older than the replay window")
 
-    def commit(self, peer: int, counter: int) -> None:
-        """Record an accepted counter (call only after the HMAC verified)."""
+    def commit(self, peer: int, counter: int, digest: bytes = b"") -> None:
+        """Record an accepted counter and its message's ``digest`` (call only after the AEAD
+        tag verified)."""
         top = max(counter, self._max.get(peer, 0))
         self._max[peer] = top
-        seen = self._seen.setdefault(peer, set())
-        seen.add(counter)
+        seen = self._seen.setdefault(peer, {})
+        seen[counter] = digest
         if len(seen) > 4096:
-            self._seen[peer] = {c for c in seen if c > top - self.window}
+            self._seen[peer] = {c: d for c, d in seen.items() if c > top - self.window}
+
+    def accepted(self, peer: int, counter: int) -> bool:
+        """Whether ``counter`` of ``peer`` was accepted (within the window kept)."""
+        return counter in self._seen.get(peer, {})
 
     def last(self, peer: int) -> int:
         """Highest accepted counter of ``peer`` (0 when none)."""
@@ -289,8 +315,15 @@ def open_envelope(
             raise ProtocolError("stale_register", f"session {env.session}, clock skew {skew:.0f}s")
     elif session is not None and env.session != session:
         raise ProtocolError("bad_session", f"session {env.session:#x}, current {session:#x}")
-    guard.check(env.sender, env.counter)
-    guard.commit(env.sender, env.counter)
+    (used,) = struct.unpack_from(">Q", data, HEADER_SIZE)
+    if used != env.counter:  # authentic, but its nonce is not its own counter's
+        if guard.accepted(env.sender, used):
+            guard.nonce_reuses += 1
+            raise ProtocolError("nonce_reuse", f"the nonce of counter {used}, already used")
+        raise ProtocolError("bad_nonce", f"the nonce does not begin with counter {env.counter}")
+    digest = hashlib.sha256(data).digest()[:16]
+    guard.check(env.sender, env.counter, digest)
+    guard.commit(env.sender, env.counter, digest)
     return env
 
 

@@ -133,8 +133,54 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
                 )
                 + "\n"
             )
+    print_adaptation(report, fh)
     for k, v in (report.get("timings") or {}).items():
         w(f"  {k}: {v:.1f}s\n")
+
+
+def print_adaptation(report: Mapping[str, Any], fh: TextIO) -> None:
+    """Per round and robot the SNRs both ends reported and the MCS each way; the bytes each MCS
+    carried (the robots' uploads the server received, and the server's own frames)."""
+    w = fh.write
+    rows = [
+        (r["round"], r["link"]["adaptation"])
+        for r in report.get("rounds") or []
+        if (r.get("link") or {}).get("adaptation")
+    ]
+    if not rows:
+        return
+    w(
+        f"\n  link adaptation ({rows[0][1].get('mode')}): SNR the server measured of each robot "
+        "(up) and the robot reported of the server (down), the MCS each way at the round's end\n"
+    )
+    w(f"  {'round':>5} {'robot':>5} {'up dB':>6} {'down dB':>7} {'up MCS':>10} {'down MCS':>10}"
+      f" {'lost/sent':>9}  bytes up by MCS\n")  # fmt: skip
+    total: dict[str, int] = {}
+    server: dict[str, int] = {}
+    for t, a in rows:
+        for k, v in (a.get("server_bytes_by_mcs") or {}).items():
+            server[k] = server.get(k, 0) + v
+        for r, x in sorted(a.get("robots", {}).items(), key=lambda kv: int(kv[0])):
+            by = x.get("bytes_up_by_mcs") or {}
+            for k, v in by.items():
+                total[k] = total.get(k, 0) + v
+            w(
+                f"  {t:>5} {int(r):>5} {_f(x.get('up_snr_db'), '{:.1f}'):>6} "
+                f"{_f(x.get('down_snr_db'), '{:.1f}'):>7} {str(x.get('up_mcs')):>10} "
+                f"{str(x.get('down_mcs')):>10} "
+                f"{x.get('up_lost', 0):>4}/{x.get('up_frames', 0):<4}  "
+                + ", ".join(f"{k} {v / 1e3:.0f} kB" for k, v in by.items())
+                + "\n"
+            )
+        if a.get("broadcast_mcs"):
+            w(f"  {t:>5}   (broadcast at {a['broadcast_mcs']})\n")
+    w(
+        "  bytes by MCS over the run: robots' uploads received "
+        + (", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in total.items()) or "-")
+        + "; the server's frames "
+        + (", ".join(f"{k} {v / 1e6:.2f} MB" for k, v in server.items()) or "-")
+        + "\n"
+    )
 
 
 def print_side_by_side(un: Mapping[str, Any], fh: TextIO) -> None:
@@ -166,6 +212,21 @@ def print_side_by_side(un: Mapping[str, Any], fh: TextIO) -> None:
             "  (link MB: the method's own FedAvg traffic on the simulated link; air MB: the "
             "deployed model and evaluations on the testbed's air)\n"
         )
+        kinds = {row.get("mia_kind") for row in rows if row.get("mia_kind")}
+        if kinds:
+            attack = (
+                "a reference-model calibrated membership attack"
+                if kinds == {"calibrated"}
+                else "a loss-threshold membership attack"
+                if kinds == {"loss"}
+                else "a membership attack (calibrated where run, else loss-threshold)"
+            )
+            w(
+                f"  (MIA AUC: how well {attack} tells the forgotten data from test images nobody "
+                "trained on. 0.5: no trace left; above 0.5: the model still treats it as "
+                "training data; below 0.5: it fits the forgotten data worse than unseen data, "
+                "as when a trigger or wrong labels it carried are no longer followed)\n"
+            )
     er = un.get("erasure")
     if er:
         w(

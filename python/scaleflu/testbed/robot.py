@@ -31,7 +31,10 @@ from scaleflu.config import as_config
 from scaleflu.fl.data import ImageData, add_trigger
 from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
 from scaleflu.fl.models import build_model
+from scaleflu.fl.run import build_data
 from scaleflu.link import Link
+from scaleflu.link.mcs import MCS_TABLE_VERSION
+from scaleflu.log import fmt
 from scaleflu.testbed.common import (
     Endpoint,
     LinkDeadline,
@@ -46,7 +49,7 @@ from scaleflu.testbed.common import (
     wait_on_clock,
 )
 from scaleflu.testbed.faults import NO_FAULTS, RobotFaults
-from scaleflu.testbed.keys import verify
+from scaleflu.testbed.keys import check_robot_key, verify
 from scaleflu.testbed.protocol import (
     SERVER_ID,
     MsgType,
@@ -74,8 +77,6 @@ class RobotData:
 
     def __init__(self, cfg: Mapping[str, Any], robot_id: int) -> None:
         """Rebuild the seeded split from ``cfg`` and keep only this robot's samples."""
-        from scaleflu.fl.run import build_data
-
         cfg = as_config(cfg)
         seed = int(cfg.seed)
         n = client_of(robot_id)
@@ -191,7 +192,7 @@ class RobotClient:
         self.link = link
         self.clock = link_clock(link)  # every wait on the server runs on the link's clock
         self.robot_id = robot_id
-        self.key = key
+        self.key = check_robot_key(robot_id, key)  # weak keys refused, with the fix
         self.cfg = cfg = federation_config(cfg)  # fl.rounds as on the server: the lr schedule
         self.tb = cfg.testbed
         self.unlearn = dict(unlearn) if unlearn else None
@@ -199,7 +200,7 @@ class RobotClient:
         self.ep = Endpoint(link, robot_id)
         self._bodies = BodyCache()  # model bodies from the broadcast downlink, by SHA-256
         self._waiting_body: dict[str, tuple[int, Mapping[str, Any], bytes]] = {}
-        install_link_keys(link, {robot_id: key}, robot_id)
+        install_link_keys(link, {robot_id: key}, robot_id, self.tb.arq.require_auth is not False)
         self.guard = ReplayGuard()
         self.session: int | None = None
         self.keys = {robot_id: key}
@@ -228,8 +229,10 @@ class RobotClient:
         # receipt of a lower version means the server's history went back
         self.heads: dict[str, int] = {}
         self.registrations = 0
+        self.refused: str | None = None  # why the server (or this robot) refused registration
         self.reregistrations = 0  # registrations after robot_idle_s of server silence
         self.done = False
+        self._wall_deadline: float | None = None  # run(max_runtime): the operator's bound
         self._pending_nonce: str | None = None
         self._challenge: int | None = None  # the session the server announced (SERVER_HELLO)
         self._early_model: Any = None  # a MODEL that came before our REGISTER_ACK
@@ -249,6 +252,7 @@ class RobotClient:
             "num_samples": len(self.data),
             "model": self.data.model_args[0],
             "version": 2,
+            "mcs_table": MCS_TABLE_VERSION,  # the server refuses another table version
         }
         s = self._challenge or 0
         self.ep.send(MsgType.REGISTER, SERVER_ID, self.key, s, 0, meta, timeout=timeout)
@@ -270,17 +274,28 @@ class RobotClient:
         # its REGISTER_ACK was slow on the medium: the server reset what it held, sent the
         # model again and the robot trained the round twice)
         nonce = secrets.token_hex(8)
-        while not end.expired() and not self.done:
+        while not end.expired() and not self.done and not self.out_of_time():
             self._pending_nonce = nonce
             self._send_register(wait * 4)
             until = LinkDeadline(wait * 4, clock)
-            while not until.expired() and self._pending_nonce is not None:
+            while (
+                not until.expired() and self._pending_nonce is not None and not self.out_of_time()
+            ):
                 self.poll(0.2)
             if self._pending_nonce is None:
                 return True
             wait = min(wait * 2, 8.0)
-            log.info("robot %d: no REGISTER_ACK yet, retrying", self.robot_id)
+            log.info(
+                "robot %d: no REGISTER_ACK from the edge server (node %d) yet; retrying (is the "
+                "server running, on the same link and key store?)",
+                self.robot_id,
+                SERVER_ID,
+            )
         return False
+
+    def out_of_time(self) -> bool:
+        """Whether ``run``'s ``max_runtime`` (wall seconds) has passed."""
+        return self._wall_deadline is not None and time.monotonic() >= self._wall_deadline
 
     # -- receiving -------------------------------------------------------------------------
 
@@ -330,16 +345,35 @@ class RobotClient:
                 log.warning("robot %d: REGISTER_ACK not signed by the server", self.robot_id)
                 return
             if not env.meta.get("accepted", False):
-                log.warning(
+                log.error(
                     "robot %d: registration refused: %s", self.robot_id, env.meta.get("reason")
                 )
+                self.refused = str(env.meta.get("reason", ""))
                 self.done = True
                 return
+            theirs = env.meta.get("mcs_table")
+            if theirs != MCS_TABLE_VERSION:  # this end checks too (a server without the check)
+                self.refused = (
+                    f"MCS table version mismatch: the server has "
+                    f"{'none (older software)' if theirs is None else theirs}, this robot "
+                    f"has {MCS_TABLE_VERSION}; update one of them"
+                )
+                log.error("robot %d: registration refused: %s", self.robot_id, self.refused)
+                self.done = True
+                return
+            if env.session != self.session:  # a new session: the server knows nothing of us
+                self._uploads.clear()  # a model sent again is trained
             self.session = env.session
             self._pending_nonce = None
             self.registrations += 1
-            self.state, self.state_sha = None, None  # the server sends a full model next
-            self._uploads.clear()  # the server forgot them too: a model sent again is trained
+            # the model the server knows we hold (its next model is a delta against it): a
+            # robot that does not hold it (a restarted process) asks for a full one
+            holds = env.meta.get("holds")
+            if holds != self.state_sha:
+                self.state, self.state_sha = None, None
+                if holds is not None:
+                    log.info("robot %d: the server thinks we hold a model; resync", self.robot_id)
+                    self.ep.send(MsgType.RESYNC, SERVER_ID, self.key, self.session, 0, {})
             log.info("robot %d registered, session %08x", self.robot_id, env.session)
             early, self._early_model = self._early_model, None
             if early is not None and early.session == self.session:
@@ -677,8 +711,6 @@ class RobotClient:
         }
         self.evals[purpose] = rep
         self.ep.send(MsgType.EVAL_REPORT, SERVER_ID, self.key, self.session or 0, 0, rep)
-        from scaleflu.log import fmt
-
         log.info("robot %d: %s model: %s", self.robot_id, purpose, fmt(m))
 
     # -- main loop -------------------------------------------------------------------------
@@ -686,16 +718,21 @@ class RobotClient:
     def run(self, max_runtime: float | None = None) -> dict[str, Any]:
         """Register, then serve the server until BYE (or ``max_runtime`` seconds)."""
         start = time.monotonic()
+        self._wall_deadline = None if max_runtime is None else start + float(max_runtime)
         while not self.done and not self.register(timeout=60.0):
-            if max_runtime is not None and time.monotonic() - start > max_runtime:
-                break
+            if self.out_of_time():
+                log.warning(
+                    "robot %d: max runtime reached before the edge server answered",
+                    self.robot_id,
+                )
+                return self.summary(time.monotonic() - start)
         # robot_idle_s on the link's clock: on ofdm-shared the medium's virtual time, which
         # runs at about a tenth of real time while the medium is busy (on the wall clock robots
         # that had uploaded gave up on a server still repairing another robot's transfer).
         # max_runtime stays on the wall: it is the operator's bound on the process.
         idle = float(self.tb.robot_idle_s)
         while not self.done:
-            if max_runtime is not None and time.monotonic() - start > max_runtime:
+            if self.out_of_time():
                 log.warning("robot %d: max runtime reached", self.robot_id)
                 break
             self.poll(0.5)
@@ -717,6 +754,7 @@ class RobotClient:
             "runtime_s": runtime_s,
             "load_s": self.load_s,
             "registrations": self.registrations,
+            "refused": self.refused,
             "idle_reregistrations": self.reregistrations,
             "rounds": self.rounds,
             "evals": self.evals,

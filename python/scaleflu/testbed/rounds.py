@@ -22,8 +22,16 @@ import numpy as np
 import torch
 
 from scaleflu.fl.aggregation import AggregationConfig, NoUpdateAcceptedError, norm, update_of
+from scaleflu.fl.fedavg import LocalConfig, train_client
 from scaleflu.fl.run import append_jsonl
-from scaleflu.fl.strategy import FedAvg, RoundRejectedError, RoundResult, close_round
+from scaleflu.fl.strategy import (
+    CandidateRejection,
+    FedAvg,
+    RoundRejectedError,
+    RoundResult,
+    close_round,
+    validation_indices,
+)
 from scaleflu.link import Link
 from scaleflu.testbed.common import arrays, cast_like, decode_state, tensors
 from scaleflu.testbed.downlink import Downlink
@@ -37,10 +45,17 @@ from scaleflu.testbed.protocol import (
 )
 from scaleflu.testbed.records import Records
 from scaleflu.testbed.sessions import RobotInfo, Sessions
-from scaleflu.testbed.transport import link_counters, round_link_row
+from scaleflu.testbed.transport import (
+    link_adaptation,
+    link_counters,
+    round_adaptation,
+    round_link_row,
+)
 from scaleflu.testbed.validation import UpdateMeta
 
 log = logging.getLogger(__name__)
+
+PROGRESS_S = 5.0  # wall seconds between the progress lines of a round in progress
 
 State = dict[str, torch.Tensor]
 
@@ -84,11 +99,14 @@ class TrustedNorms:
     """The edge server's trusted update norms: the norm bound's floor in a round with few
     updates (the strategy's ``norm_prior``).
 
-    The norms it accepted in the last ``norm_history`` rounds (:meth:`record`); without any
-    (round 1, or only failed rounds), the norm of its own reference update
-    (:meth:`reference_norm`) with the SGD steps of the round's largest robot. ``setup``: the
-    run's data (the test split's validation samples, the partition sizes); ``cfg``: the run's
-    config (seed, local settings).
+    The norms it accepted in the last ``norm_history`` rounds that had ``small_round`` updates
+    or more (:meth:`record`: there the round's median, an honest majority's, bounded them);
+    without any, the norm of its own reference update (:meth:`reference_norm`) with the SGD
+    steps of the round's largest robot. The norms accepted in small rounds are never trusted:
+    with two robots the bound of each round would follow the norms the previous rounds let
+    through, and a robot growing its update a little every round walks it up (0.001, 18, 28,
+    36, 61 in an attack on the testbed). ``setup``: the run's data (the test split's validation
+    samples, the partition sizes); ``cfg``: the run's config (seed, local settings).
     """
 
     def __init__(self, cfg: AggregationConfig, setup: Any, run_cfg: Any, records: Records) -> None:
@@ -98,16 +116,19 @@ class TrustedNorms:
         self.records = records
         self.rounds: list[list[float]] = []  # per completed round: its accepted norms
         self._ref_norms: dict[tuple[int, int], float] = {}  # (round, size) -> reference norm
+        self._ref_update: tuple[tuple[int, int], dict[str, torch.Tensor]] | None = None
 
     def record(self, row: Mapping[str, Any]) -> None:
         """Keep the accepted norms of a round's row (``participants``, ``update_norms``: robot
-        ids as ints in memory, as strings after a restart)."""
+        ids as ints in memory, as strings after a restart) when the round had ``small_round``
+        updates or more (``update_norms`` has every screened update's norm)."""
         norms = row.get("update_norms") or {}
         kept = []
-        for r in row.get("participants") or []:
-            v = norms.get(r, norms.get(str(r)))
-            if isinstance(v, (int, float)):
-                kept.append(float(v))
+        if len(norms) >= int(self.cfg.small_round):
+            for r in row.get("participants") or []:
+                v = norms.get(r, norms.get(str(r)))
+                if isinstance(v, (int, float)):
+                    kept.append(float(v))
         self.rounds.append(kept)
 
     def __call__(self, t: int, base: Mapping[str, torch.Tensor], clients: list[int]) -> list[float]:
@@ -125,29 +146,46 @@ class TrustedNorms:
             return [self.reference_norm(t, base, size)]
         return []
 
+    def reference_update(
+        self, t: int, base: Mapping[str, torch.Tensor], clients: list[int]
+    ) -> dict[str, torch.Tensor] | None:
+        """The server's own update of round t (:meth:`reference_norm`) for the direction test
+        of a round with fewer than ``small_round`` updates (the strategy's ``reference``);
+        None for larger rounds, without ``min_cosine`` or ``reference_samples``."""
+        cfg = self.cfg
+        if cfg.min_cosine is None or int(cfg.reference_samples) <= 0 or not clients:
+            return None
+        if len(clients) >= int(cfg.small_round):
+            return None
+        size = max(self.setup.data_sizes[n] for n in clients)
+        self.reference_norm(t, base, size)
+        assert self._ref_update is not None and self._ref_update[0] == (t, size)
+        return self._ref_update[1]
+
     def reference_norm(self, t: int, base: Mapping[str, torch.Tensor], size: int) -> float:
         """Norm of the server's own update of round t: ``base`` trained with the robots' local
         settings on the server's validation slice of the test split
         (``aggregation.reference_samples``, seeded), cycled to ``size`` samples (a robot's data
         size, known to the server, not claimed by the robot) so it takes as many SGD steps as
-        that robot. Cached per (round, size)."""
+        that robot. Cached per (round, size); the update itself for the latest of them."""
         cache = self._ref_norms
-        if (t, size) in cache:
-            return cache[(t, size)]
-        from scaleflu.fl.fedavg import LocalConfig, derive_seed, train_client
-
+        if (t, size) in cache and self._ref_update is not None:
+            if self._ref_update[0] == (t, size):
+                return cache[(t, size)]
         seed = int(self.run_cfg.seed)
         test = self.setup.test
-        rng = np.random.default_rng(derive_seed(seed, 91))
-        n_val = max(1, min(int(self.cfg.reference_samples), len(test)))
-        val = rng.permutation(len(test))[:n_val]
+        val = validation_indices(seed, len(test), int(self.cfg.reference_samples))
         local = LocalConfig.from_config(self.run_cfg.fl)
         w0 = time.perf_counter()
         state = train_client(
             self.setup.new_model(), base, np.resize(val, max(size, 1)), test, local, seed, t,
             1 << 20,
         )  # fmt: skip
-        value = norm(update_of(state, base))
+        delta = update_of(state, base)
+        value = norm(delta)
+        self._ref_update = ((t, size), delta)
+        if (t, size) in cache:  # computed again for its update: the event is already there
+            return value
         cache[(t, size)] = value
         self.records.event("reference_norm", round=t, samples=size, norm=round(value, 6))
         log.info(
@@ -297,7 +335,8 @@ class Rounds:
         self._notify_reject(r, t, f"{reason}: {detail}"[:200])
 
     def _notify_reject(self, r: int, t: int, reason: str) -> None:
-        self.sessions.send(MsgType.REJECT, r, t, {"reason": reason}, timeout=10.0)
+        # an answer to the robot's upload: charged to its airtime (not sent when throttled)
+        self.sessions.answer(MsgType.REJECT, r, "UPDATE", t, {"reason": reason}, timeout=10.0)
 
     # -- a round ---------------------------------------------------------------------------
 
@@ -311,6 +350,7 @@ class Rounds:
         w0 = time.perf_counter()
         bytes0 = self.downlink.air_bytes()
         link0 = link_counters(self.link)
+        adapt0 = link_adaptation(self.link)
         fallbacks0 = self.downlink.unicast_fallbacks
         base = self.global_state
         rs = RoundState(t, base, self.clock() + float(tb.round_deadline_s))
@@ -320,7 +360,11 @@ class Rounds:
         rs.scheduled.update(chosen)
         self.downlink.send_many(chosen, base, "train", t, src_sha=src)
         self.records.event("round_start", round=t, scheduled=sorted(rs.scheduled))
+        next_progress = time.monotonic() + PROGRESS_S
         while self.clock() < rs.deadline:
+            if time.monotonic() >= next_progress:
+                next_progress = time.monotonic() + PROGRESS_S
+                self._progress(t, rs, adapt0)
             grace = float(tb.refused_grace_s)
             gone = rs.not_awaited(grace, self.link.receiving_from, self.clock())
             waiting = rs.scheduled - self.sessions.forgotten_ids() - gone
@@ -358,10 +402,16 @@ class Rounds:
         except (NoUpdateAcceptedError, RoundRejectedError) as exc:
             log.warning("round %d: %s", t, exc)
             self.records.event("round_failed", round=t, reason=str(exc)[:200])
-            refused = exc.refused if isinstance(exc, NoUpdateAcceptedError) else {}
+            if isinstance(exc, RoundRejectedError):  # the previous model stays
+                self._candidate_rejected(t, exc.rejection, failed=True)
+                refused = exc.rejection.named
+            else:
+                refused = exc.refused
             for c, why in refused.items():
                 self._refuse(rs, robot_of(c), t, why.split(":")[0], why)
             return None
+        if res.rejected is not None:  # the candidate with every update was refused
+            self._candidate_rejected(t, res.rejected, failed=False)
         for c, why in res.refused.items():
             self._refuse(rs, robot_of(c), t, why.split(":")[0], why)
         self.closed[t] = set(rs.updates)
@@ -382,7 +432,12 @@ class Rounds:
             "wall_s": wall,
             "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
         }
+        if res.rejected is not None:
+            row["rejected_candidate"] = self._rejection_json(res.rejected)
         row["link"] = round_link_row(link0, link_counters(self.link), air)
+        adapt = round_adaptation(adapt0, link_adaptation(self.link))
+        if adapt:
+            row["link"]["adaptation"] = adapt
         if hasattr(self.link, "broadcast"):  # a MAC link: model sends moved off the broadcast
             row["link"]["unicast_fallbacks"] = self.downlink.unicast_fallbacks - fallbacks0
         self._log(row)
@@ -397,6 +452,51 @@ class Rounds:
             wall,
         )
         return row
+
+    def _progress(self, t: int, rs: RoundState, adapt0: dict[str, Any] | None) -> None:
+        """One line per PROGRESS_S (wall) of a round in progress: for each robot whose update is
+        not in yet, the bytes it got through this round, its uplink MCS and SNR (MAC links)."""
+        now = round_adaptation(adapt0, link_adaptation(self.link))
+        parts = []
+        for r in sorted(rs.scheduled - set(rs.updates)):
+            a = now.get("robots", {}).get(r)
+            if a is None:
+                parts.append(f"robot {r} waiting")
+                continue
+            kb = sum(a["bytes_up_by_mcs"].values()) / 1e3
+            snr = "-" if a["up_snr_db"] is None else f"{a['up_snr_db']:.1f} dB"
+            parts.append(f"robot {r} {kb:.0f} kB up at {a['up_mcs']} ({snr})")
+        if parts:
+            bc = now.get("broadcast_mcs")
+            log.info(
+                "round %d progress: %s%s",
+                t,
+                ", ".join(parts),
+                f"; broadcast at {bc}" if bc else "",
+            )
+
+    @staticmethod
+    def _rejection_json(rejection: CandidateRejection) -> dict[str, Any]:
+        """A rejected candidate as the rounds' log and events give it (robot ids)."""
+        out = rejection.to_json()
+        out["robots"] = [robot_of(c) for c in out.pop("named")]
+        out["scores"] = {
+            (f"without_robot_{robot_of(int(k[8:]))}" if k.startswith("without_") else k): v
+            for k, v in out["scores"].items()
+        }
+        return out
+
+    def _candidate_rejected(self, t: int, rejection: CandidateRejection, failed: bool) -> None:
+        """Record a candidate model an acceptance check refused, and the robots named."""
+        info = self._rejection_json(rejection)
+        log.warning(
+            "round %d: candidate refused (%s); robots named: %s; %s",
+            t,
+            rejection.reason,
+            info["robots"] or "none",
+            "the previous model stays" if failed else "the round goes on without them",
+        )
+        self.records.event("candidate_rejected", round=t, failed=failed, **info)
 
     def _configure(self, t: int, active: list[int]) -> list[int]:
         """The robots the strategy has train round ``t`` among the ``active`` ones."""

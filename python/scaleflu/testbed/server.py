@@ -54,10 +54,12 @@ from scaleflu.fl.run import (
     open_history,
     write_training_outputs,
 )
-from scaleflu.fl.strategy import FedAvg
+from scaleflu.fl.strategy import FedAvg, ValidationCheck
 from scaleflu.keys import history_key
 from scaleflu.link import Link
-from scaleflu.testbed.common import federation_config, link_clock
+from scaleflu.link.arq import UNTRUSTED_REASSEMBLY_BYTES
+from scaleflu.testbed.airtime import Airtime
+from scaleflu.testbed.common import arrays, encode_state, federation_config, link_clock
 from scaleflu.testbed.downlink import Downlink
 from scaleflu.testbed.protocol import (
     SERVER_ID,
@@ -75,6 +77,9 @@ from scaleflu.testbed.unlearn_service import CompareFn, UnlearnFn, UnlearningSer
 from scaleflu.testbed.validation import RateLimiter
 
 log = logging.getLogger(__name__)
+
+# a full MODEL envelope beyond its body: header, nonce, tag, meta with signature (about 600 B)
+FULL_MODEL_OVERHEAD = 1024
 
 # rounds.jsonl's columns in the run's metrics.csv (robot ids in participants and missing)
 ROUNDS_CSV_COLUMNS = ("round", "test_acc", "test_loss", "asr", "participants", "missing")
@@ -153,6 +158,17 @@ class EdgeServer:
         self.model.load_state_dict(global_state)
 
         self.records = Records(self.run_dir, keys, self.t0, on_event, lambda: self.rounds.current)
+        # what a robot's own requests may make the server send (testbed.airtime): a RESYNC is
+        # charged a full model, every answer (hello, REGISTER_ACK, UNLEARN_ACK, REJECT) its size
+        full_model = len(encode_state(arrays(global_state))) + FULL_MODEL_OVERHEAD
+        self.airtime = Airtime.from_config(
+            tb.airtime,
+            full_model,
+            self.clock,
+            lambda r, what, n: self.records.event("throttled", robot=r, request=what, count=n),
+        )
+        self.full_model_bytes = full_model
+        self._check_broadcast_fits(link, full_model)
         self.sessions = Sessions(
             link,
             keys,
@@ -162,6 +178,8 @@ class EdgeServer:
             self.poll,
             lambda: self.history.last_completed_round() + 1,
             self.setup.data_sizes,
+            require_auth=tb.arq.require_auth is not False,
+            airtime=self.airtime,
         )
         self.downlink = Downlink(
             link,
@@ -179,6 +197,11 @@ class EdgeServer:
         # the round: every registered robot trains; robust screening (testbed.aggregation)
         # with a floor from trusted norms, BatchNorm re-estimation, the server's evaluation
         trusted = TrustedNorms(agg_cfg, self.setup, self.cfg, self.records)
+        # the candidate model on the server's validation data before it is accepted (its own
+        # network: a refused candidate must not linger in the server's evaluation model)
+        check = ValidationCheck.from_config(
+            agg_cfg, self.setup.new_model(), self.setup.test, int(self.cfg.seed)
+        )
         strategy = FedAvg(
             self.setup.data_sizes,
             int(self.cfg.seed),
@@ -187,6 +210,8 @@ class EdgeServer:
             recalibrate=self.bn_recal,
             evaluator=self.setup.evaluator(self.model, int(self.cfg.fl.eval_batch_size)),
             norm_prior=trusted,
+            reference=trusted.reference_update,
+            checks=[check] if check is not None else [],
         )
         self.rounds = Rounds(
             strategy,
@@ -284,7 +309,8 @@ class EdgeServer:
         try:
             self._handle(src, data)
         except ProtocolError as exc:
-            self.records.reject(exc.reason, src, "message", exc.detail)
+            if exc.reason != "throttled":  # counted by the airtime budget, logged sparsely
+                self.records.reject(exc.reason, src, "message", exc.detail)
         except Exception as exc:  # a malformed packet must never take the server down
             log.exception("message from node %s crashed its handler", src)
             self.records.reject("handler_error", src, "message", repr(exc))
@@ -306,8 +332,8 @@ class EdgeServer:
                 if not self.limits.allow(r, "hello"):
                     raise ProtocolError("rate_limited", "challenge requests too often")
                 self.sessions.hello(r)
-            elif self.sessions.register(r, env.meta):
-                self.downlink.forget(r)  # a new registration holds no model we sent
+            else:  # what the robot holds stays known: a registration never resends a model
+                self.sessions.register(r, env.meta, self.downlink.held_sha(r))
             return
         robot = self.sessions.heard(r)
         if robot is None:
@@ -323,10 +349,30 @@ class EdgeServer:
         elif env.type is MsgType.RESYNC:
             if not self.limits.allow(r, "resync"):
                 raise ProtocolError("rate_limited", "RESYNC more often than resync_min_interval_s")
+            self.sessions.charge(r, self.full_model_bytes, "RESYNC")  # a full model follows
             self.downlink.forget(r)
             log.info("robot %d asked for a full model next time", r)
         else:
             raise ProtocolError("unexpected_type", env.type.name)
+
+    def _check_broadcast_fits(self, link: Link, full_model: int) -> None:
+        """Warn when a full model is larger than what robots hold of broadcasts: broadcast
+        frames carry no link tag, so robots keep them within the untrusted reassembly budget
+        (``testbed.arq.reassembly_max_bytes_untrusted``); a larger model body is refused there
+        and reaches each robot by unicast after its broadcast stalls."""
+        tb = self.tb
+        if str(tb.downlink) == "unicast" or getattr(link, "broadcast", None) is None:
+            return
+        budget = tb.arq.reassembly_max_bytes_untrusted or UNTRUSTED_REASSEMBLY_BYTES
+        if full_model > int(budget):
+            log.warning(
+                "a full model (%d B) is larger than robots hold of broadcasts "
+                "(testbed.arq.reassembly_max_bytes_untrusted = %d B): the broadcast downlink "
+                "falls back to unicast; set it to at least %d on the robots",
+                full_model,
+                int(budget),
+                full_model + (1 << 20),
+            )
 
     # -- the federation -------------------------------------------------------------------
 
@@ -403,6 +449,8 @@ class EdgeServer:
             "session": f"{self.sessions.session:08x}",
             "robots": self.sessions.report(),
             **self.records.report(),
+            "nonce_reuses": self.guard.nonce_reuses,
+            "airtime": self.airtime.report(),
             "server_link": link_stats(self.link),
             "server_tx_bytes": self.sessions.ep.sent_bytes,
             "server_rx_bytes": self.bytes_rx,

@@ -15,9 +15,11 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scaleflu.keys import public_bytes
 from scaleflu.link import Link
 from scaleflu.link.arq import SendHandle
+from scaleflu.link.mcs import MCS_TABLE_VERSION
+from scaleflu.testbed.airtime import Airtime
 from scaleflu.testbed.common import Endpoint, LinkDeadline, install_link_keys, wait_on_clock
-from scaleflu.testbed.keys import sign
-from scaleflu.testbed.protocol import SERVER_ID, MsgType, client_of
+from scaleflu.testbed.keys import check_robot_key, sign
+from scaleflu.testbed.protocol import SERVER_ID, MsgType, ProtocolError, client_of
 from scaleflu.testbed.records import Records
 from scaleflu.testbed.validation import RegisterMeta
 
@@ -45,7 +47,9 @@ class Sessions:
     REGISTER must carry), the server's Ed25519 ``signing_key``, the registered robots and which
     of them asked to be forgotten. ``clock``: the link's; ``poll``: the server's message loop
     (the waits handle messages); ``next_round``: the round a registering robot joins;
-    ``data_sizes``: the partition sizes the robots' claims are checked against.
+    ``data_sizes``: the partition sizes the robots' claims are checked against;
+    ``require_auth``: the link drops every frame of a node without a link key; ``airtime``:
+    the per-robot budget every answer to a robot's request is charged to (:meth:`answer`).
     """
 
     def __init__(
@@ -58,8 +62,11 @@ class Sessions:
         poll: Callable[[float], None],
         next_round: Callable[[], int],
         data_sizes: Mapping[int, int],
+        require_auth: bool = True,
+        airtime: Airtime | None = None,
     ) -> None:
-        self.keys = dict(keys)
+        # a weak key (all bytes equal, a pattern, < 32 bytes) is refused with the fix
+        self.keys = {r: check_robot_key(r, k) for r, k in keys.items()}
         self.signing_key = signing_key
         self.public_key = public_bytes(signing_key)
         self.records = records
@@ -68,10 +75,12 @@ class Sessions:
         self.next_round = next_round
         self.data_sizes = data_sizes
         self.ep = Endpoint(link, SERVER_ID)
-        install_link_keys(link, self.keys, SERVER_ID)
+        install_link_keys(link, self.keys, SERVER_ID, require_auth)
         self.session = secrets.randbits(32) | 1
+        self.airtime = airtime
         self.robots: dict[int, RobotInfo] = {}
         self._forgotten_before: set[int] = set()  # client requests accepted before a restart
+        self._mcs_refused: dict[int, str] = {}  # robot -> nonce of its refused REGISTER (logged)
 
     # -- talking to robots ----------------------------------------------------------------
 
@@ -88,18 +97,45 @@ class Sessions:
         key = self.keys[robot]
         return self.ep.send(mtype, robot, key, self.session, round_, meta, body, timeout=timeout)
 
+    def answer(
+        self,
+        mtype: MsgType,
+        robot: int,
+        request: str,
+        round_: int = 0,
+        meta: dict[str, Any] | None = None,
+        timeout: float = 30.0,
+    ) -> SendHandle | None:
+        """Seal and send an answer to robot's ``request``, charged to its airtime budget.
+
+        None when the budget has no room for it (the answer is not sent; counted as
+        ``throttled`` in the budget's report).
+        """
+        key = self.keys[robot]
+        data = self.ep.build(mtype, robot, key, self.session, round_, meta)
+        if self.airtime is not None and not self.airtime.charge(robot, len(data), request):
+            return None
+        return self.ep.send_raw(robot, data, timeout)
+
+    def charge(self, robot: int, nbytes: int, request: str) -> None:
+        """Charge robot's airtime budget ``nbytes`` for what its ``request`` makes the server
+        send (a RESYNC: a full model); ProtocolError ``throttled`` when it has no room."""
+        if self.airtime is not None and not self.airtime.charge(robot, nbytes, request):
+            raise ProtocolError("throttled", f"{request}: no airtime left in this window")
+
     def sign(self, kind: str, robot: int, **fields: Any) -> str:
         """The server's signature of a ``kind`` statement to ``robot`` in this session."""
         return sign(self.signing_key, kind, session=self.session, robot=robot, **fields)
 
     def hello(self, robot: int) -> None:
         """Answer a session-0 REGISTER with this server's challenge (its session)."""
-        self.send(MsgType.SERVER_HELLO, robot, timeout=5.0)
+        if self.answer(MsgType.SERVER_HELLO, robot, "REGISTER", timeout=5.0) is None:
+            raise ProtocolError("throttled", "challenge request: no airtime left in this window")
 
     def announce(self) -> None:
         """Tell every robot in the key file the (new) session, so restarted robots re-register."""
         for r in self.keys:
-            self.hello(r)
+            self.send(MsgType.SERVER_HELLO, r, timeout=5.0)
 
     def finish(self) -> None:
         """Tell every robot the run is over (waits briefly for the BYEs to go out)."""
@@ -109,15 +145,51 @@ class Sessions:
 
     # -- registration ---------------------------------------------------------------------
 
-    def register(self, r: int, meta: Mapping[str, Any]) -> bool:
-        """Handle a REGISTER of robot ``r``; True when it registers anew (the model it held is
-        then unknown), False for a retry of the last one (acknowledged again)."""
+    def register(self, r: int, meta: Mapping[str, Any], holds: str | None = None) -> bool:
+        """Handle a REGISTER of robot ``r``; True when it registers anew, False for a retry of
+        the last one (acknowledged again).
+
+        ``holds``: the SHA-256 of the model the server knows robot ``r`` holds (None: none). A
+        registration within the session keeps it: the REGISTER_ACK names it, and a robot that
+        no longer holds it (a restarted process) asks for a full model with a RESYNC, which is
+        charged to its airtime budget. A registration itself never makes the server send a
+        model. ProtocolError ``throttled`` when robot's budget has no room for the ACK (nothing
+        registered then).
+        """
         rm = RegisterMeta.parse(meta)
         nonce, num = rm.nonce, rm.num_samples
+        if rm.mcs_table != MCS_TABLE_VERSION:
+            # both ends must read the MCS in GRANTs and SIGNAL fields alike: refused, one line
+            theirs = "none (older software)" if rm.mcs_table is None else rm.mcs_table
+            reason = (
+                f"MCS table version mismatch: robot {r} has {theirs}, "
+                f"the server has {MCS_TABLE_VERSION}; update one of them"
+            )
+            if self._mcs_refused.get(r) != nonce:
+                self._mcs_refused[r] = nonce
+                log.error("robot %d refused: %s", r, reason)
+                self.records.event("register_refused", robot=r, reason=reason)
+            self.send(
+                MsgType.REGISTER_ACK,
+                r,
+                0,
+                {
+                    "nonce": nonce,
+                    "accepted": False,
+                    "reason": reason,
+                    "mcs_table": MCS_TABLE_VERSION,
+                    "sig": self.sign("register_ack", r, nonce=nonce),
+                },
+                timeout=20.0,
+            )
+            return False
         info = self.robots.get(r) or RobotInfo(r)
         if info.last_nonce == nonce:  # the same REGISTER again (retry): acknowledge, keep state
-            self._send_register_ack(info, nonce)
+            self._send_register_ack(info, nonce, holds)
             return False
+        if r in self._forgotten_before:
+            info.forgotten = True  # registered to evaluate the unlearned model, not to train
+        self._send_register_ack(info, nonce, holds)  # throttled: nothing below happens
         info.last_nonce = nonce
         info.num_samples = num
         info.registered_at = self.clock()  # the link's clock, as last_heard and round starts
@@ -127,23 +199,23 @@ class Sessions:
         expected = self.data_sizes[client_of(r)]
         if num != expected:
             log.warning("robot %d reports %d samples, the partition has %d", r, num, expected)
-        if r in self._forgotten_before:
-            info.forgotten = True  # registered to evaluate the unlearned model, not to train
-        self._send_register_ack(info, nonce)
         self.records.event("register", robot=r, registrations=info.registrations)
         log.info("robot %d registered (%d samples, registration %d)", r, num, info.registrations)
         return True
 
-    def _send_register_ack(self, info: RobotInfo, nonce: str) -> None:
+    def _send_register_ack(self, info: RobotInfo, nonce: str, holds: str | None) -> None:
         r = info.robot_id
         reply = {
             "nonce": nonce,
             "accepted": True,
             "reason": "forgotten: no training" if info.forgotten else "",
             "next_round": self.next_round(),
+            "mcs_table": MCS_TABLE_VERSION,
+            "holds": holds,
         }
         reply["sig"] = self.sign("register_ack", r, nonce=nonce)
-        self.send(MsgType.REGISTER_ACK, r, 0, reply, timeout=20.0)
+        if self.answer(MsgType.REGISTER_ACK, r, "REGISTER", 0, reply, timeout=20.0) is None:
+            raise ProtocolError("throttled", "REGISTER: no airtime left in this window")
 
     def heard(self, r: int) -> RobotInfo | None:
         """The registered robot ``r``, now heard from (None: not registered)."""

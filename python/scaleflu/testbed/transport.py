@@ -115,6 +115,57 @@ class JointHandle:
         )
 
 
+def link_adaptation(link: Link) -> dict[str, Any] | None:
+    """The MAC's link adaptation of a server link (per robot: SNRs, MCS each way, bytes by MCS;
+    the broadcast's MCS), None without one (``MacServer.adaptation``)."""
+    mac = getattr(link, "mac", None)
+    adapt = getattr(mac, "adaptation", None)
+    if not callable(adapt):
+        return None
+    lock = getattr(getattr(link, "arq", None), "link", link)
+    try:
+        with lock._lock:  # the MAC runs under the link's lock
+            return adapt()
+    except AttributeError:
+        return adapt()
+
+
+def _by_mcs_delta(after: dict[str, int], before: dict[str, int] | None) -> dict[str, int]:
+    before = before or {}
+    out = {k: int(v - before.get(k, 0)) for k, v in after.items()}
+    return {k: v for k, v in out.items() if v}
+
+
+def round_adaptation(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict:
+    """The link-adaptation columns of one round: per robot the SNR each end reported last and
+    the MCS each way at the round's end, and the bytes each MCS carried in the round (the
+    robots' uploads received, the server's frames: broadcast, ACKs, grants)."""
+    if not after or after.get("mode") is None:
+        return {}
+    b_robots = (before or {}).get("robots", {})
+    robots = {}
+    for r, a in after["robots"].items():
+        b = b_robots.get(r, {})
+        robots[int(r)] = {
+            "up_snr_db": None if a["up_snr_db"] is None else round(a["up_snr_db"], 1),
+            "down_snr_db": None if a["down_snr_db"] is None else round(a["down_snr_db"], 1),
+            "up_mcs": a["up_mcs"],
+            "down_mcs": a["down_mcs"],
+            "bytes_up_by_mcs": _by_mcs_delta(a["bytes_up_by_mcs"], b.get("bytes_up_by_mcs")),
+            "up_lost": a["up_lost"] - b.get("up_lost", 0),
+            "up_frames": a["up_frames"] - b.get("up_frames", 0),
+            "fallbacks": a["fallbacks"] - b.get("fallbacks", 0),
+        }
+    return {
+        "mode": after["mode"],
+        "broadcast_mcs": after.get("broadcast_mcs"),
+        "server_bytes_by_mcs": _by_mcs_delta(
+            after.get("server_bytes_by_mcs", {}), (before or {}).get("server_bytes_by_mcs")
+        ),
+        "robots": robots,
+    }
+
+
 def link_counters(link: Link) -> dict[str, float]:
     """Counters of a link for the per-round report: ARQ retransmissions and MAC scheduling."""
     st = link_stats(link)

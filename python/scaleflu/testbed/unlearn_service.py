@@ -26,12 +26,14 @@ import torch
 
 from scaleflu.fl.integrity import save_model
 from scaleflu.fl.run import LoadedRun, append_jsonl
+from scaleflu.log import fmt
 from scaleflu.testbed.common import arrays, wait_on_clock
 from scaleflu.testbed.downlink import Downlink
 from scaleflu.testbed.protocol import MsgType, ProtocolError, client_of, state_sha256
 from scaleflu.testbed.records import Records
 from scaleflu.testbed.sessions import RobotInfo, Sessions
 from scaleflu.testbed.validation import UNLEARN_KINDS, EvalMeta, UnlearnMeta
+from scaleflu.unlearn.outputs import erase_history, write_unlearning
 from scaleflu.unlearn.receipt import (
     RECEIPT_VERSION,
     changed_parts,
@@ -40,6 +42,7 @@ from scaleflu.unlearn.receipt import (
     receipt_text,
 )
 from scaleflu.unlearn.request import RequestError, UnlearnRequest
+from scaleflu.unlearn.run import run_unlearning
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +112,6 @@ def default_unlearn(
     progress: bool,
 ) -> tuple[State, dict[str, Any]]:
     """Unlearn on the run the server holds (the method registry, in memory): (state, result)."""
-    from scaleflu.unlearn.registry import run_unlearning
-
     done = run_unlearning(
         run.run_dir, request, method, mode, overrides=list(overrides), progress=progress, run=run
     )
@@ -126,9 +127,6 @@ def compare_unlearn(
     ``run_dir/unlearn_compare/<method>``. Returns its result dict, or ``{"method", "error"}``
     when the method cannot run (e.g. not in this build).
     """
-    from scaleflu.unlearn.outputs import write_unlearning
-    from scaleflu.unlearn.registry import run_unlearning
-
     out = Path(run.run_dir) / "unlearn_compare" / method
     try:
         done = run_unlearning(
@@ -147,10 +145,10 @@ def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) ->
         return {"method": result.get("method"), "error": result["error"]}
     m = result.get("metrics") or {}
     c = result.get("cost") or {}
-    mia = m.get("mia_loss_auc")
+    mia, mia_kind = m.get("mia_loss_auc"), "loss"
     for key in ("mia_ref_auc", "mia_auc"):  # the calibrated audit where it exists
         if m.get(key) is not None:
-            mia = m[key]
+            mia, mia_kind = m[key], "calibrated"
             break
     return {
         "method": result.get("method"),
@@ -159,6 +157,7 @@ def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) ->
         "ra": m.get("ra"),
         "fa": m.get("fa_protocol"),
         "mia_auc": mia,
+        "mia_kind": mia_kind if mia is not None else None,
         "wall_s": c.get("wall_s"),
         "cpu_s": c.get("cpu_s"),
         "startup_s": (result.get("details") or {}).get("startup_s"),
@@ -276,15 +275,14 @@ class UnlearningService:
     def _reply(self, r: int, ok: bool, reason: str) -> None:
         meta: dict[str, Any] = {"accepted": ok, "reason": reason}
         meta["sig"] = self.sessions.sign("unlearn_ack", r, accepted=ok)
-        self.sessions.send(MsgType.UNLEARN_ACK, r, 0, meta, timeout=10.0)
+        # an answer to the robot's request: charged to its airtime (not sent when throttled)
+        self.sessions.answer(MsgType.UNLEARN_ACK, r, "UNLEARN_REQUEST", 0, meta, timeout=10.0)
 
     def on_eval_report(self, robot: RobotInfo, meta: Mapping[str, Any]) -> None:
         """An EVAL_REPORT: a robot's metrics of a deployed model, kept for the report."""
         em = EvalMeta.parse(meta)
         self.eval_reports.setdefault(em.purpose, {})[robot.robot_id] = dict(meta)
         robot.link_bytes_tx = em.link_bytes_tx
-        from scaleflu.log import fmt
-
         log.info("robot %d evaluated the %s model: %s", robot.robot_id, em.purpose, fmt(em.metrics))
 
     # -- serving --------------------------------------------------------------------------
@@ -457,8 +455,6 @@ class UnlearningService:
         The targets are the clients holding forgotten data (the robot's client index for the
         testbed's requests); recorded in the report and in the served result's JSON.
         """
-        from scaleflu.unlearn.outputs import erase_history
-
         rq = result.get("request")
         targets = (rq.get("targets") if isinstance(rq, Mapping) else None) or list(
             req.request.clients

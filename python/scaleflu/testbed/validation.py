@@ -102,10 +102,12 @@ class EvalMeta:
 
 @dataclass(frozen=True)
 class RegisterMeta:
-    """Meta of a REGISTER."""
+    """Meta of a REGISTER (``mcs_table``: the robot's MCS table version, None when it sent
+    none: software from before link adaptation)."""
 
     nonce: str
     num_samples: int
+    mcs_table: int | None = None
 
     @classmethod
     def parse(cls, meta: Mapping[str, Any]) -> RegisterMeta:
@@ -113,7 +115,10 @@ class RegisterMeta:
         nonce = meta.get("nonce")
         if not isinstance(nonce, str) or not 1 <= len(nonce) <= 64:
             raise ProtocolError("bad_meta", "nonce: expected a string of 1..64 characters")
-        return cls(nonce=nonce, num_samples=_int(meta, "num_samples", 0, 2**31))
+        table = None
+        if meta.get("mcs_table") is not None:
+            table = _int(meta, "mcs_table", 0, 255)
+        return cls(nonce=nonce, num_samples=_int(meta, "num_samples", 0, 2**31), mcs_table=table)
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,30 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
-from scaleflu.config import Config, ConfigError, Section, as_config, default_config, merge
+from scaleflu.config import (
+    Config,
+    ConfigError,
+    Section,
+    _read_file,
+    as_config,
+    default_config,
+    merge,
+    parse_override,
+)
 from scaleflu.fl.data import ImageData, triggered_test_set
-from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, make_trainer, server_val_permutation
+from scaleflu.fl.device import config_device
+from scaleflu.fl.fedavg import (
+    BNRecalibrator,
+    LocalConfig,
+    derive_seed,
+    make_trainer,
+    server_val_permutation,
+)
 from scaleflu.fl.history import state_bytes
+from scaleflu.fl.integrity import IntegrityError, check_mac, key_for, state_sha256, write_mac
+from scaleflu.fl.models import build_model
 from scaleflu.fl.run import LoadedRun, load_run
 from scaleflu.fl.strategy import FedAvg
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
@@ -48,6 +67,7 @@ from scaleflu.unlearn.metrics import (
     class_matched_sets,
     communication_overhead,
     evaluate_model,
+    logit_confidence,
     predict,
     relearn_rounds,
     true_label_probs,
@@ -112,8 +132,6 @@ class UnlearnResult:
 
 def _read_metrics_cache(path: Path) -> dict[str, Any] | None:
     """Metrics kept by :meth:`UnlearnContext.original_metrics` (None: absent or unusable)."""
-    from scaleflu.fl.integrity import IntegrityError, check_mac, key_for
-
     if not path.is_file():
         return None
     try:
@@ -135,8 +153,6 @@ def _read_metrics_cache(path: Path) -> dict[str, Any] | None:
 
 def _write_metrics_cache(path: Path, metrics: Mapping[str, Any]) -> None:
     """Keep metrics for the next method or request on the same model (digest when trusted)."""
-    from scaleflu.fl.integrity import key_for, write_mac
-
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
@@ -192,8 +208,6 @@ def resolve_unlearn_config(
     Only ``scale.*`` and ``baselines.*`` may differ from the run: data, model and FL settings
     belong to the run.
     """
-    from scaleflu.config import _read_file, parse_override
-
     cfg = copy.deepcopy(dict(run_cfg))
     defaults = default_config()
     for section in UNLEARN_SECTIONS:
@@ -377,6 +391,31 @@ class UnlearnContext:
         )
         return cls(run, resolved, cfg, mode, progress, **measuring)
 
+    def nothing_to_forget(self) -> str | None:
+        """Why the request touches nothing the run learned, or None when it does.
+
+        Its forget set is empty, or none of its clients took part in a round the history
+        records: never selected, or their updates were erased from the history already.
+        """
+        text = self.request.request.text
+        if len(self.forget_idx) == 0:
+            return f"request {text}: the forget set is empty"
+        history = self.run.history
+        targets = set(self.request.targets)
+        if any(targets & set(history.participants(t)) for t in history.rounds()):
+            return None
+        who = ", ".join(map(str, sorted(targets)))
+        erased = sorted(targets & history.erased_clients())
+        if erased:
+            return (
+                f"request {text}: client(s) {', '.join(map(str, erased))} were erased from the "
+                f"history of {self.run.run_dir} already; it records no update of client(s) {who}"
+            )
+        return (
+            f"request {text}: client(s) {who} took part in no round of {self.run.run_dir} "
+            f"(rounds 1..{history.last_completed_round()}): the model never learned from this data"
+        )
+
     # -- models --------------------------------------------------------------------------
 
     @property
@@ -423,8 +462,6 @@ class UnlearnContext:
         batch order.
         """
         seed = self.seed if seed is None else int(seed)
-        from tqdm import tqdm
-
         fl = self.cfg.fl
         local = local or self.local_config()
         parts = self.request.remaining
@@ -492,8 +529,6 @@ class UnlearnContext:
     @property
     def device(self) -> torch.device:
         """``fl.device`` resolved: where methods compute (states they return stay on the CPU)."""
-        from scaleflu.fl.device import config_device
-
         return config_device(self.cfg)
 
     @property
@@ -536,10 +571,6 @@ class UnlearnContext:
         ev = self.scale_cfg.eval
         n = int(ev.mia_shadows or 0)
         if self._mia_ref is None:
-            from scaleflu.fl.fedavg import derive_seed
-            from scaleflu.fl.models import build_model
-            from scaleflu.unlearn.metrics import logit_confidence
-
             rounds = int(ev.mia_shadow_rounds or self.cfg.fl.rounds)
             t0 = time.perf_counter()
             sets = (
@@ -574,9 +605,15 @@ class UnlearnContext:
                 self.mia_reference_info["wall_s"],
             )
 
-    def evaluate(self, state: Mapping[str, torch.Tensor], relearn: bool = True) -> dict[str, Any]:
+    def evaluate(
+        self, state: Mapping[str, torch.Tensor], relearn: bool = True, label: str = "the model"
+    ) -> dict[str, Any]:
         """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`); without
-        :attr:`audit` the calibrated MIAs and the relearn time are None (not measured)."""
+        :attr:`audit` the calibrated MIAs and the relearn time are None (not measured). A log
+        line per stage names ``label``."""
+        t0 = time.perf_counter()
+        audits = "membership audits" if self.audit else "forward-pass membership audits"
+        log.info("measuring %s: accuracies (test, RA, FA) and %s", label, audits)
         model = self.new_model(state).to(self.device)
         setup = self.run.setup
         out = evaluate_model(
@@ -605,6 +642,11 @@ class UnlearnContext:
         ev = self.scale_cfg.eval
         if relearn and self.audit and int(ev.relearn_max_rounds) > 0:
             target = float(ev.relearn_target) * float(self.original_metrics()["fa"] or 0.0)
+            log.info(
+                "measuring %s: rounds to relearn the forget set (at most %d)",
+                label,
+                int(ev.relearn_max_rounds),
+            )
             out["relearn_rounds"] = relearn_rounds(
                 model,
                 state,
@@ -615,6 +657,7 @@ class UnlearnContext:
                 self.seed,
                 int(ev.relearn_max_rounds),
             )
+        log.info("measured %s in %.1f s", label, time.perf_counter() - t0)
         return out
 
     def original_metrics(self) -> dict[str, Any]:
@@ -631,15 +674,13 @@ class UnlearnContext:
             path = self._metrics_cache_path("original", state) if self.metrics_cache else None
             got = _read_metrics_cache(path) if path is not None else None
             if got is None:
-                got = self.evaluate(state, relearn=False)
+                got = self.evaluate(state, relearn=False, label="the model before unlearning")
                 if path is not None:
                     _write_metrics_cache(path, got)
             self._original_metrics = got
         return self._original_metrics
 
     def _metrics_cache_path(self, what: str, state: Mapping[str, torch.Tensor]) -> Path:
-        from scaleflu.fl.integrity import state_sha256
-
         sc = self.scale_cfg
         key = {
             "schema": SCHEMA_VERSION,
@@ -678,7 +719,10 @@ class UnlearnContext:
         """
         self.last_state = {k: v.detach().clone() for k, v in state.items()}
         # measured on request (scaleflu unlearn --evaluate / --audit; always in experiments)
-        metrics = self.evaluate(state) if self.measure else {}
+        metrics: dict[str, Any] = {}
+        if self.measure:
+            self.original_metrics()  # first (cached): the relearn test's target depends on it
+            metrics = self.evaluate(state, label=f"the model after {method}")
         sc = self.scale_cfg
         sel = aoi.mean(top_layers) if top_layers else aoi.mean()
         every = aoi.mean()

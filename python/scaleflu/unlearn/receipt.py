@@ -43,7 +43,9 @@ from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from safetensors.numpy import load_file
 
+from scaleflu.fl.integrity import state_sha256
 from scaleflu.keys import fingerprint, public_bytes
 
 RECEIPT_KIND = "scaleflu-erasure-receipt"
@@ -366,8 +368,4 @@ def explain(v: Verified) -> list[str]:
 
 def model_file_sha256(path: str | Path) -> str:
     """:func:`~scaleflu.fl.integrity.state_sha256` of a safetensors model file (no torch)."""
-    from safetensors.numpy import load_file
-
-    from scaleflu.fl.integrity import state_sha256
-
     return state_sha256(load_file(str(path)))

@@ -18,9 +18,10 @@ Registering a method is one line (the class is imported only when the method is 
 With ``params=None`` the keys and types of the method's ``baselines.<name>`` section in
 default.yaml are the schema.
 
-:func:`run_unlearning` is the library entry point: it loads a run, resolves the config and the
-request, runs a method and returns the model state and the result in memory (the CLI writes
-them to disk, the edge server deploys them).
+:func:`scaleflu.unlearn.run.run_unlearning` is the library entry point: it loads a run,
+resolves the config and the request, runs a method of this registry and returns the model state
+and the result in memory (the CLI writes them to disk, the edge server deploys them). The
+registry itself imports no torch: ``scaleflu unlearn --help`` lists the methods without it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from scaleflu.config import ConfigError, default_config
@@ -217,6 +217,11 @@ def method_names() -> tuple[str, ...]:
     return tuple(_METHODS)
 
 
+def method_aliases() -> dict[str, tuple[str, ...]]:
+    """Every registered name with the other names it is also accepted under (may be empty)."""
+    return {name: spec.aliases for name, spec in _METHODS.items()}
+
+
 def canonical_name(name: str) -> str:
     """The registered name for ``name`` or an alias; ValueError for an unknown method."""
     key = str(name).lower()
@@ -325,77 +330,3 @@ def make_method(name: str, cfg: Mapping[str, Any] | None = None, **overrides: An
     """
     spec = method_spec(name)
     return spec.load()(**hyper_parameters(spec.name, cfg, overrides))
-
-
-# -- the library entry point ------------------------------------------------------------------
-
-
-@dataclass
-class Unlearning:
-    """What :func:`run_unlearning` returns: the unlearned model and its measured result."""
-
-    state: dict[str, Any]
-    result: Any  # UnlearnResult
-    unlearner: Any
-    ctx: Any  # UnlearnContext
-
-
-def run_unlearning(
-    run_dir: str | Path,
-    request: Any,
-    method: str = "scale",
-    mode: str | None = None,
-    config: str | Path | None = None,
-    overrides: list[str] | tuple[str, ...] = (),
-    progress: bool = True,
-    run: Any = None,
-    audit: bool = True,
-    measure: bool = True,
-    metrics_cache: bool = False,
-) -> Unlearning:
-    """Unlearn ``request`` (an ``UnlearnRequest`` or its text) from the trained run in
-    ``run_dir`` (or the loaded ``run``, e.g. the one an edge server holds), in memory.
-
-    ``mode`` (paper | default; None: ``scale.mode``) is SCALE's mode. ``config``/``overrides``
-    may set ``scale.*`` and ``baselines.*`` only. ``measure`` / ``audit`` / ``metrics_cache``:
-    what the result measures (:class:`~scaleflu.unlearn.base.UnlearnContext`). Nothing is
-    written to disk (but the metrics cache when asked).
-    """
-    from scaleflu.unlearn.base import UnlearnContext
-
-    name = canonical_name(method)
-    ctx = UnlearnContext.from_run_dir(
-        run_dir,
-        request,
-        mode or "default",
-        config,
-        overrides,
-        progress,
-        run=run,
-        audit=audit,
-        measure=measure,
-        metrics_cache=metrics_cache,
-    )
-    if mode is None:
-        mode = hyper_parameters("scale", ctx.cfg)["mode"] if name == "scale" else None
-        ctx.mode = str(mode or ctx.scale_cfg.mode)
-    if name == "scale" and ctx.mode == "paper":
-        log.warning(PAPER_MODE_WARNING)
-    extra = {"mode": ctx.mode} if name == "scale" else {}
-    unlearner = make_method(name, ctx.cfg, **extra)
-    # torch's intra-op threads as `experiment table2` and training set them (fl.threads), for
-    # every method, so single runs are comparable and do not swing with the CPU's other load
-    import torch
-
-    threads_before = torch.get_num_threads()
-    threads = int(ctx.cfg.fl.threads or 0)
-    if threads > 0:
-        torch.set_num_threads(threads)
-    try:
-        result = unlearner.run(ctx)
-    finally:
-        torch.set_num_threads(threads_before)
-    state = ctx.last_state if ctx.last_state is not None else getattr(unlearner, "state", None)
-    if state is None:
-        raise RuntimeError(f"method {name} produced no model state")
-    return Unlearning(state, result, unlearner, ctx)

@@ -40,6 +40,11 @@ class RequestError(ConfigError):
     """An unlearning request is malformed or cannot be satisfied by the run."""
 
 
+class NothingToUnlearnError(RequestError):
+    """A request touches nothing the run learned (an empty forget set, or clients that took part
+    in no recorded round)."""
+
+
 @dataclass(frozen=True)
 class UnlearnRequest:
     """A request: kind tau, clients C_u (empty: whole federation), classes, fraction.

@@ -19,9 +19,12 @@ import time
 
 import numpy as np
 
+from scaleflu.fl.fedavg import derive_seed
 from scaleflu.fl.history import state_bytes
+from scaleflu.fl.models import build_model
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from scaleflu.unlearn.baselines.aoi_trace import RecordingAoITracker, annotate
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +48,6 @@ class RetrainUnlearner:
             init = ctx.initial_state()
         else:
             import torch
-
-            from scaleflu.fl.fedavg import derive_seed
-            from scaleflu.fl.models import build_model
 
             with torch.random.fork_rng(devices=[]):  # the caller's RNG stays as it was
                 torch.manual_seed(derive_seed(int(self.seed), 17))
@@ -77,12 +77,8 @@ class RetrainUnlearner:
 
     def make_tracker(self, ctx: UnlearnContext) -> AoITracker:
         """The AoI tracker the retraining updates (recording its trace)."""
-        from scaleflu.unlearn.baselines.aoi_trace import RecordingAoITracker
-
         return RecordingAoITracker.wrap(AoITracker.from_history(ctx.run.history))
 
     def finish(self, result: UnlearnResult, aoi: AoITracker) -> UnlearnResult:
         """Add the recorded trace and its time-average AoI to ``details``."""
-        from scaleflu.unlearn.baselines.aoi_trace import annotate
-
         return annotate(result, aoi)

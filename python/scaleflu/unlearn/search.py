@@ -34,6 +34,7 @@ from scaleflu.fl.data import ImageData
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.base import UnlearnContext
 from scaleflu.unlearn.env import EnvSpec, EpisodeRecord, SparsifyEnv
+from scaleflu.unlearn.sensitivity import forget_saliency
 
 if TYPE_CHECKING:
     from scaleflu.unlearn.sensitivity import SensitivityReport
@@ -74,8 +75,6 @@ def sb3_startup(saliency: bool = True, ppo: bool = True) -> float:
         # of CPU: a process start-up cost too, paid here once and only when Phase I needs it
         # (healing needs no torch.optim: fl/optim.py)
         t0 = time.perf_counter()
-        from scaleflu.unlearn.sensitivity import forget_saliency
-
         lin = torch.nn.Linear(2, 2)
         x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
         forget_saliency(lin, x, y, x, y, ["weight"])

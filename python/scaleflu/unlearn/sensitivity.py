@@ -43,6 +43,7 @@ import torch
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.history import HistoryStore
+from scaleflu.fl.models import sensitivity_layers
 
 if TYPE_CHECKING:
     from scaleflu.unlearn.base import UnlearnContext
@@ -454,8 +455,6 @@ def phase_one(
     timing = {} if timing is None else timing
     sc = ctx.scale_cfg
     th = time.perf_counter()
-    from scaleflu.fl.models import sensitivity_layers
-
     layers = [k for k in sensitivity_layers(ctx.new_model()) if k in ctx.groups]
     lam, top_m, eps = float(sc["lambda"]), int(sc.top_m), float(sc.eps)
     history = ctx.run.history

@@ -15,6 +15,7 @@ import hashlib
 import logging
 import tarfile
 import urllib.request
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from scaleflu import plugins
 from scaleflu.config import ConfigError, config_section
 from scaleflu.fl.data.images import ImageData
 
@@ -299,11 +301,126 @@ def _subsample(data: ImageData, size: int | None, seed: int, tag: int) -> ImageD
 
 def load_datasets(data_cfg: Mapping[str, Any], seed: int = 0) -> tuple[ImageData, ImageData]:
     """Clean (train, test) for the ``data`` config section, subsampled when asked."""
-    data = config_section("data", data_cfg)  # the checked choice: one of DATASET_NAMES
+    data = config_section("data", data_cfg)  # the checked choice: DATASET_NAMES or a plugin's
     if data.dataset == "fashion_mnist":
         train, test = load_fashion_mnist(data.root, bool(data.download))
-    else:
+    elif data.dataset == "cifar100":
         train, test = load_cifar100(data.root, bool(data.download))
+    else:
+        train, test = load_plugin_dataset(str(data.dataset), data, seed)
     train = _subsample(train, data.train_subset, seed, 101)
     test = _subsample(test, data.test_subset, seed, 102)
     return train, test
+
+
+# -- a plugin's data set, checked (scaleflu.plugins) ----------------------------------------
+
+
+def image_data(
+    images: Any,
+    labels: Any,
+    where: str,
+    num_classes: int | None = None,
+    mean: tuple[float, ...] | None = None,
+    std: tuple[float, ...] | None = None,
+    name: str = "",
+) -> ImageData:
+    """Checked :class:`~scaleflu.fl.data.ImageData` from numpy arrays (``where`` names them in
+    errors): ``uint8`` images ``(M, H, W)`` or ``(M, C, H, W)``, square, integer labels in
+    ``0..num_classes-1``; ``mean``/``std`` per channel on the 0..1 scale (default: these
+    images')."""
+    x, y = np.asarray(images), np.asarray(labels)
+    if x.dtype != np.uint8:
+        raise DataError(f"{where}: images must be uint8 pixels 0..255, got {x.dtype}")
+    if x.ndim == 3:
+        x = x[:, None]
+    if x.ndim != 4 or x.shape[2] != x.shape[3] or x.shape[0] == 0:
+        raise DataError(
+            f"{where}: images must be (M, H, W) or (M, C, H, W) with H == W and M > 0, got "
+            f"{tuple(np.asarray(images).shape)}"
+        )
+    if y.ndim != 1 or len(y) != len(x) or y.dtype.kind not in "iu":
+        raise DataError(
+            f"{where}: labels must be integers, one per image ({len(x)}), got {y.dtype} "
+            f"{tuple(y.shape)}"
+        )
+    k = int(y.max()) + 1 if num_classes is None else int(num_classes)
+    if int(y.min()) < 0 or int(y.max()) >= k:
+        raise DataError(
+            f"{where}: labels must be in 0..{k - 1}, got {int(y.min())}..{int(y.max())}"
+        )
+    if mean is None or std is None:
+        f = x.astype(np.float64) / 255.0
+        mean = tuple(float(v) for v in f.mean(axis=(0, 2, 3)))
+        std = tuple(max(float(v), 1e-3) for v in f.std(axis=(0, 2, 3)))
+    return ImageData(
+        torch.from_numpy(np.ascontiguousarray(x)),
+        torch.from_numpy(y.astype(np.int64)),
+        tuple(mean),
+        tuple(std),
+        k,
+        name,
+    )
+
+
+def load_plugin_dataset(name: str, data_cfg: Mapping[str, Any], seed: int) -> tuple[Any, Any]:
+    """Call the registered loader of ``name``; (train, test) as checked ImageData sharing the
+    training set's class count and normalisation."""
+    loader = plugins.dataset_loader(name)
+    if loader is None:
+        raise plugins.PluginError(f"no data set {name!r} is registered")
+    where = f"data set {name!r} ({plugins.origin('data set', name)})"
+    try:
+        got = loader(data_cfg, seed)
+    except (DataError, FileNotFoundError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - the user's loader: one line
+        raise plugins.PluginError(f"{where} failed to load: {type(exc).__name__}: {exc}") from None
+    if not isinstance(got, tuple | list) or len(got) != 2:
+        raise plugins.PluginError(f"{where} must return (train, test), got {type(got).__name__}")
+    train, test = got
+    if not isinstance(train, ImageData):
+        if not isinstance(train, tuple | list) or len(train) != 2:
+            raise plugins.PluginError(f"{where}: train must be ImageData or (images, labels)")
+        train = image_data(*train, where=f"{where} train", name=name)
+    if not isinstance(test, ImageData):
+        if not isinstance(test, tuple | list) or len(test) != 2:
+            raise plugins.PluginError(f"{where}: test must be ImageData or (images, labels)")
+        test = image_data(
+            *test, f"{where} test", train.num_classes, train.mean, train.std, name=name
+        )
+    if (test.in_channels, test.image_size) != (train.in_channels, train.image_size):
+        raise DataError(
+            f"{where}: train images are {train.in_channels}x{train.image_size}^2, test images "
+            f"{test.in_channels}x{test.image_size}^2"
+        )
+    if test.num_classes != train.num_classes:
+        raise DataError(f"{where}: train has {train.num_classes} classes, test {test.num_classes}")
+    return train, test
+
+
+def load_npz(path: str | Path, *keys: str) -> tuple[np.ndarray, ...]:
+    """Arrays ``keys`` of an ``.npz`` file, read with ``allow_pickle=False`` (a file that holds
+    objects is refused, never executed); a missing key or a bad file names the file."""
+    path = Path(path)
+    try:
+        with path.open("rb") as fh:
+            if fh.read(4) != b"PK\x03\x04":
+                raise DataError(f"{path}: not a readable .npz file (not a zip of .npy arrays)")
+        with np.load(path, allow_pickle=False) as z:
+            files = list(z.files)
+            missing = [k for k in keys if k not in files]
+            arrays = tuple(z[k] for k in keys if k in files)
+    except FileNotFoundError:
+        raise DataError(f"data file not found: {path}") from None
+    except DataError:
+        raise
+    except ValueError as exc:  # object arrays (pickles) are refused here, never loaded
+        raise DataError(
+            f"{path}: holds Python objects, which are never loaded (save plain arrays): {exc}"
+        ) from None
+    except (OSError, EOFError, zipfile.BadZipFile, AttributeError, KeyError) as exc:
+        raise DataError(f"{path}: not a readable .npz file ({type(exc).__name__}: {exc})") from None
+    if missing:
+        raise DataError(f"{path}: no array {missing[0]!r} (it holds {', '.join(files) or 'none'})")
+    return arrays

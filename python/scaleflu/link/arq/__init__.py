@@ -9,12 +9,14 @@ Modules:
 The names below are the package's face: import them from ``scaleflu.link.arq``.
 """
 
-from .config import ROBOT_REASSEMBLY_BYTES, TAIL_FRAGMENTS, ArqConfig
+from .config import ROBOT_REASSEMBLY_BYTES, TAIL_FRAGMENTS, UNTRUSTED_REASSEMBLY_BYTES, ArqConfig
 from .endpoint import LOSS_GAIN, RATE_WINDOW_S, ArqEndpoint, ArqStats
 from .frames import (
     ACK_COMPLETE,
     ACK_HEADER,
     ACK_HEADER_SIZE,
+    ACK_SNR,
+    ACK_VERSION,
     MIN_KEY_SIZE,
     NACK_PAYLOAD,
     NACK_REFUSED,
@@ -34,6 +36,8 @@ __all__ = [
     "ACK_COMPLETE",
     "ACK_HEADER",
     "ACK_HEADER_SIZE",
+    "ACK_SNR",
+    "ACK_VERSION",
     "LOSS_GAIN",
     "MIN_KEY_SIZE",
     "NACK_PAYLOAD",
@@ -44,6 +48,7 @@ __all__ = [
     "ROBOT_REASSEMBLY_BYTES",
     "TAG_SIZE",
     "TAIL_FRAGMENTS",
+    "UNTRUSTED_REASSEMBLY_BYTES",
     "AckInfo",
     "ArqConfig",
     "ArqEndpoint",

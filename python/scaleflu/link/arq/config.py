@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from ..frame import DEFAULT_MTU
 
 TAIL_FRAGMENTS = 16  # default ArqConfig.tail_fragments
+# partial messages of unauthenticated senders (no link key; broadcasts) hold at most this in all
+UNTRUSTED_REASSEMBLY_BYTES = 16 * 1024 * 1024
 
 
 @dataclass
@@ -66,10 +68,15 @@ class ArqConfig:
     reassembly_max_bytes: int = 300 * 1024 * 1024
     reassembly_max_messages_per_sender: int | None = 8  # None = reassembly_max_messages
     reassembly_max_bytes_per_sender: int | None = None  # None = reassembly_max_bytes
+    # partial messages of senders without a link key (and broadcasts) hold at most this in all,
+    # however many such senders there are (docs/link.md 4.2)
+    reassembly_max_bytes_untrusted: int = UNTRUSTED_REASSEMBLY_BYTES
     reassembly_timeout: float = 120.0
     completed_memory: int = 1024
     completed_ttl: float = 300.0
-    require_auth: bool = False  # drop unicast frames from peers without a link key
+    # drop every frame from a peer without a link key (broadcasts too): no ACK, no NACK, no
+    # reassembly; the testbed turns it on (testbed.arq.require_auth), bare links leave it off
+    require_auth: bool = False
 
     @classmethod
     def robot(cls, **overrides: object) -> ArqConfig:

@@ -42,7 +42,7 @@ import math
 import random
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, replace
 
 import numpy as np
@@ -63,12 +63,14 @@ from ..frame import (
 from .config import ArqConfig
 from .frames import (
     _NACK_REASONS,
+    _SNR_FIELD,
     ACK_HEADER_SIZE,
     MIN_KEY_SIZE,
     NACK_PAYLOAD,
     NACK_RESET,
     NACK_TOO_LARGE,
     TAG_SIZE,
+    AckInfo,
     _complete_ack,
     ack_from_bitmap,
     decode_ack,
@@ -86,6 +88,9 @@ RATE_WINDOW_S = 10.0  # delivery-rate samples are kept this long (windowed maxim
 LOSS_GAIN = 1.0 / 32  # EWMA gain of the per-peer loss estimate (per fragment whose fate is known)
 
 
+_MAX_SNR_PEERS = 4096  # peers whose last frame SNR an endpoint remembers for its ACKs
+
+
 @dataclass
 class ArqStats:
     """Counters of an ArqEndpoint."""
@@ -93,6 +98,7 @@ class ArqStats:
     data_tx: int = 0  # DATA frames transmitted (first copies and retransmissions)
     retransmissions: int = 0
     fast_retransmissions: int = 0  # retransmissions triggered by an ACK gap
+    declared_lost: int = 0  # ... of them declared lost by a MAC (declare_lost)
     rto_expiries: int = 0
     acks_tx: int = 0
     complete_acks_repeated: int = 0  # unsolicited repeats of COMPLETE ACKs
@@ -246,6 +252,7 @@ class ArqEndpoint:
             on_drop=self._on_reassembly_drop,
             max_messages_per_sender=cfg.reassembly_max_messages_per_sender,
             max_bytes_per_sender=cfg.reassembly_max_bytes_per_sender,
+            max_bytes_untrusted=cfg.reassembly_max_bytes_untrusted,
         )
         self._inbox: deque[tuple[int, bytes]] = deque()
         self._out: OrderedDict[tuple[int, int], _Outgoing] = OrderedDict()
@@ -263,8 +270,14 @@ class ArqEndpoint:
         self._peers: dict[int, _Peer] = {}
         self._tokens = float(cfg.burst_bytes)
         self._tokens_at = clock()
-        self._ack_max = max_payload(cfg.mtu) - ACK_HEADER_SIZE - TAG_SIZE
+        self._ack_max = max_payload(cfg.mtu) - ACK_HEADER_SIZE - TAG_SIZE - _SNR_FIELD.size
         self._broadcast_keys: set[tuple[int, int]] = set()
+        # per peer: the SNR (dB) the PHY measured on its latest frame, reported back in our
+        # ACKs to it (ACK version 2); bounded, oldest peer out first
+        self._rx_snr: OrderedDict[int, float] = OrderedDict()
+        # called with (peer, snr_db or None, fragments newly acknowledged, fragments proven
+        # lost) for every valid ACK of one of our sends: link adaptation hooks in here
+        self.on_peer_report: Callable[[int, float | None, int, int], None] | None = None
 
     # -- public API ------------------------------------------------------------------------
     def set_peer_key(self, peer: int, key: bytes | None) -> None:
@@ -286,6 +299,10 @@ class ArqEndpoint:
     def has_peer_key(self, peer: int) -> bool:
         """Whether frames with ``peer`` are authenticated."""
         return peer in self._keys
+
+    def set_require_auth(self, on: bool) -> None:
+        """Drop every frame from peers without a link key (``ArqConfig.require_auth``)."""
+        self.config = replace(self.config, require_auth=bool(on))
 
     def send(
         self,
@@ -362,8 +379,60 @@ class ArqEndpoint:
         """Number of sends not yet finished."""
         return len(self._out)
 
-    def on_frame(self, raw: bytes) -> None:
-        """Process one raw frame off the air (DATA, ACK or NACK); bad frames are counted."""
+    def flush_acks(self, src: int) -> int:
+        """Send now the ACKs owed to ``src`` (those a delay or a count still holds back); a MAC
+        calls it when ``src``'s granted burst has ended, so that the ACK covers the whole burst.
+        Returns how many went out."""
+        now = self.clock()
+        n = 0
+        for key, st in list(self._acks.items()):
+            if key[0] == src and (st.new > 0 or st.due is not None):
+                self._send_ack(key, now)
+                n += 1
+        return n
+
+    def backlog_bytes(self) -> int:
+        """Bytes of fragments waiting to be transmitted (not in flight, not acknowledged)."""
+        return sum(
+            len(o.frames[seq]) for o in self._out.values() for seq in o.pending if not o.acked[seq]
+        )
+
+    def sending(self, dst: int, msg_id: int) -> bool:
+        """Whether message ``msg_id`` to ``dst`` is still being sent."""
+        return (dst, msg_id) in self._out
+
+    def declare_lost(self, dst: int, msg_id: int, seqs: Iterable[int]) -> int:
+        """Fragments ``seqs`` of message ``msg_id`` to ``dst`` are lost (a MAC knows: the peer's
+        ACKs sent after it received the burst they went in do not list them): retransmit them
+        at once, as a fast retransmission, instead of waiting for their RTO. Fragments already
+        acknowledged or not in flight are left alone. Returns how many were declared lost."""
+        o = self._out.get((dst, msg_id))
+        if o is None:
+            return 0
+        p = self._peer(dst)
+        n = 0
+        for seq in seqs:
+            if 0 <= seq < len(o.frames) and seq in o.in_flight and not o.acked[seq]:
+                self._leave_flight(o, seq)
+                self.stats.fast_retransmissions += 1
+                self.stats.declared_lost += 1
+                p.loss += LOSS_GAIN * (1.0 - p.loss)
+                o.proven_lost.add(seq)
+                self._requeue(o, seq, front=True)
+                n += 1
+        if n:
+            self._pump(self.clock())
+        return n
+
+    def rx_snr(self, peer: int) -> float | None:
+        """The SNR (dB) the PHY measured on ``peer``'s latest frame, None when unknown."""
+        return self._rx_snr.get(peer)
+
+    def on_frame(self, raw: bytes, snr_db: float | None = None) -> None:
+        """Process one raw frame off the air (DATA, ACK or NACK); bad frames are counted.
+
+        ``snr_db``: the SNR the PHY measured on this frame (the coded OFDM receiver's); the
+        ACKs to its sender report it (ACK version 2)."""
         try:
             frame = decode_frame(raw, self.config.mtu)
         except FrameCrcError:
@@ -376,17 +445,24 @@ class ArqEndpoint:
             self.stats.not_for_us += 1
             return
         trusted = False
-        if frame.dst != BROADCAST:
-            key = self._keys.get(frame.src)
-            if key is not None:
-                frame = self._verify(frame, raw, key)
-                if frame is None:
-                    return
-                trusted = True
-            elif self.config.require_auth:
+        key = self._keys.get(frame.src)
+        if key is None:
+            # a keyless sender: with require_auth nothing of it is answered or held, its
+            # broadcasts included (broadcasts carry no tag; only a keyed peer's id is taken)
+            if self.config.require_auth:
                 self.stats.unauthenticated += 1
                 return
+        elif frame.dst != BROADCAST:
+            frame = self._verify(frame, raw, key)
+            if frame is None:
+                return
+            trusted = True
         now = self.clock()
+        if snr_db is not None and math.isfinite(snr_db):
+            self._rx_snr[frame.src] = float(snr_db)
+            self._rx_snr.move_to_end(frame.src)
+            while len(self._rx_snr) > _MAX_SNR_PEERS:
+                self._rx_snr.popitem(last=False)
         if frame.type == FrameType.DATA:
             if frame.msg_id == RESERVED_MSG_ID:
                 # a MAC control frame that no MAC intercepted (e.g. a BEACON that reached a
@@ -454,7 +530,12 @@ class ArqEndpoint:
                 st.rep_due = now + gap if left > 0 else None
         for key, rep in list(self._repeats.items()):
             if now >= rep[0]:
-                self._tx_control(FrameType.ACK, key[0], key[1], _complete_ack(int(rep[3])))
+                self._tx_control(
+                    FrameType.ACK,
+                    key[0],
+                    key[1],
+                    _complete_ack(int(rep[3]), self._rx_snr.get(key[0])),
+                )
                 self.stats.acks_tx += 1
                 self.stats.complete_acks_repeated += 1
                 rep[1] -= 1
@@ -600,6 +681,7 @@ class ArqEndpoint:
             self._acks.pop(key, None)
             return
         info = ack_from_bitmap(bm, prog[1], self._ack_max)
+        info.snr_db = self._rx_snr.get(key[0])
         self._tx_control(FrameType.ACK, key[0], key[1], encode_ack(info))
         self.stats.acks_tx += 1
         if st is not None:
@@ -614,7 +696,9 @@ class ArqEndpoint:
     def _send_complete_ack(
         self, key: tuple[int, int], count: int, now: float, repeat: bool
     ) -> None:
-        self._tx_control(FrameType.ACK, key[0], key[1], _complete_ack(count))
+        self._tx_control(
+            FrameType.ACK, key[0], key[1], _complete_ack(count, self._rx_snr.get(key[0]))
+        )
         self.stats.acks_tx += 1
         start, n = self._reacks.get(key, (-1e300, 0))
         self._reacks[key] = (now, 1) if now - start >= self.config.ack_delay else (start, n + 1)
@@ -703,6 +787,20 @@ class ArqEndpoint:
                     if q.handle.dst == o.handle.dst:
                         for seq, exp in q.in_flight.items():
                             q.in_flight[seq] = min(exp, q.tx_time[seq] + rto)
+        lost_before = self.stats.fast_retransmissions
+        try:
+            self._on_ack_gaps(o, p, info, now)
+        finally:
+            if self.on_peer_report is not None:
+                lost = self.stats.fast_retransmissions - lost_before
+                try:
+                    self.on_peer_report(o.handle.dst, info.snr_db, len(newly), lost)
+                except Exception:
+                    logger.exception("on_peer_report callback failed")
+
+    def _on_ack_gaps(self, o: _Outgoing, p: _Peer, info: AckInfo, now: float) -> None:
+        """After an ACK: finish the send, or retransmit what the ACK proves lost."""
+        n = len(o.frames)
         if info.complete or o.n_acked == n:
             self._finish(o, SendStatus.DELIVERED, "", now)
             return

@@ -7,8 +7,10 @@ NACK frame that claims to come from a keyed peer without a valid tag is dropped 
 (``auth_failures``): nobody without the key can mark a send delivered, fail it, reset it or
 inject fragments into it. Both ends must hold the same key (set it on both before sending).
 Frames from keyed peers are *trusted* in reassembly: untrusted senders cannot evict them.
-``require_auth=True`` drops every unicast frame from a peer without a key (``unauthenticated``).
-Broadcast DATA frames are never tagged (no pairwise key); authenticate them above the link.
+``require_auth=True`` drops every frame from a peer without a key, broadcasts included
+(``unauthenticated``). Broadcast DATA frames are never tagged (no pairwise key): they are taken
+only from keyed peers' ids and held within the untrusted reassembly budget; authenticate them
+above the link.
 The tag binds the frame to (type, src, dst, msg_id, seq, count); a recorded frame replays only
 into the same message under the same key, so derive a fresh key per session.
 
@@ -16,11 +18,19 @@ ACK payload (frame type ACK, src = receiver, dst = sender, msg_id of the message
 big-endian (followed by the 16-byte tag when the peers share a key)::
 
     off size field
-    0   1    flags: bit0 COMPLETE (every fragment received); other bits 0
+    0   1    flags: bit0 COMPLETE (every fragment received), bit1 SNR (the field below is
+             present); other bits 0
     1   4    count: fragment count of the acknowledged message (echo)
     5   4    base: every fragment with seq < base has been received
     9   2    n: bitmap length in bytes
     11  n    bitmap, MSB-first: bit i set = fragment base + i received; bits >= count are 0
+    11+n 2   (with SNR) i16: the SNR the receiver measured on the sender's latest DATA frame,
+             in 1/4 dB, within -50 .. +100 dB
+
+Version 2 of the ACK added the SNR flag and field (version 1 had no bit1): a receiver whose PHY
+measures each frame's SNR (the coded OFDM receiver) reports it, and the sender's link
+adaptation chooses its MCS from it (docs/link.md section 3). An ACK without the flag is a
+version 1 ACK, byte for byte; a version 1 decoder refuses the flag (unknown flags).
 
 NACK payload: u8 reason, u32 count (echo; a NACK whose count differs is ignored). Reasons: 1
 TOO_LARGE and 2 REFUSED (the receiver will never take the message: the send fails), 3 RESET (the
@@ -34,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import struct
 import zlib
 from dataclasses import dataclass
@@ -54,6 +65,18 @@ ACK_HEADER_SIZE = ACK_HEADER.size  # 11
 
 
 ACK_COMPLETE = 0x01
+
+
+ACK_SNR = 0x02  # version 2: the payload ends with the receiver's SNR (i16, 1/4 dB)
+
+
+ACK_VERSION = 2
+
+
+_SNR_FIELD = struct.Struct(">h")
+
+
+ACK_SNR_RANGE_DB = (-50.0, 100.0)
 
 
 NACK_PAYLOAD = struct.Struct(">BI")
@@ -130,12 +153,13 @@ def encode_tagged_frame(
 
 @dataclass
 class AckInfo:
-    """Decoded ACK payload."""
+    """Decoded ACK payload (``snr_db``: the receiver's SNR of our frames, or None)."""
 
     complete: bool
     count: int
     base: int
     bitmap: bytes
+    snr_db: float | None = None
 
     def covered(self) -> int:
         """One past the highest fragment reported received (padding bits say nothing)."""
@@ -147,10 +171,22 @@ class AckInfo:
         return min(self.count, self.base + 8 * len(stripped) - tail)
 
 
+def _snr_q(snr_db: float) -> int:
+    lo, hi = ACK_SNR_RANGE_DB
+    if not math.isfinite(snr_db):
+        raise ValueError("ACK SNR must be finite")
+    return int(round(min(max(float(snr_db), lo), hi) * 4))
+
+
 def encode_ack(info: AckInfo) -> bytes:
-    """Serialise an ACK payload (see the module docstring)."""
+    """Serialise an ACK payload (see the module docstring); the SNR is clamped to its range."""
     flags = ACK_COMPLETE if info.complete else 0
-    return ACK_HEADER.pack(flags, info.count, info.base, len(info.bitmap)) + bytes(info.bitmap)
+    tail = b""
+    if info.snr_db is not None:
+        flags |= ACK_SNR
+        tail = _SNR_FIELD.pack(_snr_q(info.snr_db))
+    head = ACK_HEADER.pack(flags, info.count, info.base, len(info.bitmap))
+    return head + bytes(info.bitmap) + tail
 
 
 def decode_ack(payload: bytes) -> AckInfo:
@@ -158,21 +194,29 @@ def decode_ack(payload: bytes) -> AckInfo:
     if len(payload) < ACK_HEADER_SIZE:
         raise ValueError("ACK payload too short")
     flags, count, base, n = ACK_HEADER.unpack_from(payload)
-    if flags & ~ACK_COMPLETE:
+    if flags & ~(ACK_COMPLETE | ACK_SNR):
         raise ValueError(f"unknown ACK flags 0x{flags:02x}")
-    if len(payload) != ACK_HEADER_SIZE + n:
+    extra = _SNR_FIELD.size if flags & ACK_SNR else 0
+    if len(payload) != ACK_HEADER_SIZE + n + extra:
         raise ValueError("ACK bitmap length mismatch")
     if count < 1 or base > count:
         raise ValueError(f"ACK base {base} / count {count}")
-    bitmap = bytes(payload[ACK_HEADER_SIZE:])
+    snr_db = None
+    if extra:
+        (q,) = _SNR_FIELD.unpack_from(payload, ACK_HEADER_SIZE + n)
+        snr_db = q / 4.0
+        lo, hi = ACK_SNR_RANGE_DB
+        if not lo <= snr_db <= hi:
+            raise ValueError(f"ACK SNR {snr_db} dB outside {lo:g} .. {hi:g}")
+    bitmap = bytes(payload[ACK_HEADER_SIZE : ACK_HEADER_SIZE + n])
     complete = bool(flags & ACK_COMPLETE)
     if complete and (base != count or n):
         raise ValueError("complete ACK must have base == count and no bitmap")
     if n and base + 8 * n > count:
-        extra = base + 8 * n - count  # trailing bits beyond the message must be zero
-        if int.from_bytes(bitmap, "big") & ((1 << extra) - 1):
+        beyond = base + 8 * n - count  # trailing bits beyond the message must be zero
+        if int.from_bytes(bitmap, "big") & ((1 << beyond) - 1):
             raise ValueError("ACK bitmap has bits beyond count")
-    return AckInfo(complete, count, base, bitmap)
+    return AckInfo(complete, count, base, bitmap, snr_db)
 
 
 def ack_from_bitmap(bitmap: bytes, count: int, max_bytes: int) -> AckInfo:
@@ -204,5 +248,5 @@ def ack_from_bitmap(bitmap: bytes, count: int, max_bytes: int) -> AckInfo:
     return AckInfo(False, count, base, value.to_bytes(nbytes, "big"))
 
 
-def _complete_ack(count: int) -> bytes:
-    return encode_ack(AckInfo(True, count, count, b""))
+def _complete_ack(count: int, snr_db: float | None = None) -> bytes:
+    return encode_ack(AckInfo(True, count, count, b"", snr_db))

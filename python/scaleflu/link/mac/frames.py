@@ -6,7 +6,7 @@ msg_id 0xFFFFFFFF (``mac_on_air``), so every PHY chain that carries link frames 
 
     off size field
     0   2    magic 0x534D ("SM")
-    2   1    version = 1
+    2   1    version = 2
     3   1    type: 1 BEACON, 2 GRANT, 3 REPORT, 4 JOIN
     4   2    src node id
     6   2    dst node id (0xFFFF = all)
@@ -15,15 +15,27 @@ msg_id 0xFFFFFFFF (``mac_on_air``), so every PHY chain that carries link frames 
     10+n 4   crc32 over bytes 0 .. 10+n-1
 
     BEACON  u16 slots, u32 slot_us, u16 k, k x u16 admitted ids
-    GRANT   u32 grant seq, u32 budget bytes, u8 k, k x (u32 msg_id, u32 count) broadcasts to report
-    REPORT  u32 grant seq, u32 backlog bytes, u8 k, k x (u32 msg_id, u32 count, u8 complete,
-            u16 m, m bytes: bitmap of fragments received, MSB first)
+    GRANT   u32 grant seq, u32 budget bytes, u8 mcs, u16 heard, u8 k, k x (u32 msg_id,
+            u32 count) broadcasts to report
+    REPORT  u32 grant seq, u32 backlog bytes, u16 sent, i16 snr, u8 k, k x (u32 msg_id,
+            u32 count, u8 complete, u16 m, m bytes: bitmap of fragments received, MSB first)
     JOIN    u32 nonce
+
+Version 2 (link adaptation) added GRANT's ``mcs``: the MCS index (``scaleflu.link.mcs``, table
+version checked at registration) at which the robot sends its DATA in this grant, 0xFF when the
+PHY has one rate (no MCS), and ``heard``: how many of the link frames of the robot's previous
+grant the server received (0xFFFF: unknown, its REPORT did not arrive), so a robot whose whole
+burst was lost retransmits it at once; and REPORT's ``sent``: link frames the robot put on air
+in this grant before the REPORT (the server counts those it received: the burst's losses), and
+``snr``:
+the SNR the robot's receiver measured on the server's latest frame, in 1/4 dB (-50 .. +100 dB),
+-32768 when it has none. Version 1 frames are refused (bad version).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import struct
 import zlib
 from dataclasses import dataclass
@@ -36,6 +48,7 @@ from ..frame import (
     decode_frame,
     encode_frame,
 )
+from ..mcs import MCS_TABLE, MCS_TABLE_VERSION
 
 MAC_MAGIC = 0x534D
 
@@ -43,7 +56,19 @@ MAC_MAGIC = 0x534D
 MAC_MSG_ID = RESERVED_MSG_ID  # link DATA frames with this msg_id carry MAC control frames
 
 
-MAC_VERSION = 1
+MAC_VERSION = 2
+
+
+NO_MCS = 0xFF  # GRANT: the PHY has one rate
+
+
+HEARD_UNKNOWN = 0xFFFF  # GRANT: the server did not get the REPORT of the previous grant
+
+
+NO_SNR = -32768  # REPORT: no SNR measured
+
+
+SNR_RANGE_DB = (-50.0, 100.0)
 
 
 MAC_HEADER = struct.Struct(">HBBHHH")
@@ -58,13 +83,13 @@ _U16 = struct.Struct(">H")
 _BEACON = struct.Struct(">HIH")
 
 
-_GRANT = struct.Struct(">IIB")
+_GRANT = struct.Struct(">IIBHB")
 
 
 _BCAST_REF = struct.Struct(">II")
 
 
-_REPORT = struct.Struct(">IIB")
+_REPORT = struct.Struct(">IIHhB")
 
 
 _REPORT_ITEM = struct.Struct(">IIBH")
@@ -171,18 +196,48 @@ def _parse_beacon(body: bytes) -> tuple[int, float, list[int]]:
     return slots, slot_us * 1e-6, ids
 
 
-def _grant_body(seq: int, budget: int, bcasts: list[tuple[int, int]]) -> bytes:
-    return _GRANT.pack(seq, budget, len(bcasts)) + b"".join(_BCAST_REF.pack(*b) for b in bcasts)
+@dataclass(frozen=True)
+class Grant:
+    """A decoded GRANT body: ``mcs`` None when the PHY has one rate."""
+
+    seq: int
+    budget: int
+    mcs: int | None
+    bcasts: list[tuple[int, int]]
+    heard: int | None = None
 
 
-def _parse_grant(body: bytes) -> tuple[int, int, list[tuple[int, int]]]:
+def _grant_body(
+    seq: int,
+    budget: int,
+    bcasts: list[tuple[int, int]],
+    mcs: int | None = None,
+    heard: int | None = None,
+) -> bytes:
+    m = NO_MCS if mcs is None else int(mcs)
+    if not (m == NO_MCS or 0 <= m < len(MCS_TABLE)):
+        raise ValueError(f"GRANT mcs {mcs} is not in the MCS table")
+    h = HEARD_UNKNOWN if heard is None else min(int(heard), HEARD_UNKNOWN - 1)
+    head = _GRANT.pack(seq, budget, m, h, len(bcasts))
+    return head + b"".join(_BCAST_REF.pack(*b) for b in bcasts)
+
+
+def _parse_grant(body: bytes) -> Grant:
     if len(body) < _GRANT.size:
         raise MacFrameError("GRANT too short")
-    seq, budget, k = _GRANT.unpack_from(body)
+    seq, budget, mcs, heard, k = _GRANT.unpack_from(body)
     if k > MAX_BCAST_PER_GRANT or len(body) != _GRANT.size + k * _BCAST_REF.size:
         raise MacFrameError("GRANT length mismatch")
+    if mcs != NO_MCS and mcs >= len(MCS_TABLE):
+        raise MacFrameError(f"GRANT names MCS {mcs}, not in table version {MCS_TABLE_VERSION}")
     refs = [_BCAST_REF.unpack_from(body, _GRANT.size + i * _BCAST_REF.size) for i in range(k)]
-    return seq, budget, [(int(m), int(c)) for m, c in refs]
+    return Grant(
+        seq,
+        budget,
+        None if mcs == NO_MCS else mcs,
+        [(int(m), int(c)) for m, c in refs],
+        None if heard == HEARD_UNKNOWN else heard,
+    )
 
 
 @dataclass(frozen=True)
@@ -206,20 +261,52 @@ class BcastStatus:
         return out
 
 
-def _report_body(seq: int, backlog: int, items: list[BcastStatus]) -> bytes:
-    parts = [_REPORT.pack(seq, min(backlog, 0xFFFFFFFF), len(items))]
+@dataclass(frozen=True)
+class Report:
+    """A decoded REPORT body: ``snr_db`` None when the robot measured none."""
+
+    seq: int
+    backlog: int
+    sent: int
+    snr_db: float | None
+    items: list[BcastStatus]
+
+
+def _snr_q(snr_db: float | None) -> int:
+    if snr_db is None or not math.isfinite(snr_db):
+        return NO_SNR
+    lo, hi = SNR_RANGE_DB
+    return int(round(min(max(float(snr_db), lo), hi) * 4))
+
+
+def _report_body(
+    seq: int,
+    backlog: int,
+    items: list[BcastStatus],
+    sent: int = 0,
+    snr_db: float | None = None,
+) -> bytes:
+    head = _REPORT.pack(
+        seq, min(backlog, 0xFFFFFFFF), min(sent, 0xFFFF), _snr_q(snr_db), len(items)
+    )
+    parts = [head]
     for it in items:
         bm = b"" if it.complete else it.received
         parts.append(_REPORT_ITEM.pack(it.msg_id, it.count, int(it.complete), len(bm)) + bm)
     return b"".join(parts)
 
 
-def _parse_report(body: bytes) -> tuple[int, int, list[BcastStatus]]:
+def _parse_report(body: bytes) -> Report:
     if len(body) < _REPORT.size:
         raise MacFrameError("REPORT too short")
-    seq, backlog, k = _REPORT.unpack_from(body)
+    seq, backlog, sent, snr_q, k = _REPORT.unpack_from(body)
     if k > MAX_BCAST_PER_GRANT:
         raise MacFrameError("REPORT lists too many broadcasts")
+    snr_db = None
+    if snr_q != NO_SNR:
+        snr_db = snr_q / 4.0
+        if not SNR_RANGE_DB[0] <= snr_db <= SNR_RANGE_DB[1]:
+            raise MacFrameError(f"REPORT SNR {snr_db} dB out of range")
     off = _REPORT.size
     items = []
     for _ in range(k):
@@ -235,4 +322,4 @@ def _parse_report(body: bytes) -> tuple[int, int, list[BcastStatus]]:
         off += m
     if off != len(body):
         raise MacFrameError("REPORT trailing bytes")
-    return seq, backlog, items
+    return Report(seq, backlog, sent, snr_db, items)

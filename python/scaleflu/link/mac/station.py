@@ -1,8 +1,10 @@
 """MacStation: a robot's MAC, which transmits only inside the grants addressed to it.
 
 After it decodes a GRANT addressed to it, a robot sends its queued link frames (ACKs of the
-downlink first, then DATA) up to the grant's byte budget, then a REPORT (backlog left, and for
-every broadcast named in the grant: complete, or the bitmap of fragments received). No clock
+downlink first, then DATA) up to the grant's byte budget, then a REPORT (backlog left, the
+frames it sent, the SNR it measured on the server's latest frame, and for every broadcast named
+in the grant: complete, or the bitmap of fragments received). With link adaptation its DATA go
+at the MCS the GRANT names, its ACKs and REPORT at the control MCS. No clock
 synchronisation: everything a robot sends is timed from the end of the grant it heard.
 **Registration** is the one contention access: a robot that is not yet a member sends JOIN in a
 random slot of the server's BEACON; a robot not listed in the next BEACON retries after a random
@@ -17,6 +19,7 @@ from collections.abc import Callable
 
 from ..arq import ArqEndpoint
 from ..frame import BROADCAST, FrameType
+from ..mcs import MCS_TABLE
 from .config import MacConfig, MacStats
 from .frames import (
     _JOIN,
@@ -65,13 +68,34 @@ class MacStation:
         self._join_pending = False
         self._q = _TxQueue(self.stats)
         self._nonce = self.rng.getrandbits(32)
+        self._ctl_mcs = self.config.control_index
+        self.dl_snr_db: float | None = None  # SNR of the server's latest frame (PHY-measured)
+        self.grant_mcs: int | None = None  # MCS of the last grant
+        self.bytes_by_mcs: dict[str, int] = {}  # frames this robot put on air, by MCS
+        # loss detection for the ARQ: DATA fragments sent per message with the grant they went
+        # in, and per message the grant count when the server's latest ACK of it arrived
+        self._grants = 0
+        self._sent: dict[int, list[tuple[int, int]]] = {}
+        self._ack_at: dict[int, int] = {}
         endpoint.transmit = self._q.put
 
-    def on_frame(self, raw: bytes) -> None:
-        """One frame off the air: the server's BEACON/GRANT here, link frames to the ARQ."""
+    def on_frame(self, raw: bytes, snr_db: float | None = None) -> None:
+        """One frame off the air: the server's BEACON/GRANT here, link frames to the ARQ.
+
+        ``snr_db``: the SNR the PHY measured on it; the next REPORT carries the latest one of
+        the server's frames (link adaptation)."""
         raw = bytes(raw)
+        if (
+            snr_db is not None
+            and len(raw) >= 8
+            and int.from_bytes(raw[4:6], "big") == self.server_id
+        ):
+            self.dl_snr_db = float(snr_db)
         if not is_mac_frame(raw):
-            self.ep.on_frame(raw)
+            key = _frame_key(raw)
+            if key is not None and key[0] == FrameType.ACK and key[1] == self.server_id:
+                self._ack_at[key[3]] = self._grants
+            self.ep.on_frame(raw, snr_db)
             return
         try:
             f = mac_from_air(raw)
@@ -115,16 +139,28 @@ class MacStation:
 
     @property
     def backlog(self) -> int:
-        """Bytes waiting for a grant (plus 1 while the ARQ has an unfinished send)."""
-        return self._q.nbytes + (1 if self.ep.pending_sends else 0)
+        """Bytes waiting for a grant: in the MAC queue and the ARQ's not yet handed over.
 
-    def _tx(self, raw: bytes, control: bool) -> None:
+        Fragments in flight (handed over, not yet acknowledged) do not count: the server polls
+        a robot whose burst lost frames until it has them, and idle robots every idle_poll_s,
+        so a robot whose window is full of frames that await their ACKs is not polled in vain
+        (a poll storm that starved the other robots)."""
+        return self._q.nbytes + self.ep.backlog_bytes()
+
+    def _tx(self, raw: bytes, control: bool, mcs: int | None = None) -> None:
         if control:
             self.stats.control_bytes_tx += len(raw)
+            if self._ctl_mcs is not None:
+                mcs = self._ctl_mcs
         else:
             self.stats.link_frames_tx += 1
             self.stats.link_bytes_tx += len(raw)
-        self.phy_transmit(raw)
+        if mcs is None:
+            self.phy_transmit(raw)
+        else:
+            name = MCS_TABLE[mcs].name
+            self.bytes_by_mcs[name] = self.bytes_by_mcs.get(name, 0) + len(raw)
+            self.phy_transmit(raw, mcs)  # type: ignore[call-arg]
 
     def _on_beacon(self, f: MacFrame) -> None:
         slots, slot_s, admitted = _parse_beacon(f.body)
@@ -150,15 +186,50 @@ class MacStation:
         slot = self.rng.randrange(slots)
         self._join_at = self.clock() + self.config.turnaround_s + slot * slot_s
 
+    def _declare_losses(self, heard: int | None) -> None:
+        """Before a new grant: a fragment sent in an earlier grant that the server's ACKs sent
+        after that grant's REPORT (the server sends them when the burst ended) do not list was
+        lost, and so was every fragment of the previous grant when the server heard none of
+        its frames (``heard`` 0): the ARQ retransmits them now instead of after their RTO
+        (which under the MAC is long: a tail lost in a fade cost seconds)."""
+        prev = self._grants - 1  # the grant this one's ``heard`` speaks of
+        for msg_id in list(self._sent):
+            seen = self._ack_at.get(msg_id, -1)
+            if heard == 0:
+                seen = max(seen, prev)
+            sent = self._sent[msg_id]
+            lost = [seq for seq, k in sent if k <= seen]
+            if lost:
+                self.ep.declare_lost(self.server_id, msg_id, lost)
+            rest = [(seq, k) for seq, k in sent if k > seen]
+            if rest and self.ep.sending(self.server_id, msg_id):
+                self._sent[msg_id] = rest
+            else:
+                del self._sent[msg_id]
+                self._ack_at.pop(msg_id, None)
+        if len(self._ack_at) > 256:  # ACKs of messages no longer sent
+            self._ack_at = {m: k for m, k in self._ack_at.items() if m in self._sent}
+
     def _on_grant(self, f: MacFrame) -> None:
-        seq, budget, refs = _parse_grant(f.body)
+        g = _parse_grant(f.body)
+        seq, budget, refs = g.seq, g.budget, g.bcasts
+        if g.mcs is not None and self._ctl_mcs is None:
+            raise MacFrameError("GRANT names an MCS, this robot's PHY has none")
         self.joined = True  # a grant is proof of membership
         self._join_at = None
         self._join_pending = False
+        self.grant_mcs = g.mcs
+        self._grants += 1
+        self._declare_losses(g.heard)
         self.ep.poll()  # owed ACKs and due retransmissions join the queue first
+        sent = 0
         for raw in self._q.pop_upto(budget):
             key = _frame_key(raw)
-            self._tx(raw, control=key is None or key[0] != FrameType.DATA)
+            data = key is not None and key[0] == FrameType.DATA
+            self._tx(raw, control=not data, mcs=g.mcs)
+            if data and key[2] == self.server_id:  # type: ignore[index]
+                self._sent.setdefault(key[3], []).append((key[4], self._grants))  # type: ignore[index]
+            sent += 1
         items = []
         ra = self.ep.reassembler
         for msg_id, count in refs:
@@ -170,7 +241,10 @@ class MacStation:
             items.append(BcastStatus(msg_id, count, False, bm))
         raw = mac_on_air(
             encode_mac(
-                MacType.REPORT, self.node_id, self.server_id, _report_body(seq, self.backlog, items)
+                MacType.REPORT,
+                self.node_id,
+                self.server_id,
+                _report_body(seq, self.backlog, items, sent=sent, snr_db=self.dl_snr_db),
             ),
             self.node_id,
             self.server_id,

@@ -70,6 +70,10 @@ class _TxQueue:
         return out
 
     @property
+    def control_bytes(self) -> int:
+        return sum(map(len, self._ctl))
+
+    @property
     def nbytes(self) -> int:
         return sum(map(len, self._ctl)) + sum(map(len, self._data.values()))
 

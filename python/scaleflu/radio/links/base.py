@@ -54,6 +54,10 @@ class GrLink(Link):
         """Authenticate every frame exchanged with ``peer`` (see ArqEndpoint.set_peer_key)."""
         self.arq.link.set_peer_key(peer, key)
 
+    def set_require_auth(self, on: bool) -> None:
+        """Drop frames from peers without a key (see ArqEndpoint.set_require_auth)."""
+        self.arq.link.set_require_auth(on)
+
     def recv(self, timeout: float | None = None) -> tuple[int, bytes] | None:
         """Next delivered (src, payload) or None after ``timeout``."""
         return self.arq.link.recv(timeout)

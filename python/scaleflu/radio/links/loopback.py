@@ -52,6 +52,8 @@ class OfdmLoopbackNetwork:
             self.arq[n] = _arq_block(n, self.phy, arq_opts)
             self.tx[n] = self.phy.tx(n)
             self.tb.msg_connect(self.arq[n], "frames_out", self.tx[n], "in")
+            if self.phy.adaptive:  # the MCS towards each peer follows that peer's ACKs
+                self.tb.msg_connect(self.arq[n], "mcs_feedback", self.tx[n], "feedback")
         self.rx_chains: list[_RxChain] = []
         for i, (a, b) in enumerate(self.pairs()):
             ch = (channels_by_pair or {}).get((a, b), self.channel)
@@ -59,8 +61,7 @@ class OfdmLoopbackNetwork:
             self.rx_chains.append(
                 _attach_rx(self.tb, self.tx[a], self.arq[b], self.phy, ch, power, a, seed)
             )
-            if self.phy.mcs is not None:  # coded PHY: b's reports steer a's MCS towards b
-                self.tb.msg_connect(self.rx_chains[-1].rx, "report", self.tx[a], "feedback")
+
         self._links: dict[int, OfdmLoopbackLink] = {}
         self._open: set[int] = set()
         self._lock = threading.Lock()

@@ -86,6 +86,8 @@ class ZmqOfdmLink(GrLink):
         self.pub = zeromq.pub_sink(gr.sizeof_gr_complex, 1, self.address, 100, False, hwm)
         self.tb.msg_connect(arq, "frames_out", self.tx, "in")
         self.tb.connect(self.tx, self.pub)
+        if self.phy.adaptive:  # the MCS towards each peer follows that peer's ACKs
+            self.tb.msg_connect(arq, "mcs_feedback", self.tx, "feedback")
         self.rx_chains: list[_RxChain] = []
         self.subs: dict[int, Any] = {}
         for i, (peer, host) in enumerate(sorted(self.peers.items())):

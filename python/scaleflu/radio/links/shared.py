@@ -14,6 +14,7 @@ from typing import Any
 from gnuradio import gr
 
 from scaleflu.link.maclink import MacSetup
+from scaleflu.link.mcs import MCS_TABLE
 
 from ..medium.broker import broker_stats
 from ..medium.config import DEFAULT_MEDIUM_ADDRESS
@@ -46,7 +47,11 @@ class SharedMediumLink(GrLink):
         self.phy = phy or PhyConfig()
         self.tb = gr.top_block(f"shared_medium_node_{node_id}")
         arq = _arq_block(node_id, self.phy, arq_opts)
-        self.tx = self.phy.tx(node_id, amplitude=1.0 / math.sqrt(burst_power(self.phy)))
+        self.tx = self.phy.tx(
+            node_id, amplitude=1.0 / math.sqrt(burst_power(self.phy)), mac_chooses=mac is not None
+        )
+        if self.phy.coded:  # the port's tap is a Python block: room for whole trains
+            self.tx.set_output_bursts(8)
         # whole checked frames into link_arq (no per-frame re-encode in Python); the
         # parser counts a frame in frames_ok() exactly when it publishes it, in either
         # mode, so rx_pending below stays exact
@@ -61,6 +66,8 @@ class SharedMediumLink(GrLink):
         self.tb.connect(self.tx, self.port.tx_sink)
         self.tb.connect(self.port.rx_source, self.rx)
         self.tb.msg_connect(self.rx, "out", arq, "frames_in")
+        if self.phy.adaptive and mac is None:  # no MAC: the peers' ACKs steer the MCS
+            self.tb.msg_connect(arq, "mcs_feedback", self.tx, "feedback")
         super().__init__(arq, on_close=self._stop)
         self.virtual_clock = virtual_clock
         if virtual_clock:  # ARQ timers (and the MAC under the link) on the medium's time
@@ -68,6 +75,16 @@ class SharedMediumLink(GrLink):
             self.port.on_step.append(arq.link.clock_advanced)
         self.port.on_error = self._medium_lost
         self.port.rx_pending = lambda: self.rx.frames_ok() - arq.frames_done
+        # ... and until its receiver's demux has decided on all but the last block and the
+        # frame in progress: a receiver starved of CPU (a robot training beside its radio)
+        # otherwise decoded a grant many blocks late when the medium ran fast, and answered
+        # past the grant's window (collided samples)
+        hpd = self.rx.hpd
+        self.port.rx_progress = lambda: int(hpd.nitems_read(0))
+        longest = self.phy.frame_samples(self.phy.mtu)
+        if self.phy.coded:  # any MCS may come in
+            longest = max(self.phy.frame_samples(self.phy.mtu, m.index) for m in MCS_TABLE)
+        self.port.rx_slack = longest + 4096
         link_lock = arq.link._lock
 
         def frames_posted() -> int:
@@ -78,10 +95,15 @@ class SharedMediumLink(GrLink):
                 return arq.frames_out_count
 
         self.port.frames_posted = frames_posted
+        arq.on_progress = self.port.poke  # a frame handled or put out: the lockstep looks again
         self.tb.start()
         self.port.start()
         if mac is not None:
             self._run_mac(mac)
+            m = self.mac
+            # the server's MAC expects traffic (an answer to its grant, its own frames): no
+            # idle stride, however late a robot's receiver decodes the grant
+            self.port.hold = lambda: bool(getattr(m, "busy", False))
 
     def _wait_limit(self, timeout: float | None) -> float | None:
         # On the medium's clock the ARQ ends every send at its deadline in virtual time,
@@ -115,6 +137,7 @@ class SharedMediumLink(GrLink):
             "tx_samples": self.port.tx_samples,
             "stalls_tx": self.port.stalls["tx"],
             "stalls_rx": self.port.stalls["rx"],
+            **{f"wait_{k}_s": round(v, 3) for k, v in self.port.wait_s.items()},
         }
 
     def _stop(self) -> None:

@@ -84,9 +84,11 @@ class UhdLink(GrLink):
         opts.setdefault("rate_bytes_per_s", pacing * phy_rate_bytes_per_s(self.phy, samp_rate))
         arq = _arq_block(node_id, self.phy, opts)
         amplitude = tx_rms / math.sqrt(burst_power(self.phy))
-        self.tx = self.phy.tx(node_id, amplitude=amplitude)
+        self.tx = self.phy.tx(node_id, amplitude=amplitude, mac_chooses=mac is not None)
         self.tb.msg_connect(arq, "frames_out", self.tx, "in")
         self.tb.connect(self.tx, self.sink)
+        if self.phy.adaptive and mac is None:  # point to point: the peers' ACKs steer the MCS
+            self.tb.msg_connect(arq, "mcs_feedback", self.tx, "feedback")
         self.rx_chains = [
             # a radio hears noise between bursts: gr-digital's demux (docs/link.md 8.3 item 5)
             _attach_rx(

@@ -4,9 +4,11 @@ One **broker** (ROUTER socket) runs the :class:`~scaleflu.radio.medium.model.Med
 step it waits until every attached node has sent its block of transmitted samples (REQ/REP per
 block, as in srsRAN's multi-UE ZeroMQ set-up), computes the step and answers each node with
 what its receiver hears, so a slow node makes the whole medium wait and the physics does not
-depend on CPU speed. When nothing has been on air for ``idle_blocks`` steps the broker stops
-sending noise to the receivers and paces virtual time at ``idle_speed`` x real time, and while
-no node has anything to send a step covers ``idle_stride`` blocks. :class:`MediumClient` is one
+depend on CPU speed. A receiver that has heard no transmitter for ``deaf_blocks`` steps gets no
+samples (noise alone decodes to nothing); when nothing has been on air for ``idle_blocks`` steps
+the broker paces virtual time at ``idle_speed`` x real time, and while no node has anything to
+send and none holds it back (a MAC expecting an answer sets the step's hold flag) a step covers
+``idle_stride`` blocks. :class:`MediumClient` is one
 node's end of it (tests and benchmarks drive it with hand-made bursts; ``MediumPort`` wraps it
 in a flowgraph).
 """
@@ -18,6 +20,7 @@ import logging
 import struct
 import threading
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -37,8 +40,14 @@ class MediumError(RuntimeError):
 
 # Messages (multipart): request [kind, header, payload]; kinds:
 #   b"J" join:  header = u16 node              -> b"W" welcome: u32 block, f64 samp_rate, u64 step
-#   b"S" step:  header = u64 step, u8 flags    -> b"R" rx: u64 step, u8 flags (1 = idle), samples
-#               payload = block complex64 samples, or empty = all zeros
+#   b"S" step:  header = u64 n, u8 flags       -> b"R" rx: u64 step, u8 flags (1 = idle), samples
+#               n: the node's request number since it joined (0, 1, 2, ...; a node may have up to
+#               MAX_IN_FLIGHT requests waiting: pipelining), each the node's block of the next
+#               step; the reply's step is the medium's step after it (a stride covers several
+#               blocks). payload = block complex64 samples, or empty = all zeros; request flag
+#               1 (hold): the node expects traffic soon (its MAC has a grant open): no stride;
+#               flag 2 (ahead): the node sends its next request without waiting for this
+#               reply (pipelining): no stride before that next request is in and silent too
 #   b"L" leave -> b"B";  b"Q" stats -> b"T" JSON;  any error -> b"E" text
 _JOIN = struct.Struct("<H")
 
@@ -50,6 +59,15 @@ _STEP = struct.Struct("<QB")
 
 
 _FLAG_IDLE = 1
+
+
+_FLAG_HOLD = 1  # in a step request: do not stride over idle blocks now
+
+
+_FLAG_AHEAD = 2  # in a step request: the node's next request comes without waiting for this one
+
+
+MAX_IN_FLIGHT = 8  # step requests of one node waiting for the others at most
 
 
 class MediumBroker:
@@ -71,8 +89,10 @@ class MediumBroker:
             self.address = config.address
         self._ident: dict[int, bytes] = {}  # node -> ZeroMQ identity
         self._by_ident: dict[bytes, int] = {}
-        self._pending: dict[int, np.ndarray] = {}
-        self._silent: set[int] = set()  # nodes whose pending block is all zeros (empty payload)
+        # per node its step requests not computed yet, in order: (block, silent, hold, ahead)
+        self._queues: dict[int, deque[tuple[np.ndarray, bool, bool, bool]]] = {}
+        self._next_req: dict[int, int] = {}  # per node the number its next request must have
+        self.holds = 0  # steps in which a node held the stride back
         self._waiting_since: float | None = None
         self._started = not config.nodes
         self._stop = threading.Event()
@@ -85,6 +105,12 @@ class MediumBroker:
         self._last_step_wall: float | None = None
         self.busy_wall_s = 0.0  # wall time of steps in which receivers got samples
         self.busy_samples = 0  # ... and their virtual samples
+        self.compute_s = 0.0  # wall seconds computing steps (the model)
+        # per node: wall seconds from the broker's answer to the node's next block (the node's
+        # own part of a step: its receiver, transmitter and threads), summed over steps
+        self.node_cycle_s: dict[int, float] = {}
+        self._answered: dict[int, float] = {}
+        self.pace_s = 0.0  # ... sleeping to hold an idle medium at idle_speed
         self._zero = np.zeros(config.block, np.complex64)
 
     def start(self) -> MediumBroker:
@@ -132,8 +158,8 @@ class MediumBroker:
             old = self._ident.get(node)
             if old is not None and old != ident:
                 self._by_ident.pop(old, None)  # the node restarted: the new socket replaces it
-                self._pending.pop(node, None)
-                self._silent.discard(node)
+            self._queues[node] = deque()
+            self._next_req[node] = 0
             with self._lock:
                 self.model.add(node)
             self._ident[node] = ident
@@ -154,9 +180,14 @@ class MediumBroker:
             return self._reply(ident, b"B")
         if kind != b"S" or len(rest) != 2 or len(rest[0]) != _STEP.size:
             return self._error(ident, "bad request")
-        step, _flags = _STEP.unpack(rest[0])
-        if step != self.model.steps:
-            return self._error(ident, f"step {step} is not the current step {self.model.steps}")
+        req, flags = _STEP.unpack(rest[0])
+        q = self._queues[node]
+        if req != self._next_req[node]:
+            return self._error(
+                ident, f"step request {req} is not the next one, {self._next_req[node]}"
+            )
+        if len(q) >= MAX_IN_FLIGHT:
+            return self._error(ident, f"more than {MAX_IN_FLIGHT} step requests in flight")
         payload = rest[1]
         if len(payload) == 0:
             x = self._zero
@@ -166,34 +197,50 @@ class MediumBroker:
                 return self._error(ident, "samples must be finite and bounded")
         else:
             return self._error(ident, f"a step carries 0 or {8 * self.cfg.block} bytes")
-        if node in self._pending:
-            return self._error(ident, "step sent twice")
-        self._pending[node] = x
-        if len(payload) == 0:
-            self._silent.add(node)
+        t_ans = self._answered.pop(node, None)
+        if t_ans is not None:
+            self.node_cycle_s[node] = self.node_cycle_s.get(node, 0.0) + time.monotonic() - t_ans
+        self._next_req[node] += 1
+        q.append((x, len(payload) == 0, bool(flags & _FLAG_HOLD), bool(flags & _FLAG_AHEAD)))
         if self._waiting_since is None:
             self._waiting_since = time.monotonic()
-        self._maybe_step()
+        while self._maybe_step():
+            pass
 
-    def _maybe_step(self) -> None:
-        if not self._started or not self._pending:
-            return
-        if set(self._pending) != set(self.model.nodes):
-            return
+    def _maybe_step(self) -> bool:
+        """Compute the next step if every node's block for it is in; True when one was."""
+        if not self._started or not self.model.nodes:
+            return False
+        if any(not self._queues.get(n) for n in self.model.nodes):
+            return False
         idle_before = self.model.quiet_steps >= self.cfg.idle_blocks
-        deaf_before = {
-            n: self.model.deaf_steps.get(n, 0) >= self.cfg.idle_blocks for n in self._pending
-        }
-        all_silent = self._silent >= set(self._pending)
-        self._silent = set()
+        # a stride only while every block of every node, those still waiting included, is
+        # silent and none holds it back; a node that decided its next block before hearing
+        # this step (ahead) must have sent it: its next burst is never pushed behind a stride
+        # that its MAC's clock did not see coming (the grant window it computed would close
+        # early)
+        queues = [self._queues[n] for n in self.model.nodes]
+        all_silent = all(b[1] and not b[2] for q in queues for b in q)
+        if idle_before and all_silent and self.cfg.idle_stride > 1 and self.model.can_skip():
+            if any(q[0][3] and len(q) < 2 for q in queues):
+                return False  # wait for those nodes' next requests before striding
+        heads = {n: self._queues[n].popleft() for n in self.model.nodes}
+        pending = {n: h[0] for n, h in heads.items()}
+        deaf_n = self.cfg.deaf_blocks
+        deaf_before = {n: self.model.deaf_steps.get(n, 0) >= deaf_n for n in pending}
+        hold = any(h[2] for h in heads.values())
+        self.holds += hold and idle_before
+        tc = time.monotonic()
         with self._lock:
             if idle_before and all_silent and self.cfg.idle_stride > 1 and self.model.can_skip():
                 self.model.skip(self.cfg.idle_stride)  # nobody sends: jump, nobody hears
-                out = dict.fromkeys(self._pending, None)
+                out = dict.fromkeys(pending, None)
             else:
-                out = self.model.step(self._pending)
-        self._pending = {}
-        self._waiting_since = None
+                out = self.model.step(pending)
+        self.compute_s += time.monotonic() - tc
+        self._waiting_since = (
+            None if all(not self._queues[n] for n in self.model.nodes) else time.monotonic()
+        )
         idle = idle_before and self.model.quiet_steps >= self.cfg.idle_blocks
         now = time.monotonic()
         if self._last_step_wall is not None and not idle:
@@ -206,10 +253,12 @@ class MediumBroker:
             self._idle_t0 = None
         for node, y in out.items():
             # a receiver that has heard no one for idle_blocks steps gets nothing (saves its CPU)
-            deaf = deaf_before[node] and self.model.deaf_steps.get(node, 0) >= self.cfg.idle_blocks
+            deaf = deaf_before[node] and self.model.deaf_steps.get(node, 0) >= deaf_n
             quiet = idle or deaf or y is None
             header = _STEP.pack(self.model.steps, _FLAG_IDLE if quiet else 0)
             self._reply(self._ident[node], b"R", header, b"" if quiet else y.tobytes())
+            self._answered[node] = time.monotonic()
+        return True
 
     def _pace(self) -> None:
         """While idle, keep virtual time at most ``idle_speed`` x wall time (saves CPU)."""
@@ -223,24 +272,26 @@ class MediumBroker:
         ahead = (self.model.t - s0) / self.cfg.samp_rate / self.cfg.idle_speed - (now - t0)
         if ahead > 0:
             time.sleep(min(ahead, 0.1))
+            self.pace_s += min(ahead, 0.1)
 
     def _leave(self, node: int) -> None:
         ident = self._ident.pop(node, None)
         if ident is not None:
             self._by_ident.pop(ident, None)
-        self._pending.pop(node, None)
-        self._silent.discard(node)
+        self._queues.pop(node, None)
+        self._next_req.pop(node, None)
         with self._lock:
             self.model.remove(node)
         logger.info("medium: node %d left at step %d", node, self.model.steps)
-        self._maybe_step()
+        while self._maybe_step():
+            pass
 
     def _check_timeouts(self) -> None:
         if self._waiting_since is None:
             return
         if time.monotonic() - self._waiting_since < self.cfg.node_timeout:
             return
-        late = [n for n in self.model.nodes if n not in self._pending]
+        late = [n for n in self.model.nodes if not self._queues.get(n)]
         for n in late:
             logger.warning(
                 "medium: node %d sent no block for %.0f s: dropped", n, self.cfg.node_timeout
@@ -258,6 +309,10 @@ class MediumBroker:
         # speed of the lockstep while receivers get samples (virtual s per wall s)
         s["busy_samples"] = self.busy_samples
         s["busy_wall_s"] = self.busy_wall_s
+        s["compute_s"] = self.compute_s
+        s["holds"] = self.holds
+        s["node_cycle_s"] = {str(n): v for n, v in self.node_cycle_s.items()}
+        s["pace_s"] = self.pace_s
         return s
 
     def close(self) -> None:
@@ -273,6 +328,17 @@ class MediumBroker:
         self.close()
 
 
+JOIN_NOTICE_S = 5.0  # a node waiting for its broker says so this often
+
+
+def broker_hint(address: str) -> str:
+    """How to start the broker a node waits for (the words of its waiting and error lines)."""
+    return (
+        f"start it with `python -m scaleflu.cli.medium --address {address}` (or run the whole "
+        "local testbed, which starts its own: `scaleflu testbed`)"
+    )
+
+
 class MediumClient:
     """One node's lockstep connection to the broker (raw samples; MediumPort wraps it)."""
 
@@ -285,29 +351,66 @@ class MediumClient:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(address)
-        kind, parts = self._call(b"J", _JOIN.pack(self.node_id))
+        try:  # a broker started after the node is joined as soon as it answers
+            kind, parts = self._call(b"J", _JOIN.pack(self.node_id), waiting=True)
+        except BaseException:
+            self._sock.close(0)
+            raise
         if kind != b"W":
+            self._sock.close(0)
             raise MediumError(f"join refused: {parts}")
         self.block, self.samp_rate, self.step_no = _WELCOME.unpack(parts[0])
         self.idle = False
+        self.sent = 0  # step requests sent (their numbers: 0, 1, 2, ...)
 
-    def _call(self, kind: bytes, *parts: bytes) -> tuple[bytes, list[bytes]]:
+    def _call(self, kind: bytes, *parts: bytes, waiting: bool = False) -> tuple[bytes, list[bytes]]:
+        """Send one request and wait for its reply (``waiting``: say every JOIN_NOTICE_S
+        seconds, at INFO, what the node waits for and how to start it)."""
         self._sock.send_multipart([kind, *parts], copy=False)
-        end = time.monotonic() + self.timeout
+        return self._reply(waiting)
+
+    def _reply(self, waiting: bool = False) -> tuple[bytes, list[bytes]]:
+        """The reply to the oldest request in flight (``waiting``: as :meth:`_call`)."""
+        start = time.monotonic()
+        end, said = start + self.timeout, start
         while not self._sock.poll(200):  # short slices: stop() ends a wait within 0.2 s
             if self.stopping.is_set():
                 raise MediumError("stopped")
-            if time.monotonic() > end:
-                raise MediumError(f"no answer from the medium broker at {self.address}")
+            now = time.monotonic()
+            if now > end:
+                hint = f"; {broker_hint(self.address)}" if waiting else ""
+                raise MediumError(
+                    f"no answer from the medium broker at {self.address} in {self.timeout:.0f} s"
+                    + hint
+                )
+            if waiting and now - said >= JOIN_NOTICE_S:
+                said = now
+                logger.info(
+                    "medium node %d: waiting for the medium broker at %s (%.0f s of %.0f s); %s",
+                    self.node_id,
+                    self.address,
+                    now - start,
+                    self.timeout,
+                    broker_hint(self.address),
+                )
         reply = self._sock.recv_multipart()
         if reply[0] == b"E":
             raise MediumError(reply[1].decode(errors="replace") if len(reply) > 1 else "error")
         return reply[0], reply[1:]
 
-    def exchange(self, tx: np.ndarray | None) -> np.ndarray | None:
-        """Send this step's block (None = zeros); the received block, or None while idle."""
+    def send_block(self, tx: np.ndarray | None, hold: bool = False, ahead: bool = False) -> None:
+        """Send this node's block of the next step not sent yet (None = zeros), without waiting
+        for the answer (:meth:`recv_block`): up to ``MAX_IN_FLIGHT`` may be in flight.
+        ``hold``: this node expects traffic soon: the broker does not stride then. ``ahead``:
+        the node will send its next block before it has this one's answer (pipelining)."""
         payload = b"" if tx is None else np.ascontiguousarray(tx, np.complex64).tobytes()
-        kind, parts = self._call(b"S", _STEP.pack(self.step_no, 0), payload)
+        flags = (_FLAG_HOLD if hold else 0) | (_FLAG_AHEAD if ahead else 0)
+        self._sock.send_multipart([b"S", _STEP.pack(self.sent, flags), payload], copy=False)
+        self.sent += 1
+
+    def recv_block(self) -> np.ndarray | None:
+        """The received block of the oldest step in flight, or None while idle."""
+        kind, parts = self._reply()
         if kind != b"R" or len(parts) != 2:
             raise MediumError("bad reply from the medium broker")
         self.step_no, flags = _STEP.unpack(parts[0])
@@ -315,6 +418,17 @@ class MediumClient:
         if self.idle:
             return None
         return np.frombuffer(parts[1], np.complex64)
+
+    def exchange(self, tx: np.ndarray | None, hold: bool = False) -> np.ndarray | None:
+        """Send this step's block (None = zeros); the received block, or None while idle.
+        ``hold``: this node expects traffic soon: the broker does not stride now."""
+        self.send_block(tx, hold)
+        try:
+            return self.recv_block()
+        except MediumError as exc:
+            if exc.args and "answer" not in str(exc):  # refused: the number was not used
+                self.sent -= 1
+            raise
 
     def stats(self) -> dict[str, Any]:
         """The broker's counters."""

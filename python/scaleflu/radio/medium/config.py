@@ -75,7 +75,10 @@ class MediumConfig:
     half_duplex: bool = True  # a receiver hears nothing while its own transmitter is on
     address: str = DEFAULT_MEDIUM_ADDRESS
     node_timeout: float = 60.0  # wall seconds a node may take for one step before it is dropped
-    idle_blocks: int = 4  # quiet steps after the last burst before receivers stop getting noise
+    idle_blocks: int = 4  # quiet steps after the last burst before the idle pace and stride
+    # a receiver that heard no transmitter for this many steps gets no samples (its last frame
+    # is flushed by the burst's own zero padding; noise alone decodes to nothing)
+    deaf_blocks: int = 2
     idle_speed: float = 1.0  # virtual / wall time while idle (<= 0: as fast as possible)
     idle_stride: int = 16  # blocks per step while idle and nobody has anything to send
     # Star of a hub (the edge server): the other nodes only take frames from the hub, so their
@@ -90,8 +93,8 @@ class MediumConfig:
             raise ValueError("block must be within [256, 1048576] samples")
         if not self.samp_rate > 0:
             raise ValueError("samp_rate must be > 0")
-        if self.node_timeout <= 0 or self.idle_blocks < 1:
-            raise ValueError("node_timeout must be > 0 and idle_blocks >= 1")
+        if self.node_timeout <= 0 or self.idle_blocks < 1 or self.deaf_blocks < 1:
+            raise ValueError("node_timeout must be > 0, idle_blocks and deaf_blocks >= 1")
         if not 1 <= self.idle_stride <= 1024:
             raise ValueError("idle_stride must be within [1, 1024] blocks")
         for n in self.nodes:
@@ -168,6 +171,7 @@ class MediumConfig:
                 ("path_loss_exp", float),
                 ("node_timeout", float),
                 ("idle_blocks", int),
+                ("deaf_blocks", int),
                 ("idle_speed", float),
                 ("idle_stride", int),
             ):

@@ -4,8 +4,10 @@
 (:func:`scaleflu.link.macsim.simulate_round`) with what the sample-level medium adds fitted in:
 a burst starts at the next lockstep block (``START_QUANTUM_S``) and a node acts on a frame about
 2.5 blocks after its last sample (``RX_LATENCY_S``: the node's port may run one block ahead of
-its receiver, plus the OFDM receiver's own pipeline); :func:`fading_loss` loses frames as the
-medium's own fading trace and the OFDM PHY's measured frame error rate say. The constants are
+its receiver, plus the OFDM receiver's own pipeline); :func:`fading_snr` gives each frame the
+SNR of the medium's own fading trace (same seed, links and virtual time), and the simulator
+loses it by the PHY's measured frame error rate at that SNR and the frame's MCS (the stock PHY,
+or the coded PHY's MCS table: ``scaleflu.link.mcs.frame_error_rate``). The constants are
 fitted to the sample level; the measurements behind them are in docs/link.md, section 11.2.
 The benchmarks that hold the two levels side by side (benchmarks/mac_sample_level.py,
 benchmarks/mac_fading_tail.py) share it. numpy only, no GNU Radio.
@@ -15,15 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import numpy as np
-
 from scaleflu.link.arq import ArqConfig
 from scaleflu.link.defaults import ARQ_DEFAULTS
+from scaleflu.link.fading import link_snr
 from scaleflu.link.mac import MacConfig
 from scaleflu.link.macsim import simulate_round
-
-from .config import LinkChannel, MediumConfig
-from .model import _Link
 
 LENET_BYTES = 247210  # the LeNet-5 state dict in the wire format (raw float32)
 
@@ -46,33 +44,18 @@ START_QUANTUM_S = BLOCK / SAMP_RATE
 RX_LATENCY_S = 2.5 * BLOCK / SAMP_RATE
 
 
-# Frame error rate of 1500-byte frames of the OFDM PHY per SNR, AWGN + CFO (docs/link.md 9.4,
-# link_bench.py, 200 frames per point); shorter frames: 1 - (1 - FER)^(bytes / 1500).
-FER_SNR_DB = (15.0, 16.0, 17.0, 18.0, 19.0, 20.0)
-
-
-FER_1500 = (1.0, 0.995, 0.87, 0.42, 0.09, 0.0)
-
-
-def fading_loss(
-    seed: int, snr_db: float, fading: str, t_offset: float
-) -> Callable[[int, int, float, float, int], float]:
-    """loss_fn for MacSim: the medium's own fading trace (same seed, same links, same virtual
-    time) -> instantaneous SNR of each frame -> the PHY's frame error rate at that SNR."""
-    cfg = MediumConfig(seed=seed, default=LinkChannel(snr_db=snr_db, fading=fading))
-    links: dict = {}
-
-    def loss(src: int, dst: int, start: float, end: float, nbytes: int) -> float:
-        lk = links.get((src, dst))
-        if lk is None:
-            lk = links[(src, dst)] = _Link(cfg, src, dst)
-        n = ((start + end) / 2 + t_offset) * SAMP_RATE
-        gain = float(np.sum(np.abs(lk.taps_at(n)) ** 2))
-        snr = snr_db + 10 * np.log10(max(gain, 1e-12))
-        fer = float(np.interp(snr, FER_SNR_DB, FER_1500))
-        return 1.0 - (1.0 - fer) ** (nbytes / 1500)
-
-    return loss
+def fading_snr(
+    seed: int,
+    snr_db: float,
+    fading: str,
+    t_offset: float,
+    k_factor_db: float = 6.0,
+    doppler_hz: float = 2.0,
+) -> Callable[[int, int, float], float]:
+    """snr_fn for MacSim: the SNR of each link at virtual time t, from the medium's own fading
+    trace (``scaleflu.link.fading.link_snr``: the trace ``MediumModel`` draws for that link with
+    that seed; ``t_offset``: the medium's virtual time at the simulation's t = 0)."""
+    return link_snr(seed, snr_db, fading, k_factor_db, doppler_hz, t_offset)
 
 
 def frame_level(
@@ -81,7 +64,7 @@ def frame_level(
     seed: int,
     deadline: float,
     fitted: bool = True,
-    loss_fn=None,
+    snr_fn=None,
     *,
     robots: int = 3,
     train_s: float = 0.0,
@@ -91,7 +74,9 @@ def frame_level(
     """The same round at frame level: ideal, or with the sample level's timing fitted in.
 
     ``robots``, ``train_s``/``train_jitter_s`` (training time between model and upload) and
-    ``arq`` (ArqConfig overrides) default to one round of three robots without training time.
+    ``arq`` (ArqConfig overrides) default to one round of three robots without training time;
+    ``snr_fn`` (:func:`fading_snr`) loses frames on a fading channel, at the MCS each frame
+    goes at (``mac.mcs``: link adaptation; None: the stock PHY).
     """
     arq_cfg = ArqConfig(**{**ARQ_DEFAULTS["mac"], **(arq or {})}, deadline=deadline)
     r = simulate_round(
@@ -104,7 +89,7 @@ def frame_level(
         seed=seed,
         mac=mac,
         arq=arq_cfg,
-        loss_fn=loss_fn,
+        snr_fn=snr_fn,
         rx_latency_s=RX_LATENCY_S if fitted else 0.0,
         start_quantum_s=START_QUANTUM_S if fitted else 0.0,
     )
@@ -127,4 +112,6 @@ def frame_level(
         "grant_timeouts": r["mac"]["grant_timeouts"],
         "lost_link": r["lost_link"],
         "bit_exact": r["models_bit_exact"] == robots and r["updates_bit_exact"] == robots,
+        "bytes_by_mcs": r["bytes_by_mcs"],
+        "adaptation": r.get("adaptation"),
     }

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from scaleflu.link.fading import FadingTrace
+
 from .config import MediumConfig, _check_node
 
 _INTERP_HALF = 8  # windowed-sinc interpolator: 16 taps
@@ -31,11 +33,8 @@ _INTERP_HALF = 8  # windowed-sinc interpolator: 16 taps
 _MAX_DRIFT = 512  # samples of accumulated sample-rate drift before a slip (only while active)
 
 
-_N_SINUSOIDS = 16  # sum-of-sinusoids fading: sinusoids per tap
-
-
 class _Link:
-    """State of one directed link: resampling drift, fading sinusoids, gain."""
+    """State of one directed link: resampling drift, fading taps (``FadingTrace``), gain."""
 
     def __init__(self, cfg: MediumConfig, tx: int, rx: int) -> None:
         ch = cfg.channel(tx, rx)
@@ -44,41 +43,19 @@ class _Link:
         self.tx, self.rx = tx, rx
         self.snr_db = cfg.snr_db(ch)
         self.amp = 0.0 if not ch.in_range else 10 ** (self.snr_db / 20.0)
-        p = np.asarray(ch.pdp, dtype=float)
-        self.tap_amp = np.sqrt(p / p.sum())
-        self.n_taps = len(p)
+        self.fade = FadingTrace(
+            cfg.seed, tx, rx, ch.fading, ch.k_factor_db, ch.doppler_hz, ch.pdp, cfg.samp_rate
+        )
+        self.tap_amp = self.fade.tap_amp
+        self.n_taps = self.fade.n_taps
         self.eps = ch.sro_ppm * 1e-6
         self.anchor = 0  # absolute sample where the current drift started (reset when idle)
         self.fractional = ch.delay != int(ch.delay) or self.eps != 0.0
-        rng = np.random.default_rng([cfg.seed, tx, rx, 0x5EED])
-        m = _N_SINUSOIDS
-        # Sum of sinusoids (Zheng & Xiao): random arrival angles and phases per tap.
-        self.alpha = (2 * np.pi * (np.arange(m) + rng.random((self.n_taps, m))) / m) - np.pi
-        self.phi_i = rng.uniform(-np.pi, np.pi, (self.n_taps, m))
-        self.phi_q = rng.uniform(-np.pi, np.pi, (self.n_taps, m))
-        self.los_theta = rng.uniform(-np.pi, np.pi)
-        self.los_phi = rng.uniform(-np.pi, np.pi)
-        self.wd = 2 * np.pi * ch.doppler_hz / cfg.samp_rate  # rad per sample
-        k = 10 ** (ch.k_factor_db / 10.0) if ch.fading == "rician" else 0.0
-        self.k_los = math.sqrt(k / (k + 1))
-        self.k_nlos = math.sqrt(1 / (k + 1))
         self.history = self.n_taps - 1 + int(math.ceil(ch.delay)) + _INTERP_HALF + _MAX_DRIFT + 2
 
     def taps_at(self, n: float) -> np.ndarray:
         """Complex tap gains at absolute sample ``n`` (unit mean power in total)."""
-        if self.ch.fading == "none":
-            return self.tap_amp.astype(np.complex128)
-        wt = self.wd * n
-        c = np.cos(self.alpha)
-        re, im = np.cos(wt * c + self.phi_i), np.sin(wt * c + self.phi_q)
-        h = np.zeros(self.n_taps, np.complex128)
-        for m in range(_N_SINUSOIDS):  # fixed summation order (bit-exact across runs)
-            h += re[:, m] + 1j * im[:, m]
-        h /= math.sqrt(_N_SINUSOIDS)
-        h = self.k_nlos * h
-        if self.k_los > 0:
-            h[0] += self.k_los * np.exp(1j * (wt * math.cos(self.los_theta) + self.los_phi))
-        return self.tap_amp * h
+        return self.fade.taps_at(n)
 
 
 def _sinc_gather(buf: np.ndarray, pos: np.ndarray) -> np.ndarray:
@@ -113,6 +90,7 @@ class MediumModel:
         self._noise: dict[int, np.random.Generator] = {}
         self.airtime = {}  # node -> samples its transmitter was on
         self.collision_samples = 0  # samples where two or more transmitters were on
+        self.collisions: list[tuple[float, list[int], int]] = []  # (virtual s, nodes, samples)
         self.active_samples = 0  # samples where at least one transmitter was on
         self.steps = 0
         self.quiet_steps = 0  # consecutive steps with no transmitter on
@@ -174,7 +152,11 @@ class MediumModel:
             self.airtime[n] += c
             if c:
                 count += on[n]
-        self.collision_samples += int(np.count_nonzero(count >= 2))
+        collided = int(np.count_nonzero(count >= 2))
+        self.collision_samples += collided
+        if collided and len(self.collisions) < 64:  # when and who, for the stats
+            who = [n for n in self.nodes if on[n].any()]
+            self.collisions.append((self.t / self.cfg.samp_rate, who, collided))
         busy = np.flatnonzero(count)
         if len(busy):
             self.active_samples += len(busy)
@@ -285,6 +267,7 @@ class MediumModel:
             "active_samples": self.active_samples,
             "collision_samples": self.collision_samples,
             "collision_s": self.collision_samples / sr,
+            "collisions": [list(c) for c in self.collisions],
             "first_active": self.first_active,
             "last_active": self.last_active,
         }

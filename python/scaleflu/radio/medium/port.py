@@ -22,7 +22,6 @@ import numpy as np
 import pmt
 from gnuradio import blocks, gr
 
-from ..ofdm import samples_per_frame
 from ..phy import PhyConfig, burst_power
 from .broker import MediumClient, MediumError
 from .config import DEFAULT_MEDIUM_ADDRESS
@@ -44,6 +43,7 @@ class tx_tap(gr.sync_block):  # noqa: N801 - GNU Radio block naming
         self._taken = 0  # absolute samples handed to the medium
         self._ends: list[int] = []
         self.bursts = 0
+        self.on_progress: Any = None  # called after a burst is complete (wakes the lockstep)
 
     def work(self, input_items, output_items):  # noqa: D102
         x = input_items[0]
@@ -55,9 +55,13 @@ class tx_tap(gr.sync_block):  # noqa: N801 - GNU Radio block naming
             self._chunks.append(x.copy())
             self._held += n
             self._got = start + n
+            done = 0
             while self._ends and self._ends[0] <= self._got:
                 self._ready_to = self._ends.pop(0)
                 self.bursts += 1
+                done += 1
+        if done and self.on_progress is not None:
+            self.on_progress()
         return n
 
     def take(self, block: int) -> np.ndarray | None:
@@ -99,6 +103,7 @@ class rx_feed(gr.sync_block):  # noqa: N801 - GNU Radio block naming
         self.fed = 0
         self.on_start: Any = None  # called when the flowgraph starts (medium_node)
         self.on_stop: Any = None
+        self.on_progress: Any = None  # called after samples were handed on (wakes the lockstep)
 
     def start(self):  # noqa: D102
         if self.on_start is not None:
@@ -125,6 +130,8 @@ class rx_feed(gr.sync_block):  # noqa: N801 - GNU Radio block naming
             self._pos += k
             done += k
         self.fed += done
+        if done and self.on_progress is not None:
+            self.on_progress()
         return done
 
 
@@ -147,12 +154,22 @@ class MediumPort:
         frames_built: Any = None,
         rx_depth: int = 4,
         rx_lag: int | None = None,
+        pipeline: int = 2,
     ) -> None:
         self.client = MediumClient(node_id, address, timeout)
         self.block = self.client.block
         self.samp_rate = self.client.samp_rate
         self.tx_sink = tx_tap()
         self.rx_source = rx_feed(rx_depth)
+        # the lockstep thread sleeps on this until something it waits for moved (a burst
+        # built, samples taken in, a frame acted on: poke()), instead of polling every ms
+        self._cv = threading.Condition()
+        self._pokes = 0
+        self.tx_sink.on_progress = self.poke
+        self.rx_source.on_progress = self.poke
+        # room for whole lockstep blocks: the feed hands each block to the receiver in one
+        # work call (GNU Radio's default buffer took several, each waiting for the receiver)
+        self.rx_source.set_min_output_buffer(0, 4 * self.block)
         self._frames_built = frames_built
         self._stop = threading.Event()
         self.error: BaseException | None = None
@@ -162,16 +179,34 @@ class MediumPort:
         # before the next step (None: only the queue's depth bounds it). Small values keep a
         # node's decoding latency, in virtual time, a few blocks whatever the CPU load.
         self.rx_lag = rx_lag
+        # step requests in flight: 1 is strict lockstep (a node's block of step k is decided
+        # after it heard step k - 1); 2 lets the broker compute a step while the nodes take in
+        # the one before, at one block (1.6 ms at 8192 / 5 MS/s) more reaction delay
+        if not 1 <= pipeline <= 8:
+            raise ValueError("pipeline must be within 1..8 steps")
+        self.pipeline = pipeline
         self._rx_queued = 0  # samples put in the receiver's queue
         # lockstep waits that ran out (30 s wall) and went on anyway: the transmitter never
         # reported a frame built / the receiver never caught up (each one stalls the medium)
         self.stalls = {"tx": 0, "rx": 0}
+        # wall seconds the lockstep thread spent in each part of a step (where it waits):
+        # its transmitter building frames, its receiver taking in samples / its ARQ acting on
+        # decoded frames, the exchange with the broker (which waits for the slowest node)
+        self.wait_s = {"tx": 0.0, "rx": 0.0, "pending": 0.0, "exchange": 0.0, "queue": 0.0}
         # frames the receiver decoded that the node has not acted on yet (SharedMediumLink: the
         # receiver's frame count minus the frames its ARQ/MAC processed): the lockstep waits for
         # them, so a node's answer to a frame (a robot's to its grant) does not depend on how
         # fast its Python threads run
         self.rx_pending: Any = None
+        # samples the receiver has processed (its demux has consumed: every frame before them
+        # decided), and how far that may trail what was fed (a frame in progress waits for all
+        # its samples): bounds the node's decoding delay in virtual time whatever the CPU load
+        self.rx_progress: Any = None
+        self.rx_slack = 0
         self.frames_posted: Any = None  # frames handed to the transmitter (link_arq frames_out)
+        # True while this node's MAC expects traffic (an open grant, frames queued): the broker
+        # then does not stride over idle blocks, whatever the receivers' delay in decoding
+        self.hold: Any = None
         self.on_step: list[Any] = []  # called after every step (virtual time moved)
         self.on_error: Any = None  # called with the exception when the lockstep stops on one
         self._thread = threading.Thread(
@@ -191,6 +226,19 @@ class MediumPort:
         """
         return self.client.step_no * self.block / self.samp_rate
 
+    def poke(self) -> None:
+        """Something the lockstep may wait for has moved (thread-safe, cheap)."""
+        with self._cv:
+            self._pokes += 1
+            self._cv.notify()
+
+    def _sleep(self, seen: int) -> int:
+        """Wait until poked after ``seen`` pokes (at most 5 ms: a missed poke costs little)."""
+        with self._cv:
+            if self._pokes == seen:
+                self._cv.wait(0.005)
+            return self._pokes
+
     def stop(self) -> None:
         """Ask the lockstep thread to stop (without waiting; close() waits and leaves)."""
         self._stop.set()
@@ -202,17 +250,18 @@ class MediumPort:
         now = time.monotonic()
         deadline = now + 30.0  # as _rx_wait: slower, not different, under load
         posted_deadline = now + 2.0  # a frame the builder never builds must not stall us long
+        seen = self._pokes
         while time.monotonic() < deadline and not self._stop.is_set():
             posted = None if self.frames_posted is None else int(self.frames_posted())
             built = int(self._frames_built())
             if posted is not None and built != posted and time.monotonic() < posted_deadline:
                 # frames handed to the builder and not built yet (or a burst being posted now):
                 # a train would otherwise go out split by idle blocks, past its grant window
-                time.sleep(0.001)
+                seen = self._sleep(seen)
                 continue
             if self.tx_sink.bursts >= built and not self.tx_sink.pending_bursts():
                 return
-            time.sleep(0.001)
+            seen = self._sleep(seen)
         if not self._stop.is_set():
             self._stalled("tx", f"{self.tx_sink.bursts} bursts out of {built} frames built")
 
@@ -233,10 +282,22 @@ class MediumPort:
         pending = self.rx_pending or (lambda: 0)
         # the medium waits for this receiver (a loaded CPU makes it slower, not different), but
         # not for good: a receiver stuck this long lets the lockstep go on (under node_timeout)
-        deadline = time.monotonic() + 30.0
-        while (
-            self._rx_queued - self.rx_source.fed > limit or pending() > 0
-        ) and not self._stop.is_set():
+        t0 = time.monotonic()
+        deadline = t0 + 30.0
+        fed_ok = False
+        seen = self._pokes
+        while not self._stop.is_set():
+            if not fed_ok:
+                fed_ok = self._rx_queued - self.rx_source.fed <= limit and (
+                    self.rx_progress is None
+                    or self._rx_queued - self.rx_progress() <= limit + self.rx_slack
+                )
+                if fed_ok:
+                    t1 = time.monotonic()
+                    self.wait_s["rx"] += t1 - t0
+                    t0 = t1
+            if fed_ok and pending() <= 0:
+                break
             if time.monotonic() > deadline:
                 self._stalled(
                     "rx",
@@ -244,20 +305,42 @@ class MediumPort:
                     f"{pending()} frames decoded and not processed",
                 )
                 return
-            time.sleep(0.001)
+            seen = self._sleep(seen)
+        self.wait_s["pending" if fed_ok else "rx"] += time.monotonic() - t0
 
     def _run(self) -> None:
+        w = self.wait_s
+        in_flight = 0
         try:
             while not self._stop.is_set():
-                self._flush_wait()
-                self._rx_wait()
-                x = self.tx_sink.take(self.block)
-                if x is not None:
-                    self.tx_samples += int(np.count_nonzero(x))
-                y = self.client.exchange(x)
+                while in_flight < self.pipeline and not self._stop.is_set():
+                    # this node's block of a step is decided before it has heard the step
+                    # before it (pipeline - 1 blocks of reaction delay): the broker computes a
+                    # step while the nodes' receivers work on the one before
+                    t0 = time.monotonic()
+                    self._flush_wait()
+                    t1 = time.monotonic()
+                    self._rx_wait()
+                    x = self.tx_sink.take(self.block)
+                    if x is not None:
+                        self.tx_samples += int(np.count_nonzero(x))
+                    hold = bool(self.hold()) if self.hold is not None else False
+                    self.client.send_block(x, hold=hold, ahead=self.pipeline > 1)
+                    in_flight += 1
+                    w["tx"] += t1 - t0
+                t2 = time.monotonic()
+                y = self.client.recv_block()
+                in_flight -= 1
+                t3 = time.monotonic()
+                w["exchange"] += t3 - t2
                 self.steps += 1
                 for cb in self.on_step:
-                    cb()
+                    try:
+                        cb()
+                    except Exception:  # a listener's bug must not stop the medium's clock
+                        logger.exception(
+                            "medium node %d: step listener failed", self.client.node_id
+                        )
                 if y is None:
                     continue
                 while not self._stop.is_set():
@@ -267,6 +350,7 @@ class MediumPort:
                         break
                     except queue.Full:
                         continue
+                w["queue"] += time.monotonic() - t3
         except BaseException as exc:  # noqa: BLE001 - reported through .error and the log
             if not self._stop.is_set():
                 self.error = exc
@@ -344,9 +428,7 @@ def frame_burst(payload: bytes, src: int, phy: Any = None, dst: int = 0xFFFF) ->
     tx.framer.to_basic_block()._post(
         pmt.intern("in"), pmt.cons(pmt.make_dict(), pmt.init_u8vector(len(data), data))
     )
-    want = samples_per_frame(
-        len(payload) + 26, phy.fft_len, phy.cp_len, phy.bps_payload, phy.post_padding
-    )
+    want = phy.frame_samples(len(payload) + 26)
     deadline = time.monotonic() + 10
     while len(sink.data()) < want and time.monotonic() < deadline:
         time.sleep(0.005)

@@ -14,6 +14,7 @@ from scaleflu.fl.history import state_bytes
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext
 from scaleflu.unlearn.baselines.aoi_trace import RecordingAoITracker
+from scaleflu.unlearn.registry import hyper_parameters
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,6 @@ def baseline_config(
 ) -> Section:
     """``baselines.<name>``: defaults, then ``cfg``'s section, then ``overrides``, typed and
     checked by the one merge, :func:`scaleflu.unlearn.registry.hyper_parameters`."""
-    from scaleflu.unlearn.registry import hyper_parameters
-
     return Section(hyper_parameters(name, cfg, overrides))
 
 

@@ -1,0 +1,1 @@
+"""A Flower app (Message API) whose clients can ask to be forgotten: SCALE serves them."""
