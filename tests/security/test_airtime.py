@@ -19,6 +19,7 @@ import pytest
 
 from scaleflu.config import load_config
 from scaleflu.link import MemoryChannel
+from scaleflu.link.mcs import MCS_TABLE_VERSION
 from scaleflu.testbed.common import arrays, encode_state
 from scaleflu.testbed.keys import KeyStore
 from scaleflu.testbed.protocol import SERVER_ID, MsgType
@@ -45,12 +46,23 @@ def _storm(robot: RobotClient, kind: str, stop: threading.Event) -> int:
         k = kind if kind != "mixed" else ("register", "resync", "hello")[n % 3]
         s = robot.session or 0
         if k == "register":
+            meta = {
+                "nonce": secrets.token_hex(8),
+                "num_samples": len(robot.data),
+                "mcs_table": MCS_TABLE_VERSION,
+            }
+            robot.ep.send(MsgType.REGISTER, SERVER_ID, robot.key, s, 0, meta, timeout=5.0)
+        elif k == "old":  # REGISTERs of older software (no MCS table): refused, answered
             meta = {"nonce": secrets.token_hex(8), "num_samples": len(robot.data)}
             robot.ep.send(MsgType.REGISTER, SERVER_ID, robot.key, s, 0, meta, timeout=5.0)
         elif k == "resync":
             robot.ep.send(MsgType.RESYNC, SERVER_ID, robot.key, s, 1, {}, timeout=5.0)
         else:  # a session-0 REGISTER asks for the server's challenge
-            meta = {"nonce": secrets.token_hex(8), "num_samples": len(robot.data)}
+            meta = {
+                "nonce": secrets.token_hex(8),
+                "num_samples": len(robot.data),
+                "mcs_table": MCS_TABLE_VERSION,
+            }
             robot.ep.send(MsgType.REGISTER, SERVER_ID, robot.key, 0, 0, meta, timeout=5.0)
         n += 1
         while robot.link.recv(0.0) is not None:  # read what the server answers, act on none
@@ -102,7 +114,7 @@ def _storm_run(tmp_path: Any, kind: str, *extra: str) -> tuple[Any, EdgeServer, 
     return report, server, sent[0], minutes
 
 
-@pytest.mark.parametrize("kind", ["register", "resync", "hello", "mixed"])
+@pytest.mark.parametrize("kind", ["register", "old", "resync", "hello", "mixed"])
 def test_a_robot_cannot_draw_more_than_its_airtime_budget_per_minute(tmp_path, kind):
     report, server, sent, minutes = _storm_run(tmp_path, kind)
     full = len(encode_state(arrays(server.global_state))) + 1024  # a full MODEL envelope
@@ -117,8 +129,10 @@ def test_a_robot_cannot_draw_more_than_its_airtime_budget_per_minute(tmp_path, k
     assert report["airtime"]["robots"][2]["charged_bytes"] <= budget * (1.0 + max(minutes, 1.0))
 
 
-def test_requests_beyond_the_budget_are_throttled_and_counted(tmp_path):
-    report, server, sent, _ = _storm_run(tmp_path, "register", "testbed.airtime.bytes=20000")
+@pytest.mark.parametrize("kind", ["register", "old"])
+def test_requests_beyond_the_budget_are_throttled_and_counted(tmp_path, kind):
+    """Accepted and refused (another MCS table) REGISTERs alike are answered within the budget."""
+    report, server, sent, _ = _storm_run(tmp_path, kind, "testbed.airtime.bytes=20000")
     air = report["airtime"]["robots"][2]
     assert air["throttled"] > 0 and air["by_request"]["REGISTER"] == air["throttled"]
     assert air["charged_bytes"] <= 2 * 20000

@@ -13,7 +13,7 @@ within the bound) but makes the model collapse (a large bias towards one class) 
 the validation check; the round goes on without its update and the model does not fall.
 
 Spread of the learning outcome (final test accuracy, attacked minus without the attacker) is in
-docs/testbed.md ("Two robots, one malicious").
+docs/results/testbed.md ("Two robots, one malicious: spread of the outcome").
 """
 
 from __future__ import annotations

@@ -169,19 +169,17 @@ class Sessions:
                 self._mcs_refused[r] = nonce
                 log.error("robot %d refused: %s", r, reason)
                 self.records.event("register_refused", robot=r, reason=reason)
-            self.send(
-                MsgType.REGISTER_ACK,
-                r,
-                0,
-                {
-                    "nonce": nonce,
-                    "accepted": False,
-                    "reason": reason,
-                    "mcs_table": MCS_TABLE_VERSION,
-                    "sig": self.sign("register_ack", r, nonce=nonce),
-                },
-                timeout=20.0,
-            )
+            refusal = {
+                "nonce": nonce,
+                "accepted": False,
+                "reason": reason,
+                "mcs_table": MCS_TABLE_VERSION,
+                "sig": self.sign("register_ack", r, nonce=nonce),
+            }
+            # charged to the robot's airtime like every answer: a storm of refused REGISTERs
+            # draws no more than its budget
+            if self.answer(MsgType.REGISTER_ACK, r, "REGISTER", 0, refusal, timeout=20.0) is None:
+                raise ProtocolError("throttled", "REGISTER: no airtime left in this window")
             return False
         info = self.robots.get(r) or RobotInfo(r)
         if info.last_nonce == nonce:  # the same REGISTER again (retry): acknowledge, keep state
