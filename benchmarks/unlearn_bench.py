@@ -241,10 +241,18 @@ def _child_argv(args: argparse.Namespace, fed: Federation) -> list[str]:
         "--threads",
         str(args.threads),
         *(["--noise-floor"] if args.noise_floor else []),
+        *(["--methods", args.methods] if args.methods else []),
     ]
     for item in args.scale_set:
         argv += ["--scale-set", item]
     return argv
+
+
+def _extra_methods(args: argparse.Namespace) -> list[str]:
+    """``--methods``: registered methods run besides Retrain, SCALE and the control."""
+    from scaleflu.unlearn.registry import canonical_name
+
+    return [canonical_name(m) for m in (args.methods or "").split(",") if m.strip()]
 
 
 def sweep(args: argparse.Namespace) -> int:
@@ -261,7 +269,9 @@ def sweep(args: argparse.Namespace) -> int:
         fed = next((f for f in feds if f.setting == setting and f.seed == int(seed)), None)
         if fed is None:
             raise SystemExit(f"--one {args.one}: no such federation in this sweep")
-        data = run_federation(fed, out, Path(args.work), args.noise_floor)
+        data = run_federation(
+            fed, out, Path(args.work), args.noise_floor, extra=_extra_methods(args)
+        )
         return 0 if data["complete"] else 1
 
     def finished(fed: Federation) -> bool:
@@ -327,6 +337,12 @@ def main(argv: list[str] | None = None) -> int:
         action="append",
         default=[],
         help="--sweep: a scale.* override for SCALE and the control (repeatable)",
+    )
+    ap.add_argument(
+        "--methods",
+        default="",
+        help="--sweep: more registered methods per request, comma-separated (e.g. pga,not), "
+        "scored against Retrain and the control as SCALE is",
     )
     ap.add_argument(
         "--noise-floor",

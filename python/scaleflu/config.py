@@ -326,6 +326,8 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "testbed.mac.guard_s": (int, float),
     "baselines.retrain.rounds": int,
     "baselines.retrain.seed": int,
+    "scale.eval.audit.rounds": int,
+    "scale.forget_lr": (int, float),
     "baselines.scale.mode": str,
     "baselines.pga.batch_size": int,
     "baselines.pga.radius": (int, float),
@@ -373,6 +375,10 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
     "scale.groups_per_layer": (1, None),
     "scale.top_m": (1, None),
     "scale.eval.canary_min": (1, None),
+    "scale.eval.audit.shadows": (0, None),
+    "scale.eval.audit.rounds": (1, None),
+    "scale.eval.audit.bootstrap": (0, None),
+    "scale.eval.audit.ci": (0, 1),
     "scale.ppo.episodes": (1, None),
     "scale.ppo.epochs": (1, None),
     "scale.ppo.n_steps": (1, None),
@@ -395,6 +401,8 @@ RANGES: dict[str, tuple[float | None, float | None]] = {
 }
 RANGE_OPEN: set[str] = {
     "data.alpha<",
+    "scale.eval.audit.ci<",
+    "scale.eval.audit.ci>",
     "fl.lr<",
     "fl.lr_decay<",
     "fl.momentum>",
@@ -415,7 +423,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "scale.mode": ("default", "paper"),
     "scale.heal_loss": ("ce", "distill"),
     "scale.heal_augment": ("none", "mix"),
-    "scale.heal_params": ("all", "layers", "cut"),
+    "scale.forget_saliency_stat": ("loss", "margin"),
+    "scale.heal_params": ("all", "layers", "cut", "uncut"),
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
     # scaleflu.link.mcs: the link kinds' PHY, and the MCS names of table version 1
     "history.link_fading": ("none", "rician", "rayleigh"),

@@ -222,13 +222,14 @@ def plot_testbed_report(report: Mapping[str, Any], run_dir: Path) -> list[Path]:
 
 
 def plot_side_by_side(un: Mapping[str, Any], run_dir: Path) -> Path | None:
-    """Bars of ASR, test accuracy, RA, FA and MIA AUC per method, and their times."""
+    """Bars of ASR, test accuracy, RA, FA, MIA AUC and the membership audit's AUC per method,
+    and their times."""
     rows = [r for r in un.get("side_by_side") or [] if not r.get("error") and r.get("method")]
     if not rows:
         return None
     plt = pyplot()
 
-    keys = ("asr", "test_acc", "ra", "fa", "mia_auc")
+    keys = ("asr", "test_acc", "ra", "fa", "mia_auc", "audit_auc")
     fig, ax = plt.subplots(1, 2, figsize=(11, 3.6), gridspec_kw={"width_ratios": [3, 1]})
     width = 0.8 / len(rows)
     for i, row in enumerate(rows):
@@ -241,7 +242,7 @@ def plot_side_by_side(un: Mapping[str, Any], run_dir: Path) -> Path | None:
             color=[f"C{i}", f"C{i}"],
             alpha=0.9,
         )
-    ax[0].set_xticks(range(len(keys)), ["ASR", "test acc", "RA", "FA", "MIA AUC"])
+    ax[0].set_xticks(range(len(keys)), ["ASR", "test acc", "RA", "FA", "MIA AUC", "audit AUC"])
     ax[0].set(ylim=(0, 1), title="same request, server-side measurements")
     ax[0].legend(fontsize=8)
     ax[1].set_xticks(range(len(rows)), [str(r["method"]) for r in rows], rotation=20, fontsize=8)

@@ -10,6 +10,14 @@ import pytest
 
 from tiny_run_helpers import HAVE_FMNIST, tiny_config, tiny_run_dir
 
+# the small protocol-with-power run plus membership canaries on the attacker (client 0): the
+# canary MIA's and the membership audit's tests share it
+CANARIES = [
+    "data.poison.canary_clients=[0]",
+    "data.poison.canaries=40",
+    "data.poison.canary_copies=12",
+]
+
 
 @pytest.fixture(scope="session")
 def tiny_run(build_once: Callable[..., Path]) -> Any:
@@ -35,3 +43,25 @@ def make_ctx(tiny_run: Any) -> Callable[..., Any]:
         return cache[request]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def canary_run(build_once: Callable[..., Path]) -> tuple[Any, dict[str, Any]]:
+    """The protocol-with-power run plus canaries, trained once (about a minute on one core)."""
+    if not HAVE_FMNIST:
+        pytest.skip("FashionMNIST not installed")
+    import torch
+    from test_protocol_power import POWER
+
+    from scaleflu.experiments.cells import RunKey
+    from scaleflu.experiments.harness import ensure_run
+    from scaleflu.fl.run import load_run
+
+    cfg = tiny_config(*POWER, *CANARIES)
+    key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
+
+    def build(out: Path) -> None:
+        torch.set_num_threads(1)
+        ensure_run(cfg, key, out, progress=False)
+
+    return load_run(build_once("canary-run", build) / "runs" / key.slug), cfg

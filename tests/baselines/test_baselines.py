@@ -37,7 +37,10 @@ _RESULTS: dict[tuple[str, str], tuple[Any, UnlearnResult]] = {}
 def _run(make_ctx: Any, method: str, request: str) -> tuple[Any, UnlearnResult]:
     key = (method, request)
     if key not in _RESULTS:
-        extra = {"report_pre_post": True} if method == "pga" else {}
+        # PGA without its post round: on the tiny run the ascent collapses the model and the
+        # post round diverges to a non-finite model, a failed cell
+        # (test_pga_non_finite_post_round_is_a_failed_cell)
+        extra = {"report_pre_post": True, "post_rounds": 0} if method == "pga" else {}
         unlearner = get_method(method, tiny_config(), **extra)
         _RESULTS[key] = (unlearner, unlearner.run(make_ctx(request)))
     return _RESULTS[key]
@@ -73,7 +76,10 @@ def test_client_unlearning_removes_the_backdoor(make_ctx: Any, method: str) -> N
         # which one post round does not repair; the ascent itself removes the backdoor.
         after = d["details"]["metrics_before_post_rounds"]["backdoor_asr"]
     assert after < 0.5 * before, (before, after)
-    assert d["cost"]["fl_rounds"] >= 1
+    if method == "pga":
+        assert d["cost"]["fl_rounds"] == 0  # without its post round (see _run)
+    else:
+        assert d["cost"]["fl_rounds"] >= 1
 
 
 def test_fedraser_calibrates_on_the_interval(make_ctx: Any) -> None:
@@ -103,6 +109,15 @@ def test_pga_stays_in_the_plain_l2_ball(make_ctx: Any) -> None:
     assert det["ascent_steps"] >= 1
     trace = det["forget_acc_trace"]
     assert trace[-1] < trace[0]  # it ascended: accuracy on D_u fell
+
+
+def test_pga_non_finite_post_round_is_a_failed_cell(make_ctx: Any) -> None:
+    """The collapsed model's post round goes non-finite: never scored, the reason says where."""
+    from scaleflu.unlearn.base import UnlearningFailedError
+
+    unlearner = get_method("pga", tiny_config(), post_rounds=1)
+    with pytest.raises(UnlearningFailedError, match="non-finite after the 1 post rounds"):
+        unlearner.run(make_ctx("client:0"))
 
 
 def test_projection_uses_the_plain_norm() -> None:

@@ -13,36 +13,13 @@ table2_cpu runs are in docs/reproducing.md, "Canary sizing".)
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
-from test_protocol_power import POWER
 
-from tiny_run_helpers import needs_fmnist, tiny_config
+from tiny_run_helpers import needs_fmnist
 
 pytestmark = needs_fmnist
-
-CANARIES = [
-    "data.poison.canary_clients=[0]",
-    "data.poison.canaries=40",
-    "data.poison.canary_copies=12",
-]
-
-
-@pytest.fixture(scope="module")
-def canary_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, dict[str, Any]]:
-    """The protocol-with-power run plus canaries (about a minute on one core)."""
-    from scaleflu.experiments.cells import RunKey
-    from scaleflu.experiments.harness import ensure_run
-    from scaleflu.fl.run import load_run
-
-    cfg = tiny_config(*POWER, *CANARIES)
-    torch.set_num_threads(1)
-    key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
-    out = Path(tmp_path_factory.mktemp("canary"))
-    return load_run(ensure_run(cfg, key, out, progress=False)), cfg
 
 
 @pytest.mark.parametrize("request_text", ["client:0", "sample:0:poisoned"])

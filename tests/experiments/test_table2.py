@@ -137,6 +137,51 @@ def test_harness_resumes_records_failures_and_reports(tmp_path: Path, tiny_run_p
     assert read_result(victim / "result.json") is not None
 
 
+class NonFinite:
+    """An Unlearner whose model holds a NaN: the cell must fail, never be scored."""
+
+    name = "nonfinite"
+
+    def run(self, ctx: UnlearnContext) -> UnlearnResult:
+        state = ctx.original_state()
+        key = next(k for k, v in state.items() if v.is_floating_point())
+        state[key] = state[key].clone()
+        state[key].view(-1)[0] = float("nan")
+        return ctx.make_result(
+            self.name,
+            state,
+            wall_s=0.01,
+            bytes_=1,
+            link_s=0.1,
+            fl_rounds=0,
+            aoi=AoITracker.from_history(ctx.run.history),
+            details={"failure": "ascent diverged"},
+        )
+
+
+def test_a_non_finite_model_is_a_failed_cell_never_scored(
+    tmp_path: Path, tiny_run_path: Path
+) -> None:
+    def factory(name: str, cfg: Mapping[str, Any]) -> Any:
+        return NonFinite() if name == "nonfinite" else Spy(name, [])
+
+    cfg, out = _setup(tmp_path, tiny_run_path, ["retrain", "nonfinite"])
+    summary = run_table2(cfg, out, factory=factory, progress=False)
+    assert summary["done"] == 2 and len(summary["failed"]) == 2
+    cell = Cell(RunKey("fashion_mnist", "lenet", 1.0, 0), "client", "nonfinite").dir(out)
+    err = json.loads((cell / "error.json").read_text())
+    assert err["error"].startswith("UnlearningFailedError: nonfinite produced a model with")
+    assert "non-finite values in 1 of" in err["error"] and "ascent diverged" in err["error"]
+    assert not (cell / "result.json").exists()
+    md = (out / "table2.md").read_text()
+    row = next(ln for ln in md.splitlines() if ln.startswith("| fashion_mnist | client"))
+    assert row.count("FAILED") == 3  # RA, FA and Avg AoI of the failed method
+    assert "### Failed cells (not scored)" in md and "ascent diverged" in md
+    csv_rows = (out / "table2.csv").read_text().splitlines()
+    ra = next(r for r in csv_rows if ",client,nonfinite,RA," in r).split(",")
+    assert ra[7] == "0"  # n: no seed scored
+
+
 def test_plan_cells_with_alpha_sweep() -> None:
     """The sweep adds only its methods/scenarios at other alphas, never duplicating main cells."""
     cfg = tiny_config("experiment.alpha_sweep.alphas=[0.1,1.0]", "experiment.seeds=[0,1]")
@@ -165,9 +210,10 @@ def test_cli_registers_table2() -> None:
             "pga",
             "fused",
             "scale",
+            "not",
             "finetune",
             "finetune_matched",
-        }  # the five methods and the control, twice
+        }  # the six methods and the control, twice
         assert methods.index("scale") < methods.index("finetune_matched")
     paper = load_config(resolve_config_path("table2_paper"))
     assert paper["data"]["num_clients"] == 100 and paper["fl"]["rounds"] == 100

@@ -15,8 +15,8 @@ from scaleflu.unlearn.registry import method_names
 from tiny_run_helpers import needs_fmnist
 
 
-def test_gpu_config_plans_three_models_seven_methods() -> None:
-    """table2_gpu: 3 models x 3 seeds x 3 scenarios x (5 methods + 2 controls) on the GPU."""
+def test_gpu_config_plans_three_models_eight_methods() -> None:
+    """table2_gpu: 3 models x 3 seeds x 3 scenarios x (6 methods + 2 controls) on the GPU."""
     cfg = load_config(resolve_config_path("table2_gpu"))
     cpu = load_config(resolve_config_path("table2_cpu"))
     exp = cfg["experiment"]
@@ -30,7 +30,7 @@ def test_gpu_config_plans_three_models_seven_methods() -> None:
         k: v for k, v in cpu["fl"].items() if k not in GPU_FL
     }
     main, sweep = plan_cells(cfg)
-    assert len(main) == 3 * 3 * 3 * 7 and not sweep
+    assert len(main) == 3 * 3 * 3 * 8 and not sweep
     assert cfg["fl"]["device"] == "cuda" and cfg["fl"]["batch_size"] == 64
     mnv3 = run_config(cfg, RunKey("fashion_mnist", "mobilenetv3", 0.3, 1))
     assert mnv3["fl"]["local_epochs"] == 1 and mnv3["model"]["name"] == "mobilenetv3"
@@ -80,7 +80,7 @@ def test_full_config_is_table2_cpu_at_full_size() -> None:
     assert full["fl"] == {**cpu["fl"], "rounds": 30, "lr_schedule": "cosine"}
     assert full["baselines"]["pga"]["post_rounds"] == 3  # 10 % of the rounds, as table2_cpu
     main, sweep = plan_cells(full)
-    assert len(main) == 3 * 3 * 7 and not sweep
+    assert len(main) == 3 * 3 * 8 and not sweep
     validate_config(full)
 
 

@@ -168,7 +168,7 @@ def test_forget_saliency_marks_the_trigger_weight() -> None:
     rx[torch.arange(30), ry] = 1.0
     sal, info = forget_saliency(model, fx, fy, rx, ry, ["weight"], contrast=1.0, chunk=5)
     s = sal["weight"]
-    assert info == {"forget_samples": 12, "rest_samples": 30, "contrast": 1.0}
+    assert info == {"forget_samples": 12, "rest_samples": 30, "contrast": 1.0, "stat": "loss"}
     assert s.shape == model.weight.shape and bool((s >= 0).all())
     assert torch.argmax(s).item() == 0 * 4 + 3
     # the vectorised per-sample gradients equal a plain loop

@@ -25,6 +25,7 @@ METHOD_LABELS = {
     "scale": "SCALE",
     "finetune": "Control",
     "finetune_matched": "Control (cost)",
+    "not": "NoT",
 }
 COST_KEYS = ("wall_s", "cpu_s", "link_s", "bytes", "fl_rounds")
 CONTROLS = ("finetune", "finetune_matched")  # no unlearning: k plain FedAvg rounds of D_r
@@ -37,6 +38,13 @@ PROTOCOL_KEYS = (
     ("MIA_cm_loss_AUC", "mia_cm_loss_auc"),
     ("MIA_canary_AUC", "mia_canary_auc"),
     ("MIA_canary_TPR", "mia_canary_tpr_1fpr"),
+    # the per-example membership audit (unlearn.audit): AUC, its interval, TPR at 1 % / 0.1 % FPR
+    ("AUDIT_AUC", "audit_auc"),
+    ("AUDIT_AUC_lo", "audit_auc_lo"),
+    ("AUDIT_AUC_hi", "audit_auc_hi"),
+    ("AUDIT_TPR1", "audit_tpr_1fpr"),
+    ("AUDIT_TPR01", "audit_tpr_01fpr"),
+    ("AUDIT_n", "audit_n"),
 )
 ORIGINAL = "original"  # pseudo-method: the trained model before unlearning (every cell has it)
 
@@ -56,6 +64,23 @@ def load_results(out: Path, cells: Sequence[Cell]) -> dict[Cell, dict[str, Any]]
         r = read_result(c.dir(out) / "result.json")
         if r is not None:
             res[c] = r
+    return res
+
+
+def load_failures(out: Path, cells: Sequence[Cell]) -> dict[Cell, str]:
+    """The reason of every cell that failed and has no result (its ``error.json``)."""
+    import json
+
+    res = {}
+    for c in cells:
+        d = c.dir(out)
+        if read_result(d / "result.json") is not None:
+            continue
+        try:
+            err = json.loads((d / "error.json").read_text())
+        except (OSError, ValueError):
+            continue
+        res[c] = str(err.get("error") or "failed") if isinstance(err, dict) else "failed"
     return res
 
 
@@ -97,9 +122,17 @@ def _stats(xs: Sequence[float | None]) -> tuple[float, float, int]:
 
 
 def summarise(
-    cfg: Config, results: Mapping[Cell, Mapping[str, Any]], alpha: float
+    cfg: Config,
+    results: Mapping[Cell, Mapping[str, Any]],
+    alpha: float,
+    failures: Mapping[Cell, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Long-format rows: dataset, model, scenario, method, metric, mean, std, n, delta."""
+    """Long-format rows: dataset, model, scenario, method, metric, mean, std, n, delta.
+
+    ``failures`` (cell -> reason): every row of a method also counts its failed seeds
+    (``failed``) and names the first reason (``failed_reason``); they are never scored.
+    """
+    failures = failures or {}
     exp = cfg.experiment
     fa_metric, aoi_metric = str(exp.fa_metric), str(exp.aoi_metric)
     rows = []
@@ -121,6 +154,13 @@ def summarise(
                 labels = [p[0] for p in PROTOCOL_KEYS]
                 for m in [*exp.methods, ORIGINAL]:
                     seeds = per_method.get(m, {})
+                    why = sorted(
+                        (c.run.seed, r)
+                        for c, r in failures.items()
+                        if c.method == m
+                        and (c.run.dataset, c.run.model, c.run.alpha, c.scenario)
+                        == (ds, model, alpha, sc)
+                    )
                     for metric in ("RA", "FA", "AoI_s", "test_acc", *COST_KEYS, *labels):
                         mean, std, n = _stats([v[metric] for v in seeds.values()])
                         deltas = [
@@ -142,6 +182,8 @@ def summarise(
                                 "n": n,
                                 "delta_mean": dm if dn else float("nan"),
                                 "delta_std": ds_ if dn else float("nan"),
+                                "failed": len(why),
+                                "failed_reason": why[0][1] if why else "",
                             }
                         )
     return rows
@@ -154,6 +196,18 @@ def _fmt(mean: float, std: float, n: int, digits: int = 2) -> str:
     if n > 1:
         s += f"±{std:.{digits}f}"
     return s
+
+
+def _fmt_row(r: Mapping[str, Any] | None, digits: int = 2) -> str:
+    """A summarised cell, or ``FAILED`` (never scored) when every seed failed; ``[k failed]``
+    after the value when some did."""
+    if r is None:
+        return "--"
+    failed = int(r.get("failed") or 0)
+    if failed and not r["n"]:
+        return "FAILED"
+    txt = _fmt(r["mean"], r["std"], r["n"], digits)
+    return txt + (f" [{failed} failed]" if failed else "")
 
 
 def _fmt_delta(dm: float, digits: int = 2) -> str:
@@ -187,7 +241,7 @@ def markdown_table(cfg: Config, rows: Sequence[Mapping[str, Any]], title: str) -
                         if r is None:
                             cells.append("--")
                             continue
-                        txt = _fmt(r["mean"], r["std"], r["n"], digits)
+                        txt = _fmt_row(r, digits)
                         if m != "retrain" and r["n"]:
                             txt += _fmt_delta(r["delta_mean"], digits)
                         cells.append(txt + _fmt_paper(ds, sc, model, m, metric, digits))
@@ -196,7 +250,9 @@ def markdown_table(cfg: Config, rows: Sequence[Mapping[str, Any]], title: str) -
     lines.append(
         "Values: mean over seeds (± sample std when more than one seed); in parentheses the "
         "mean of the per-seed difference to Retrain; in brackets the paper's Table II value "
-        "of the cell (none for the controls). `--`: no finished cell."
+        "of the cell (none for the controls). `--`: no finished cell. FAILED: every seed's "
+        "cell failed (e.g. a non-finite model), never scored; `[k failed]`: k seeds failed and "
+        "the value is over the others; the reasons are listed under the tables."
     )
     return "\n".join(lines)
 
@@ -236,7 +292,7 @@ def protocol_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
                     ]
                     for metric, _ in cols:
                         r = idx.get((ds, model, sc, m, metric))
-                        txt = "--" if r is None else _fmt(r["mean"], r["std"], r["n"], 3)
+                        txt = _fmt_row(r, 3)
                         cells.append(txt + _fmt_paper(ds, sc, model, m, metric, 2))
                     lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
@@ -250,12 +306,124 @@ def protocol_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def audit_table(
+    cfg: Config, rows: Sequence[Mapping[str, Any]], sets: Mapping[tuple[str, str, str], str]
+) -> str:
+    """The per-example membership audit per scenario and method (a Table II column group).
+
+    ``sets``: (dataset, model, scenario) -> what was audited (canaries / forget sample, n).
+    """
+    exp = cfg.experiment
+    idx = {(r["dataset"], r["model"], r["scenario"], r["method"], r["metric"]): r for r in rows}
+    head = [
+        "Dataset",
+        "Scenario",
+        "Model",
+        "audited",
+        "Method",
+        "AUC",
+        "AUC 95 % CI (mean of seeds)",
+        "ΔAUC vs Retrain",
+        "TPR @ 1 % FPR",
+        "TPR @ 0.1 % FPR",
+    ]
+    lines = [
+        "### Membership audit (per example, offline LiRA on shadow federations)",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    any_row = False
+    for ds in exp.datasets:
+        for sc in exp.scenarios:
+            for model in exp.models:
+                what = sets.get((ds, model, sc), "--")
+                for m in [ORIGINAL, *exp.methods]:
+                    r = idx.get((ds, model, sc, m, "AUDIT_AUC"))
+                    if r is None or (not r["n"] and not r.get("failed")):
+                        continue
+                    any_row = True
+                    lo = idx.get((ds, model, sc, m, "AUDIT_AUC_lo"))
+                    hi = idx.get((ds, model, sc, m, "AUDIT_AUC_hi"))
+                    ci = "--"
+                    if lo and hi and lo["n"] and hi["n"]:
+                        ci = f"[{lo['mean']:.3f}, {hi['mean']:.3f}]"
+                    delta = ""
+                    if m not in ("retrain", ORIGINAL) and r["n"]:
+                        delta = _fmt_delta(r["delta_mean"], 3).strip(" ()")
+                    lines.append(
+                        "| "
+                        + " | ".join(
+                            [
+                                ds,
+                                sc,
+                                model,
+                                what,
+                                "Original (trained)" if m == ORIGINAL else METHOD_LABELS.get(m, m),
+                                _fmt_row(r, 3),
+                                ci,
+                                delta or "--",
+                                _fmt_row(idx.get((ds, model, sc, m, "AUDIT_TPR1")), 3),
+                                _fmt_row(idx.get((ds, model, sc, m, "AUDIT_TPR01")), 3),
+                            ]
+                        )
+                        + " |"
+                    )
+    if not any_row:
+        return ""
+    lines.append("")
+    lines.append(
+        "Per request: D_u's membership canaries against their held-out twins (or, with fewer "
+        "than `scale.eval.canary_min` canaries in D_u, a class-matched sample of D_u against "
+        "held-out images), each scored against the mean of the shadow federations that did not "
+        'hold it (docs/reproducing.md, "The membership audit"). 0.5 AUC: the forgotten '
+        "examples look like never-seen ones; compare with Retrain's. With n negatives the "
+        "smallest resolvable FPR is 1/n: below it the TPR counts positives above every negative."
+    )
+    return "\n".join(lines)
+
+
+def audit_cost(out: Path) -> str:
+    """What the audit's shadow federations cost per run (their ``meta.json``), one line."""
+    import json
+
+    per_run = []
+    what = set()
+    for meta in sorted(out.glob("runs/*/audit/*/meta.json")):
+        try:
+            d = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        cpu = d.get("train_cpu_s") or {}
+        if cpu:
+            per_run.append(sum(float(v) for v in cpu.values()))
+            what.add(f"{d.get('shadows')} shadows of {d.get('rounds')} rounds")
+    if not per_run:
+        return ""
+    return (
+        f"Audit cost: {', '.join(sorted(what))} per run, trained once and shared by every cell "
+        f"of the run: {np.mean(per_run):.0f} CPU s per run on average ({min(per_run):.0f}-"
+        f"{max(per_run):.0f}, {len(per_run)} runs; {sum(per_run):.0f} CPU s in all)."
+    )
+
+
+def failure_list(out: Path, failures: Mapping[Cell, str]) -> str:
+    """Every failed cell and its reason (Markdown list)."""
+    if not failures:
+        return ""
+    lines = ["### Failed cells (not scored)", ""]
+    for c, why in sorted(failures.items()):
+        lines.append(f"* `{c.dir(Path()).as_posix()}`: {why}")
+    return "\n".join(lines)
+
+
 def control_verdicts(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Each method against each control present: does it forget more at equal RA?
 
     Equal RA: the method's mean RA is at least the control's minus ``experiment.control_ra_tol``.
-    Beating it: mean FA, or a calibrated MIA AUC's distance from 0.5 (class-matched, or on the
-    membership canaries), lower than the control's by more than ``experiment.control_margin``.
+    Beating it: mean FA, or a calibrated MIA AUC's distance from 0.5 (class-matched, on the
+    membership canaries, or the per-example audit's), lower than the control's by more than
+    ``experiment.control_margin``.
     An AUC far *below* 0.5 is a trace too (the attack separates D_u with the sign flipped, as
     after a collapse of the model), not forgetting. Otherwise the verdict says that it does not
     beat the control.
@@ -279,13 +447,13 @@ def control_verdicts(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> list[dic
                             continue
                         v = {
                             k: (mean(ds, model, sc, m, k), mean(ds, model, sc, ctl, k))
-                            for k in ("RA", "FA", "MIA_AUC", "MIA_canary_AUC")
+                            for k in ("RA", "FA", "MIA_AUC", "MIA_canary_AUC", "AUDIT_AUC")
                         }
                         if v["RA"][0] is None or v["RA"][1] is None:
                             continue
                         better = [
                             k
-                            for k in ("FA", "MIA_AUC", "MIA_canary_AUC")
+                            for k in ("FA", "MIA_AUC", "MIA_canary_AUC", "AUDIT_AUC")
                             if None not in v[k] and _trace(k, v[k][0]) + margin < _trace(k, v[k][1])
                         ]
                         if v["RA"][0] < v["RA"][1] - tol:
@@ -312,7 +480,7 @@ def control_verdicts(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> list[dic
 
 def _trace(metric: str, value: float) -> float:
     """What the verdict compares: FA itself, an MIA AUC's distance from 0.5 (no trace)."""
-    return abs(value - 0.5) if metric.startswith("MIA") else value
+    return abs(value - 0.5) if metric.startswith(("MIA", "AUDIT")) else value
 
 
 def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
@@ -330,6 +498,8 @@ def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
         "MIA ctl",
         "canary MIA",
         "canary MIA ctl",
+        "audit AUC",
+        "audit AUC ctl",
         "verdict",
     ]
     lines = [
@@ -359,6 +529,8 @@ def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
                     f(v["MIA_AUC_c"]),
                     f(v["MIA_canary_AUC_m"]),
                     f(v["MIA_canary_AUC_c"]),
+                    f(v["AUDIT_AUC_m"]),
+                    f(v["AUDIT_AUC_c"]),
                     v["verdict"],
                 ]
             )
@@ -650,8 +822,9 @@ def write_report(cfg: Config | Config, out: str | Path) -> dict[str, Path]:
     out = Path(out)
     main, sweep = plan_cells(cfg)
     results = load_results(out, main + sweep)
+    failures = load_failures(out, main + sweep)
     alpha = float(cfg.data.alpha)
-    rows = summarise(cfg, results, alpha)
+    rows = summarise(cfg, results, alpha, failures)
     exp = cfg.experiment
     n_missing = len(main) - sum(1 for c in main if c in results)
     title = (
@@ -659,10 +832,25 @@ def write_report(cfg: Config | Config, out: str | Path) -> dict[str, Path]:
         f"FA = {exp.fa_metric}, Avg AoI = aoi.{exp.aoi_metric}"
     )
     md = [markdown_table(cfg, rows, title), "", protocol_table(cfg, rows), ""]
+    sets = {}
+    for c, r in results.items():
+        name = _get(r, "metrics", "audit_set")
+        if name and c.run.alpha == alpha:
+            n = _get(r, "metrics", "audit_n")
+            sets[(c.run.dataset, c.run.model, c.scenario)] = f"{name} ({n})"
+    audit = audit_table(cfg, rows, sets)
+    if audit:
+        md += [audit, ""]
+        cost = audit_cost(out)
+        if cost:
+            md += [cost, ""]
     verdicts = control_verdicts(cfg, rows)
     if verdicts:
         md += [verdict_table(verdicts), ""]
     md.append(cost_table(cfg, rows))
+    fails = failure_list(out, failures)
+    if fails:
+        md += ["", fails]
     if n_missing:
         md.append(f"\n{n_missing} of {len(main)} cells have no finished result (see summary.json).")
     paths: dict[str, Path] = {}

@@ -55,6 +55,12 @@ NOISE_FLOOR_SEED = 1000
 SWEEP_FORGET_TOL = 0.05
 SWEEP_RA_TOL = 0.02
 SWEEP_TIME = 0.05
+# the membership targets (per request, against the reference Retrain): the audit's AUC within
+# 0.05 and its TPR at 1 % FPR within 0.03 of Retrain's, RA on true labels within 0.02 and the
+# protocol's forgetting no more than Retrain's + 0.02
+AUDIT_AUC_TOL = 0.05
+AUDIT_TPR_TOL = 0.03
+MEMBERSHIP_FORGET_TOL = 0.02
 # the sweep's federations: the packaged table2_cpu config (its evaluation protocol with power:
 # backdoor_share, label-flip marker, calibrated MIA, scale.* sizes) with seed, alpha, the
 # poisoned clients and the forgotten class drawn from the seed
@@ -187,10 +193,14 @@ def run_federation(
     noise_floor: bool = False,
     progress: bool = False,
     factory: MethodFactory = default_factory,
+    extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Train the federation and unlearn its requests (resumable cell by cell); write its rows.
 
-    Returns the federation's data (``complete`` once every cell has a result).
+    ``extra``: registered methods run on every request besides Retrain, SCALE and the control
+    (e.g. ``pga``, ``not``), scored against Retrain and the control as SCALE is. Returns the
+    federation's data (``complete`` once every cell has a result; ``failed``: the cells that
+    failed, with their reasons, never scored).
     """
     out, work = Path(out), Path(work)
     run_root = work / "sweep" / fed.setting
@@ -219,6 +229,7 @@ def run_federation(
         names = list(SWEEP_METHODS)
         if (fed.seed + i) % 2:  # interleaved: Retrain and SCALE alternate which goes first
             names[0], names[1] = names[1], names[0]
+        names += [m for m in extra if m not in names]
         if noise_floor:
             names.append(NOISE_FLOOR_METHOD)
         cells += [Cell(key, scen, n) for n in names]
@@ -234,9 +245,14 @@ def run_federation(
     )
     data["drawn"] = fed.drawn
     data["rows"] = federation_rows(
-        fed, {c: read_result(cell_dir(c) / "result.json") for c in cells}
+        fed, {c: read_result(cell_dir(c) / "result.json") for c in cells}, extra
     )
     data["complete"] = all(s["status"] == "done" for s in status.values())
+    data["failed"] = [
+        {"cell": k, "error": v.get("error"), "stage": v.get("stage")}
+        for k, v in status.items()
+        if v["status"] == "failed"
+    ]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -245,7 +261,7 @@ def run_federation(
 
 
 def federation_rows(
-    fed: Federation, results: Mapping[Cell, dict[str, Any] | None]
+    fed: Federation, results: Mapping[Cell, dict[str, Any] | None], extra: Sequence[str] = ()
 ) -> list[dict[str, Any]]:
     """One row per request with a reference Retrain: every method against it and the control."""
     rows = []
@@ -259,9 +275,10 @@ def federation_rows(
         if ref is None:
             continue
         control = res.get("finetune")
+        compared = ("retrain", "finetune", NOISE_FLOOR_METHOD)
         methods = [
-            sweep_row(res[n], ref, control if n == "scale-default" else None)
-            for n in (*SWEEP_METHODS, NOISE_FLOOR_METHOD)
+            sweep_row(res[n], ref, control if n not in compared else None)
+            for n in dict.fromkeys((*SWEEP_METHODS, *extra, NOISE_FLOOR_METHOD))
             if n in res
         ]
         floor = next((r for r in methods if r["method"] == NOISE_FLOOR_METHOD), None)
@@ -353,11 +370,30 @@ def sweep_row(
     }
     f, rf = row["forget"], _forget(rm, res["protocol"])
     row["d_forget"] = None if f is None or rf is None else f - rf
+    for key in ("audit_auc", "audit_auc_lo", "audit_auc_hi", "audit_tpr_1fpr", "audit_tpr_01fpr"):
+        row[key] = m.get(key)
+    row["audit_set"] = m.get("audit_set")
+    row["d_audit_auc"] = _diff(m.get("audit_auc"), rm.get("audit_auc"))
+    row["d_audit_tpr"] = _diff(m.get("audit_tpr_1fpr"), rm.get("audit_tpr_1fpr"))
     ok = {
         "ra": row["d_ra"] is not None and abs(row["d_ra"]) <= SWEEP_RA_TOL,
         "forget": row["d_forget"] is not None and row["d_forget"] <= SWEEP_FORGET_TOL,
         "ra_clean": row["d_ra_clean"] is not None and abs(row["d_ra_clean"]) <= SWEEP_RA_TOL,
     }
+    if row["d_audit_auc"] is not None:
+        # the per-example membership audit at Retrain's level (AUC and TPR at 1 % FPR)
+        ok["audit"] = (
+            abs(row["d_audit_auc"]) <= AUDIT_AUC_TOL
+            and row["d_audit_tpr"] is not None
+            and abs(row["d_audit_tpr"]) <= AUDIT_TPR_TOL
+        )
+        # ... with RA on true labels within 0.02 and forgetting within Retrain's + 0.02
+        ok["membership"] = (
+            ok["audit"]
+            and ok["ra_clean"]
+            and row["d_forget"] is not None
+            and row["d_forget"] <= MEMBERSHIP_FORGET_TOL
+        )
     if control is not None:
         cm = control["metrics"]
         cf = _forget(cm, res["protocol"])
@@ -378,6 +414,10 @@ def sweep_row(
     return row
 
 
+def _diff(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else float(a) - float(b)
+
+
 def collect(
     out: Path,
     feds: Sequence[Federation],
@@ -386,12 +426,13 @@ def collect(
     scale_set: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The rows of every federation file that exists (finished or not)."""
-    rows, fed_info = [], []
+    rows, fed_info, failed = [], [], []
     for fed in feds:
         p = federation_path(out, fed)
         if p.is_file():
             d = json.loads(p.read_text())
             rows += d["rows"]
+            failed += [{"federation": fed.name, **f} for f in d.get("failed") or []]
             fed_info.append(
                 {
                     k: d.get(k)
@@ -410,6 +451,7 @@ def collect(
         },
         "federations": fed_info,
         "rows": rows,
+        "failed": failed,
     }
 
 
@@ -437,9 +479,10 @@ def sweep_table(data: Mapping[str, Any]) -> str:
         "labels), control = forget below the fine-tune control's at RA "
         ">= the control's - 0.02, time and CPU <= 5 % of Retrain's.",
         "",
-        "| setting | request | method | seeds | test acc | RA | forget | MIA AUC (cal.) | dRA | "
+        "| setting | request | method | seeds | test acc | RA | forget | MIA AUC (cal.) | "
+        "audit AUC | audit TPR@1%FPR | dAUC (audit) | dTPR (audit) | dRA | "
         "dRA clean | time/Retrain | CPU/Retrain | CPU s | targets met |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (setting, scen, method), rs in sorted(groups.items()):
         met: dict[str, int] = {}
@@ -460,6 +503,10 @@ def sweep_table(data: Mapping[str, Any]) -> str:
                     "ra",
                     "forget",
                     "mia_cal_auc",
+                    "audit_auc",
+                    "audit_tpr_1fpr",
+                    "d_audit_auc",
+                    "d_audit_tpr",
                     "d_ra",
                     "d_ra_clean",
                     "time_ratio",
@@ -469,8 +516,59 @@ def sweep_table(data: Mapping[str, Any]) -> str:
             )
             + f" | {tick} |"
         )
+    lines += membership_table(data)
+    if data.get("failed"):
+        lines += ["", "## Failed cells (not scored)", ""]
+        lines += [f"* {f['federation']} `{f['cell']}`: {f['error']}" for f in data["failed"]]
     lines += noise_floor_table(data)
     return "\n".join(lines) + "\n"
+
+
+def membership_table(data: Mapping[str, Any]) -> list[str]:
+    """Per setting and request: each method's seeds meeting the membership targets.
+
+    ``audit``: the audit's AUC within 0.05 and TPR at 1 % FPR within 0.03 of Retrain's;
+    ``membership``: that, with RA on true labels within 0.02 and the forgetting within Retrain's
+    + 0.02. The control must fail ``audit`` for the audit to have power on that request.
+    """
+    per: dict[tuple[str, str], dict[str, list[dict[str, Any]]]] = {}
+    for row in data["rows"]:
+        for r in row["methods"]:
+            if "audit" in r["ok"]:
+                per.setdefault((row["setting"], row["scenario"]), {}).setdefault(
+                    r["method"], []
+                ).append(r)
+    if not per:
+        return []
+    out = [
+        "",
+        "## The membership audit against Retrain (per seed)",
+        "",
+        f"audit: AUC within {AUDIT_AUC_TOL} and TPR@1%FPR within {AUDIT_TPR_TOL} of Retrain's; "
+        f"membership: audit and RA on true labels within {SWEEP_RA_TOL} and the forgetting within "
+        f"Retrain's + {MEMBERSHIP_FORGET_TOL}. The control failing `audit` is the audit's power.",
+        "",
+        "| setting | request | method | seeds | audited | dAUC min / median / max | "
+        "dTPR min / median / max | audit | membership |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def rng(vals: list[Any]) -> str:
+        v = [x for x in vals if x is not None]
+        if not v:
+            return "-"
+        return f"{min(v):+.3f} / {float(np.median(v)):+.3f} / {max(v):+.3f}"
+
+    for (setting, scen), ms in sorted(per.items()):
+        for method, rs in sorted(ms.items()):
+            sets = sorted({str(r.get("audit_set")) for r in rs})
+            out.append(
+                f"| {setting} | {scen} | {method} | {len(rs)} | {', '.join(sets)} | "
+                f"{rng([r['d_audit_auc'] for r in rs])} | {rng([r['d_audit_tpr'] for r in rs])} | "
+                f"{sum(bool(r['ok']['audit']) for r in rs)}/{len(rs)} | "
+                f"{sum(bool(r['ok']['membership']) for r in rs)}/{len(rs)} |"
+            )
+    return out
 
 
 def noise_floor_table(data: Mapping[str, Any]) -> list[str]:

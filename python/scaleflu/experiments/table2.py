@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from scaleflu.config import ConfigError, as_config, save_config
+from scaleflu.config import ConfigError, as_config, merge, save_config
 from scaleflu.experiments.cells import plan_cells
 from scaleflu.experiments.harness import MethodFactory, default_factory, run_cells
 from scaleflu.experiments.report import write_report
@@ -60,7 +60,13 @@ def run_table2(
     if factory is default_factory:
         _check_methods(sorted({c.method for c in main + sweep}))
     t0 = time.perf_counter()
-    status = run_cells(cfg, out, main + sweep, factory, progress)
+    status = run_cells(cfg, out, main, factory, progress)
+    if sweep:
+        # the alpha sweep's cells (the RA/FA-vs-alpha figure) audit membership only when asked
+        scfg = cfg
+        if not bool(cfg.experiment.alpha_sweep.get("audit", False)):
+            scfg = as_config(merge(cfg, {"scale": {"eval": {"audit": {"shadows": 0}}}}))
+        status.update(run_cells(scfg, out, sweep, factory, progress, desc="alpha sweep"))
     wall = time.perf_counter() - t0
     summary: dict[str, Any] = {
         "cells": len(status),

@@ -138,6 +138,17 @@ def print_summary(report: Mapping[str, Any], fh: TextIO) -> None:
         w(f"  {k}: {v:.1f}s\n")
 
 
+def _audit_cell(row: Mapping[str, Any]) -> str:
+    """``0.512 [0.41,0.62]``: the audit's AUC and its interval (``--`` without the audit)."""
+    auc = row.get("audit_auc")
+    if auc is None:
+        return "--"
+    lo, hi = row.get("audit_auc_lo"), row.get("audit_auc_hi")
+    if lo is None or hi is None:
+        return f"{auc:.3f}"
+    return f"{auc:.3f} [{lo:.2f},{hi:.2f}]"
+
+
 def print_adaptation(report: Mapping[str, Any], fh: TextIO) -> None:
     """Per round and robot the SNRs both ends reported and the MCS each way; the bytes each MCS
     carried (the robots' uploads the server received, and the server's own frames)."""
@@ -192,6 +203,7 @@ def print_side_by_side(un: Mapping[str, Any], fh: TextIO) -> None:
         w("\n  same request, server-side measurements (only the first method was deployed):\n")
         w(
             f"  {'method':<14} {'ASR':>6} {'test acc':>8} {'RA':>6} {'FA':>6} {'MIA AUC':>7} "
+            f"{'audit AUC [95% CI]':>20} {'TPR@1%':>6} {'@0.1%':>6} "
             f"{'wall s':>7} {'CPU s':>7} {'link MB':>8} {'air MB':>7}\n"
         )
         for row in rows:
@@ -203,14 +215,18 @@ def print_side_by_side(un: Mapping[str, Any], fh: TextIO) -> None:
             w(
                 f"  {str(row.get('method')):<14} {_f(row.get('asr')):>6} "
                 f"{_f(row.get('test_acc')):>8} {_f(row.get('ra')):>6} {_f(row.get('fa')):>6} "
-                f"{_f(row.get('mia_auc')):>7} {_f(row.get('wall_s'), '{:.1f}'):>7} "
+                f"{_f(row.get('mia_auc')):>7} {_audit_cell(row):>20} "
+                f"{_f(row.get('audit_tpr_1fpr')):>6} {_f(row.get('audit_tpr_01fpr')):>6} "
+                f"{_f(row.get('wall_s'), '{:.1f}'):>7} "
                 f"{_f(row.get('cpu_s'), '{:.1f}'):>7} "
                 f"{_f(None if link is None else link / 1e6, '{:.2f}'):>8} "
                 f"{_f(None if air is None else air / 1e6, '{:.2f}'):>7}\n"
             )
         w(
             "  (link MB: the method's own FedAvg traffic on the simulated link; air MB: the "
-            "deployed model and evaluations on the testbed's air)\n"
+            "deployed model and evaluations on the testbed's air; audit: per-example membership "
+            "of the forgotten data against shadow federations, 0.5 = as never seen, compare with "
+            "Retrain's; -- when scale.eval.audit is off)\n"
         )
         kinds = {row.get("mia_kind") for row in rows if row.get("mia_kind")}
         if kinds:

@@ -157,6 +157,13 @@ def side_by_side_row(result: Mapping[str, Any], air_bytes: int | None = None) ->
         "ra": m.get("ra"),
         "fa": m.get("fa_protocol"),
         "mia_auc": mia,
+        # the per-example membership audit (scale.eval.audit; None when off)
+        "audit_set": m.get("audit_set"),
+        "audit_auc": m.get("audit_auc"),
+        "audit_auc_lo": m.get("audit_auc_lo"),
+        "audit_auc_hi": m.get("audit_auc_hi"),
+        "audit_tpr_1fpr": m.get("audit_tpr_1fpr"),
+        "audit_tpr_01fpr": m.get("audit_tpr_01fpr"),
         "mia_kind": mia_kind if mia is not None else None,
         "wall_s": c.get("wall_s"),
         "cpu_s": c.get("cpu_s"),

@@ -14,6 +14,7 @@ _EXPORTS = {
     "UnlearnContext": "scaleflu.unlearn.base",
     "UnlearnResult": "scaleflu.unlearn.base",
     "Unlearner": "scaleflu.unlearn.base",
+    "UnlearningFailedError": "scaleflu.unlearn.base",
     "RequestError": "scaleflu.unlearn.request",
     "UnlearnRequest": "scaleflu.unlearn.request",
     "parse_request": "scaleflu.unlearn.request",

@@ -63,8 +63,16 @@ from scaleflu.fl.models import build_model
 from scaleflu.fl.run import LoadedRun, load_run
 from scaleflu.fl.strategy import FedAvg
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
+from scaleflu.unlearn.audit import (
+    AuditSet,
+    AuditSettings,
+    ShadowSet,
+    build_audit_set,
+    empty_metrics,
+    run_audit,
+)
 from scaleflu.unlearn.metrics import (
-    class_matched_sets,
+    class_matched_indices,
     communication_overhead,
     evaluate_model,
     logit_confidence,
@@ -177,6 +185,23 @@ def _clean(obj: Any) -> Any:
     return obj
 
 
+class UnlearningFailedError(RuntimeError):
+    """A method produced no usable model (e.g. a non-finite parameter): the cell is failed.
+
+    Never scored: :meth:`UnlearnContext.make_result` raises it before any metric is computed,
+    and the experiment harness records it as the cell's error with its reason.
+    """
+
+
+def nonfinite_tensors(state: Mapping[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors of ``state`` holding a NaN or an infinity."""
+    return [
+        k
+        for k, v in state.items()
+        if torch.is_tensor(v) and v.is_floating_point() and not bool(torch.isfinite(v).all())
+    ]
+
+
 @runtime_checkable
 class Unlearner(Protocol):
     """An unlearning method: ``run`` turns a context into a result."""
@@ -261,14 +286,14 @@ class UnlearnContext:
 
         What :meth:`make_result` measures: with ``measure`` every metric of the result and of
         the model before (forward passes over the evaluation sets), with ``audit`` also the
-        expensive audits (the calibrated MIAs' reference models, the relearn time), as Table II
-        does. ``scaleflu unlearn`` measures only on request (``--evaluate``, ``--audit``), so the
+        expensive audits (the calibrated MIAs' reference models, the per-example audit's
+        shadows, the relearn time), as Table II does. ``scaleflu unlearn`` measures only on request (``--evaluate``, ``--audit``), so the
         command costs about what the method costs. ``metrics_cache``: keep the model before's
         metrics in the run folder for the next method or request (:meth:`original_metrics`).
         """
         if mode not in MODES:
             raise ConfigError(f"unlearn mode must be one of {', '.join(MODES)}, got {mode!r}")
-        self.audit = bool(audit)
+        self.full_audit = bool(audit)
         self.measure = bool(measure or audit)
         self.metrics_cache = bool(metrics_cache)
         self.run = run
@@ -318,7 +343,7 @@ class UnlearnContext:
         self.remaining_clean: ImageData = setup.clean_train.subset(
             self._cap(self.remaining_idx, cap, 42)
         )
-        self.mia_target, self.mia_nonmembers = class_matched_sets(
+        self.mia_target_idx, self.mia_nonmembers = class_matched_indices(
             setup.train,
             setup.clean_train.labels,
             np.setdiff1d(self.forget_idx, setup.poison.canary_indices),  # canaries: below
@@ -327,11 +352,18 @@ class UnlearnContext:
             mia_n,
             self.seed,
         )
+        self.mia_target: ImageData = setup.train.subset(self.mia_target_idx)
         # the canary MIA: D_u's membership canaries against their held-out twins (same true
         # class, random wrong label alike, trained on by nobody; scaleflu.fl.data.insert_canaries)
         in_du = np.isin(setup.poison.canary_members, self.forget_idx)
-        self.canary_target: ImageData = setup.train.subset(setup.poison.canary_members[in_du])
-        self.canary_nonmembers: ImageData = setup.train.subset(setup.poison.canary_heldout[in_du])
+        self.canary_target_idx = setup.poison.canary_members[in_du]
+        self.canary_heldout_idx = setup.poison.canary_heldout[in_du]
+        self.canary_target: ImageData = setup.train.subset(self.canary_target_idx)
+        self.canary_nonmembers: ImageData = setup.train.subset(self.canary_heldout_idx)
+        # the per-example membership audit (unlearn.audit): shadows shared by the run's requests
+        self.audit_settings = AuditSettings.from_config(sc.eval.get("audit"))
+        self._audit: tuple[ShadowSet, AuditSet | None] | None = None
+        self.audit_info: dict[str, Any] = {}
         self._mia_ref: tuple[np.ndarray, np.ndarray] | None = None
         self._canary_ref: tuple[np.ndarray, np.ndarray] | None = None
         self.mia_reference_info: dict[str, Any] = {}
@@ -605,14 +637,60 @@ class UnlearnContext:
                 self.mia_reference_info["wall_s"],
             )
 
+    def shadows(self) -> tuple[ShadowSet, AuditSet | None] | None:
+        """The run's audit shadows (trained or loaded once) and this request's audited set.
+
+        None when ``scale.eval.audit.shadows`` is 0. :attr:`audit_info` records the shadows'
+        cost (CPU seconds of training them, per run) and the set.
+        """
+        if not self.audit_settings.enabled:
+            return None
+        if self._audit is None:
+            c0 = time.process_time()
+            shadows = ShadowSet(self.run, self.cfg, self.audit_settings, self.progress)
+            info = shadows.ensure()
+            aset = build_audit_set(
+                shadows,
+                canary_members=self.canary_target_idx,
+                canary_heldout=self.canary_heldout_idx,
+                canary_min=int(self.scale_cfg.eval.canary_min or 1),
+                train=self.run.setup.train,
+                sample_idx=self.mia_target_idx,
+                sample_nonmembers=self.mia_nonmembers,
+            )
+            self._audit = (shadows, aset)
+            self.audit_info = {
+                **info,
+                "set": None if aset is None else aset.name,
+                "positives": 0 if aset is None else len(aset.pos),
+                "negatives": 0 if aset is None else len(aset.neg),
+                "load_cpu_s": time.process_time()
+                - c0
+                - (info["train_cpu_s"] if info["trained_now"] else 0.0),
+            }
+        return self._audit
+
+    def audit(self, model: nn.Module) -> dict[str, Any]:
+        """The per-example membership audit of ``model`` (``audit_*`` metrics; None when off)."""
+        got = self.shadows()
+        if got is None:
+            return empty_metrics()
+        shadows, aset = got
+        c0 = time.process_time()
+        metrics, cal = run_audit(model, shadows, aset, self.seed)
+        if cal:
+            self.audit_info.update(sigma=cal["sigma"], margin=cal["margin"])
+        self.audit_info["score_cpu_s"] = time.process_time() - c0
+        return metrics
+
     def evaluate(
         self, state: Mapping[str, torch.Tensor], relearn: bool = True, label: str = "the model"
     ) -> dict[str, Any]:
         """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`); without
-        :attr:`audit` the calibrated MIAs and the relearn time are None (not measured). A log
-        line per stage names ``label``."""
+        :attr:`full_audit` the calibrated MIAs, the per-example audit (``audit_*``) and the
+        relearn time are None (not measured). A log line per stage names ``label``."""
         t0 = time.perf_counter()
-        audits = "membership audits" if self.audit else "forward-pass membership audits"
+        audits = "membership audits" if self.full_audit else "forward-pass membership audits"
         log.info("measuring %s: accuracies (test, RA, FA) and %s", label, audits)
         model = self.new_model(state).to(self.device)
         setup = self.run.setup
@@ -632,15 +710,16 @@ class UnlearnContext:
             remaining_clean=self.remaining_clean,
             mia_target=self.mia_target,
             mia_nonmembers=self.mia_nonmembers,
-            mia_reference=self.mia_reference() if self.audit else None,
+            mia_reference=self.mia_reference() if self.full_audit else None,
             canary_target=self.canary_target,
             canary_nonmembers=self.canary_nonmembers,
-            canary_reference=self.canary_reference() if self.audit else None,
+            canary_reference=self.canary_reference() if self.full_audit else None,
             canary_min=int(self.scale_cfg.eval.canary_min or 1),
         )
+        out.update(self.audit(model) if self.full_audit else empty_metrics())
         out["relearn_rounds"] = None
         ev = self.scale_cfg.eval
-        if relearn and self.audit and int(ev.relearn_max_rounds) > 0:
+        if relearn and self.full_audit and int(ev.relearn_max_rounds) > 0:
             target = float(ev.relearn_target) * float(self.original_metrics()["fa"] or 0.0)
             log.info(
                 "measuring %s: rounds to relearn the forget set (at most %d)",
@@ -666,8 +745,8 @@ class UnlearnContext:
         They are the same for every method serving the same request on the same model, so with
         ``metrics_cache`` the first measurement is kept in ``run_dir/cache/original-<key>.json``
         (with its digest when the run is trusted): the key covers the model's digest, the
-        request, the seed, the evaluation settings and :attr:`audit`. A cache file that fails to
-        parse or its digest is measured again and replaced.
+        request, the seed, the evaluation settings and :attr:`full_audit`. A cache file that fails
+        to parse or its digest is measured again and replaced.
         """
         if self._original_metrics is None:
             state = self.original_state()
@@ -689,8 +768,8 @@ class UnlearnContext:
             "seed": self.seed,
             "val_size": sc.val_size,
             "eval": sc.eval,
-            "audit": self.audit,
-            "fl": self.cfg.fl if self.audit else None,  # the reference models train with it
+            "audit": self.full_audit,
+            "fl": self.cfg.fl if self.full_audit else None,  # the reference models train with it
             "device": str(self.device),
         }
         digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
@@ -716,7 +795,17 @@ class UnlearnContext:
         """Measure ``state`` and pack the result (costs are the method's own).
 
         The state is kept as ``self.last_state`` so callers (the CLI) can save the model.
+        A state with a non-finite parameter is not measured: :class:`UnlearningFailedError`
+        (``details["failure"]``, when the method gives one, says why it happened).
         """
+        bad = nonfinite_tensors(state)
+        if bad:
+            why = (details or {}).get("failure")
+            raise UnlearningFailedError(
+                f"{method} produced a model with non-finite values in {len(bad)} of "
+                f"{len(state)} tensors ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''})"
+                + (f": {why}" if why else "")
+            )
         self.last_state = {k: v.detach().clone() for k, v in state.items()}
         # measured on request (scaleflu unlearn --evaluate / --audit; always in experiments)
         metrics: dict[str, Any] = {}
@@ -755,13 +844,16 @@ class UnlearnContext:
             original=self.original_metrics() if self.measure else {},
             cost=cost,
             aoi=aoi_out,
-            details=dict(details or {}),
+            details={
+                **dict(details or {}),
+                **({"audit": dict(self.audit_info)} if self.audit_info else {}),
+            },
             config={
                 "scale": copy.deepcopy(sc),
                 "fl": copy.deepcopy(self.cfg.fl),
                 # what was measured: metrics (and original) empty without "measure"; the
-                # calibrated MIAs and the relearn time None without "audit"
+                # calibrated MIAs, the per-example audit and the relearn time None without "audit"
                 "measure": self.measure,
-                "audit": self.audit,
+                "audit": self.full_audit,
             },
         )

@@ -82,7 +82,9 @@ def heal(
 
     ``scale.heal_params`` says what trains: ``all`` parameters, the cut ``layers`` (the keys of
     ``cut``) or only the ``cut`` entries themselves (``cut[k]`` True where the cut changed the
-    weight); what does not train stays bit-exact (its gradient is zeroed before the step).
+    weight), or everything but the cut entries (``uncut``: they stay zero, so healing cannot
+    grow back what the cut removed); what does not train stays bit-exact (its gradient is
+    zeroed before the step).
 
     At most ``scale.heal_epochs`` passes over ``data`` (the healing part of the retained
     validation set) with the run's batch size and momentum and ``scale.heal_lr`` (null:
@@ -104,10 +106,15 @@ def heal(
         raise ConfigError(f"scale.heal_temperature must be positive, got {temp}")
     model = ctx.new_model(state).to(ctx.device)
     which = str(sc.heal_params or "all")
-    if which not in ("all", "layers", "cut"):
-        raise ConfigError(f"scale.heal_params must be all, layers or cut, got {which!r}")
+    if which not in ("all", "layers", "cut", "uncut"):
+        raise ConfigError(f"scale.heal_params must be all, layers, cut or uncut, got {which!r}")
     grad_mask: dict[str, torch.Tensor | None] = {}
-    if which != "all":
+    if which == "uncut":
+        # everything trains but the cut entries, which stay zero: healing cannot grow back
+        # what the cut removed
+        for k, m in (cut or {}).items():
+            grad_mask[k] = (~m.to(ctx.device)).to(torch.float32)
+    elif which != "all":
         if not cut:
             raise ConfigError(f"scale.heal_params={which} needs the cut's layers")
         for k, _ in model.named_parameters():

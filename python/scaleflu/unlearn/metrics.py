@@ -159,9 +159,26 @@ def class_matched_sets(
     largest that the pool and ``cap`` allow; D_u is subsampled with the same ``f`` when
     ``|D_u| > cap``, so both sets have the same class and kind mixture.
     """
+    target_idx, non = class_matched_indices(
+        train, clean_labels, forget_idx, poison, pool, cap, seed
+    )
+    return train.subset(target_idx), non
+
+
+def class_matched_indices(
+    train: ImageData,
+    clean_labels: torch.Tensor,
+    forget_idx: np.ndarray,
+    poison: PoisonInfo,
+    pool: ImageData,
+    cap: int,
+    seed: int,
+) -> tuple[np.ndarray, ImageData]:
+    """:func:`class_matched_sets` with the target set as training indices (for the audit, which
+    needs to know which shadow federations held each target sample)."""
     forget_idx = np.asarray(forget_idx, dtype=np.int64)
     if len(forget_idx) == 0:
-        return train.subset(forget_idx), pool.subset(np.empty(0, np.int64))
+        return forget_idx, pool.subset(np.empty(0, np.int64))
     rng = np.random.default_rng(np.random.SeedSequence([seed, 45]))
     true = clean_labels[torch.as_tensor(forget_idx)].numpy()
     kind = np.where(
@@ -185,7 +202,6 @@ def class_matched_sets(
         cand = np.flatnonzero(pool_labels == c)
         pick = np.sort(rng.choice(cand, size=min(n, len(cand)), replace=False))
         nons.append(poisoned_like(pool.subset(pick), poison, k, seed))
-    target = train.subset(np.concatenate(targets))
     non = ImageData(
         torch.cat([d.pixels for d in nons]),
         torch.cat([d.labels for d in nons]),
@@ -194,7 +210,7 @@ def class_matched_sets(
         pool.num_classes,
         pool.name,
     )
-    return target, non
+    return np.concatenate(targets), non
 
 
 def fit_threshold(members: np.ndarray, nonmembers: np.ndarray) -> float:

@@ -153,6 +153,20 @@ class FinetuneParams:
             raise ConfigError(f"finetune: budget_cpu_s must be >= 0, got {self.budget_cpu_s}")
 
 
+@dataclass(frozen=True)
+class NoTParams:
+    """``baselines.not`` (NoT, weight negation)."""
+
+    layers: int  # how many of the first Conv/Linear layers are negated (paper: the first)
+    negate_bias: bool  # their biases too
+    rounds: int  # FedAvg fine-tuning rounds on the retained data
+    local_epochs: int | None  # None: fl.local_epochs
+
+    def __post_init__(self) -> None:
+        if self.layers < 1 or self.rounds < 0:
+            raise ConfigError("not: layers must be >= 1 and rounds >= 0")
+
+
 # -- the registry -----------------------------------------------------------------------------
 
 
@@ -202,6 +216,12 @@ register(
 )
 register("pga", "scaleflu.unlearn.baselines.pga:PGAUnlearner", PGAParams)
 register("fused", "scaleflu.unlearn.baselines.fused:FusedUnlearner", FusedParams)
+register(
+    "not",
+    "scaleflu.unlearn.baselines.negation:NoTUnlearner",
+    NoTParams,
+    ("weight_negation", "negation"),
+)
 # the control (no unlearning): k FedAvg rounds of the remaining clients; matched: SCALE's CPU time
 register("finetune", "scaleflu.unlearn.baselines.finetune:FinetuneUnlearner", FinetuneParams)
 register(

@@ -26,8 +26,10 @@ from typing import Any
 
 import torch
 
+from scaleflu.fl.history import state_bytes
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from scaleflu.unlearn.forget import calibrated_forget
 from scaleflu.unlearn.heal import heal_and_measure, split_selection_and_heal
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 from scaleflu.unlearn.search import Found, sb3_startup, search, uses_ppo, uses_saliency
@@ -110,6 +112,18 @@ class ScaleUnlearner:
             # fine-pruning's healing on the server's own clean samples (no client, no link)
             cut = {k: found.layers[k] != theta[k] for k in report.top}  # before any round
             new_state, healing = heal_and_measure(ctx, new_state, heal_set, select, cut)
+        t5 = time.perf_counter()
+
+        forgetting = None
+        if default and int(sc.forget_epochs or 0) > 0:
+            # the calibrated forgetting step: the requester's client moves D_u's remaining
+            # margins onto never-seen data's (one model down, one back)
+            new_state, forgetting = calibrated_forget(ctx, new_state, select, heal_set)
+            model_bytes = state_bytes(new_state)
+            forgetting["bytes"] = 2 * model_bytes
+            forgetting["link_s"] = 2 * ctx.link.seconds(model_bytes)
+            nbytes += forgetting["bytes"]
+            link_s += forgetting["link_s"]
 
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
@@ -121,7 +135,8 @@ class ScaleUnlearner:
             "ppo_utility_s": found.ppo_utility_s,  # validation passes inside PPO's steps
             "select_s": t3 - found.trained_at,  # rollout, exact re-check of the candidates
             "recovery_s": t4 - t3,  # FedAvg recovery rounds (and the validation pass before)
-            "heal_s": wall - (t4 - t0),  # healing on the server's validation samples
+            "heal_s": t5 - t4,  # healing on the server's validation samples
+            "forget_s": wall - (t5 - t0),  # the calibrated forgetting step (the client's)
             "wall_s": wall,
             "cpu_s": cpu,
             "torch_threads": torch.get_num_threads(),
@@ -131,6 +146,7 @@ class ScaleUnlearner:
             ", ".join(f"{k} {v:.2f}" for k, v in timing.items() if isinstance(v, float)),
         )
         details = _details(report, found, timing, recovery, healing, pre_recovery_acc)
+        details["forgetting"] = forgetting
         res = ctx.make_result(
             f"scale-{mode}",
             new_state,

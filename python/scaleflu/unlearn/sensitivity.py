@@ -392,8 +392,14 @@ def forget_saliency(
     layers: Sequence[str],
     contrast: float = 1.0,
     chunk: int = 128,
+    stat: str = "loss",
 ) -> tuple[Layers, dict[str, Any]]:
     """The forget set's own saliency, contrasted with the retained data's, per weight.
+
+    ``stat``: what the gradient is of -- ``loss`` (the cross-entropy ``L_i``) or ``margin``
+    (the label's logit margin ``phi_i = z_y - logsumexp_{j != y} z_j``, the statistic a
+    membership attack reads): a memorised sample has almost no loss and hence almost no loss
+    gradient, while its margin's gradient does not vanish.
 
     ``s_u = mean_i |w * dL_i/dw|`` over the forget samples **as the requesting client holds
     them** (a triggered image with the target label, a flipped label), ``s_r`` the same over
@@ -411,8 +417,15 @@ def forget_saliency(
     was = model.training
     model.eval()
 
+    if stat not in ("loss", "margin"):
+        raise ValueError(f"saliency statistic must be loss or margin, got {stat!r}")
+
     def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         out = functional_call(model, ({**params, **p}, buffers), (x.unsqueeze(0),))
+        if stat == "margin":
+            z = out[0]
+            hot = (torch.arange(z.shape[-1], device=z.device) == y).to(z.dtype)
+            return (z * hot).sum() - torch.logsumexp(z - 1e9 * hot, dim=-1)
         return torch.nn.functional.cross_entropy(out, y.unsqueeze(0))
 
     sub = {k: params[k] for k in layers}
@@ -438,6 +451,7 @@ def forget_saliency(
         out[k] = (a - contrast * b).clamp_min(0.0).to("cpu", params[k].dtype)
     info = {"forget_samples": int(len(forget_y)), "rest_samples": int(len(rest_y))}
     info["contrast"] = contrast
+    info["stat"] = stat
     return out, info
 
 
@@ -585,6 +599,7 @@ def _forget_saliency(
         ctx.val_retain.labels.to(ctx.device),
         layers,
         float(sc.forget_saliency_contrast),
+        stat=str(sc.forget_saliency_stat),
     )
     timing["saliency_s"] = time.perf_counter() - ts
     if not any(float(v.sum()) > 0 for v in sal.values()):
@@ -592,9 +607,10 @@ def _forget_saliency(
         return
     report.attribution = sal
     report.notes.append(
-        "Sparsify ranks parameters by the forget set's own saliency, computed by the client "
-        f"holding it ({info['forget_samples']} samples), contrasted with the retained "
-        f"validation set's ({info['rest_samples']} samples, contrast {info['contrast']})"
+        f"Sparsify ranks parameters by the forget set's own saliency ({info['stat']}), "
+        f"computed by the client holding it ({info['forget_samples']} samples), contrasted "
+        f"with the retained validation set's ({info['rest_samples']} samples, "
+        f"contrast {info['contrast']})"
     )
     layer_rule = str(sc.forget_layers)
     if layer_rule not in ("saliency", "score"):

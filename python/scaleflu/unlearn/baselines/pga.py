@@ -44,7 +44,7 @@ from scaleflu.fl.fedavg import client_batches, derive_seed
 from scaleflu.fl.history import state_bytes
 from scaleflu.fl.models import build_model
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
-from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
+from scaleflu.unlearn.base import UnlearnContext, UnlearnResult, nonfinite_tensors
 from scaleflu.unlearn.baselines.aoi_trace import RecordingAoITracker, annotate
 from scaleflu.unlearn.baselines.common import baseline_config, round_link
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
@@ -179,15 +179,36 @@ class PGAUnlearner:
             len(forget_idx), int(hp.epochs), int(bs) if bs else None, ctx.seed, 0, 73
         )
         model.train()
+        nonfinite_at: int | None = None
         for pos in tqdm(batches, desc="PGA", unit="step", disable=not ctx.progress, leave=False):
             idx = forget_idx[torch.as_tensor(pos)]
             opt.zero_grad(set_to_none=True)
+            # the last finite model: an ascent whose loss or step overflows stops there
+            last = {k: v.detach().clone() for k, v in model.state_dict().items()}
             loss = -F.cross_entropy(model(data.inputs(idx).to(dev)), data.labels[idx].to(dev))
-            loss.backward()
-            if clip > 0:
-                clip_grad_norm_(model.parameters(), clip)
-            opt.step()
-            dist = project_to_ball(model, center, radius)
+            if not bool(torch.isfinite(loss)):
+                nonfinite_at = steps + 1
+            else:
+                loss.backward()
+                if clip > 0:
+                    norm = clip_grad_norm_(model.parameters(), clip)
+                    if not bool(torch.isfinite(norm)):
+                        nonfinite_at = steps + 1
+                if nonfinite_at is None:
+                    opt.step()
+                    dist = project_to_ball(model, center, radius)
+                    if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+                        nonfinite_at = steps + 1
+            if nonfinite_at is not None:
+                # the cross-entropy of a collapsed model overflows: keep the last finite model
+                model.load_state_dict(last)
+                dist = project_to_ball(model, center, radius)
+                stopped = True
+                reason = (
+                    f"non-finite ascent step {nonfinite_at} (loss or gradient overflow): "
+                    f"kept the model after step {steps}"
+                )
+                break
             steps += 1
             # The stop is checked after a step, never before the first (the reference code).
             if rule == "accuracy":
@@ -229,6 +250,14 @@ class PGAUnlearner:
             trace.append(float(aoi.total()["aoi_s"]))
         wall = time.perf_counter() - t0
         self.state = state
+        failure = None
+        if nonfinite_tensors(state):
+            # say where it went wrong: the ascent's model is finite by construction above
+            where = "the ascent" if nonfinite_tensors(unlearned) else f"the {post} post rounds"
+            failure = (
+                f"non-finite after {where} (ascent: {steps} steps, {reason}; the post rounds "
+                "train from the ascended model with the run's learning rate)"
+            )
         res = ctx.make_result(
             "pga",
             state,
@@ -246,6 +275,7 @@ class PGAUnlearner:
                 "final_distance": dist,
                 "ascent_steps": steps,
                 "early_stopped": stopped,
+                "nonfinite_step": nonfinite_at,
                 "stop_rule": rule,
                 "stop_reason": reason,
                 "target_models": sorted(int(n) for n in targets),
@@ -257,6 +287,7 @@ class PGAUnlearner:
                 "post_rounds": post,
                 "metrics_before_post_rounds": pre_post,
                 "hyper_parameters": hp,
+                "failure": failure,
             },
         )
         return annotate(res, aoi)
