@@ -287,9 +287,10 @@ class UnlearnContext:
         What :meth:`make_result` measures: with ``measure`` every metric of the result and of
         the model before (forward passes over the evaluation sets), with ``audit`` also the
         expensive audits (the calibrated MIAs' reference models, the per-example audit's
-        shadows, the relearn time), as Table II does. ``scaleflu unlearn`` measures only on request (``--evaluate``, ``--audit``), so the
-        command costs about what the method costs. ``metrics_cache``: keep the model before's
-        metrics in the run folder for the next method or request (:meth:`original_metrics`).
+        shadows, the relearn time), as Table II does. ``scaleflu unlearn`` measures only on
+        request (``--evaluate``, ``--audit``), so the command costs about what the method
+        costs. ``metrics_cache``: keep the model before's metrics in the run folder for the next
+        method or request (:meth:`original_metrics`).
         """
         if mode not in MODES:
             raise ConfigError(f"unlearn mode must be one of {', '.join(MODES)}, got {mode!r}")
