@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -69,8 +70,6 @@ def load_results(out: Path, cells: Sequence[Cell]) -> dict[Cell, dict[str, Any]]
 
 def load_failures(out: Path, cells: Sequence[Cell]) -> dict[Cell, str]:
     """The reason of every cell that failed and has no result (its ``error.json``)."""
-    import json
-
     res = {}
     for c in cells:
         d = c.dir(out)
@@ -385,8 +384,6 @@ def audit_table(
 
 def audit_cost(out: Path) -> str:
     """What the audit's shadow federations cost per run (their ``meta.json``), one line."""
-    import json
-
     per_run = []
     what = set()
     for meta in sorted(out.glob("runs/*/audit/*/meta.json")):

@@ -53,9 +53,15 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
+from tqdm import tqdm
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData, PoisonInfo
+from scaleflu.fl.device import config_device
+from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, derive_seed, make_trainer
+from scaleflu.fl.integrity import key_for, load_model, save_model
+from scaleflu.fl.models import build_model
+from scaleflu.fl.strategy import FedAvg
 
 log = logging.getLogger(__name__)
 
@@ -194,8 +200,6 @@ class ShadowSet:
         return self.folder / f"shadow-{k}.safetensors"
 
     def _load(self, k: int) -> dict[str, torch.Tensor] | None:
-        from scaleflu.fl.integrity import key_for, load_model
-
         path = self._path(k)
         if not path.is_file():
             return None
@@ -259,8 +263,6 @@ class ShadowSet:
         return self.info
 
     def _save(self, k: int, state: Mapping[str, torch.Tensor]) -> None:
-        from scaleflu.fl.integrity import key_for, save_model
-
         out = dict(state)
         out[MASK_KEY] = torch.as_tensor(self.masks[k].astype(np.uint8))
         path = self._path(k)
@@ -268,13 +270,6 @@ class ShadowSet:
 
     def _train(self, k: int) -> dict[str, torch.Tensor]:
         """Shadow k: the run's FedAvg on the examples it holds, from its own initial model."""
-        from tqdm import tqdm
-
-        from scaleflu.fl.device import config_device
-        from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, derive_seed, make_trainer
-        from scaleflu.fl.models import build_model
-        from scaleflu.fl.strategy import FedAvg
-
         setup = self.run.setup
         fl = self.cfg["fl"]
         seed = derive_seed(self.seed, SEED_TAG, k)
@@ -320,8 +315,6 @@ class ShadowSet:
         """(K, len(data)) LiRA statistics of every shadow on ``data`` (memoised per set)."""
         key = id(data)
         if key not in self._phi_cache:
-            from scaleflu.fl.device import config_device
-
             self.ensure()
             model = self.run.setup.new_model().to(config_device(self.cfg))
             rows = []
@@ -359,13 +352,26 @@ def out_means(phi: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.where(n_out > 0, (phi * out).sum(0) / np.maximum(n_out, 1), np.nan)
 
 
-def fast_auc(pos: np.ndarray, neg: np.ndarray) -> float:
-    """P(pos > neg) + P(tie) / 2 by ranks (NaN on an empty side)."""
-    from scipy.stats import rankdata
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x``, ties given their average rank (``scipy.stats.rankdata``'s
+    default, without importing scipy into every unlearning process)."""
+    x = np.asarray(x)
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    starts = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1], [True])))
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.repeat((starts[:-1] + 1 + starts[1:]) / 2.0, np.diff(starts))
+    return ranks
 
+
+def fast_auc(pos: np.ndarray, neg: np.ndarray) -> float:
+    """P(pos > neg) + P(tie) / 2 by ranks (NaN on an empty side or a NaN score)."""
     if len(pos) == 0 or len(neg) == 0:
         return float("nan")
-    r = rankdata(np.concatenate([pos, neg]))
+    both = np.concatenate([pos, neg])
+    if np.isnan(both).any():
+        return float("nan")
+    r = average_ranks(both)
     return float((r[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2.0) / (len(pos) * len(neg)))
 
 

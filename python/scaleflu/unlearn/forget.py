@@ -37,6 +37,7 @@ import torch
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
+from scaleflu.unlearn.audit import example_units
 from scaleflu.unlearn.base import UnlearnContext
 
 
@@ -80,8 +81,6 @@ def calibrated_forget(
     ``anchor``: the server's healing images (labelled), whose cross-entropy, weighted by
     ``scale.forget_anchor_weight``, is added to every step's loss (0 or None: no anchor).
     """
-    from scaleflu.unlearn.audit import example_units
-
     sc = ctx.scale_cfg
     epochs = int(sc.forget_epochs or 0)
     tol = float(sc.forget_val_tol)

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from scaleflu.fl.history import state_bytes
+from scaleflu.fl.models import sensitivity_layers
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
 from scaleflu.unlearn.baselines.aoi_trace import RecordingAoITracker, annotate
@@ -74,8 +75,6 @@ class NoTUnlearner:
 
     def run(self, ctx: UnlearnContext) -> UnlearnResult:
         """Negate, fine-tune, measure."""
-        from scaleflu.fl.models import sensitivity_layers
-
         hp = baseline_config("not", self.overrides, ctx.cfg)
         t0, c0 = time.perf_counter(), time.process_time()
         order = sensitivity_layers(ctx.new_model())
