@@ -149,7 +149,9 @@ def ours(args: argparse.Namespace, work: Path, fed: str) -> dict[str, Any]:
     )
     results = {}
     for m in METHODS:
-        out = run_unlearn(run_dir, "client:2", method=m, overrides=[UNLEARN], progress=False)
+        out = run_unlearn(
+            run_dir, "client:2", method=m, overrides=[UNLEARN], progress=False, evaluate=True
+        )
         results[m] = json.loads((out / "result.json").read_text())
     return {"wall_s": time.perf_counter() - t0, "results": results}
 

@@ -85,7 +85,8 @@ def test_the_example_registers_its_model_and_data_set(shapes: Path) -> None:
 def test_train_then_unlearn_in_a_fresh_process(byo_run: Path) -> None:
     rows = [json.loads(x) for x in (byo_run / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2 and rows[-1]["test_acc"] > 0.3  # 6 classes: chance is 0.17
-    out = _cli("unlearn", "--run", str(byo_run), "--request", "client:0", "--method", "finetune")
+    argv = ["--run", str(byo_run), "--request", "client:0", "--method", "finetune"]
+    out = _cli("unlearn", *argv, "--evaluate")
     assert out.returncode == 0, out.stderr
     res = json.loads(next((byo_run / "unlearn").glob("client-0-finetune*/result.json")).read_text())
     assert res["metrics"]["test_acc"] is not None and res["protocol"] == "backdoor"

@@ -162,7 +162,12 @@ def config_section(path: str, value: Mapping[str, Any] | None) -> Section:
 
 
 def default_config() -> dict[str, Any]:
-    """The packaged defaults as a fresh nested dict."""
+    """The packaged defaults as a fresh nested dict (parsed once per process)."""
+    return copy.deepcopy(_parsed_defaults())
+
+
+@functools.cache
+def _parsed_defaults() -> dict[str, Any]:
     return yaml_load(DEFAULTS_PATH.read_text())
 
 

@@ -16,6 +16,12 @@ The **integrity key** authenticates a run folder's stored history and models
 :func:`derive_key` (HKDF-SHA256) derives every working key from a master key: the testbed's
 per-direction message keys and link keys from a robot's key, the history key from the server's
 signing key.
+
+**Erasure receipts** (:mod:`scaleflu.unlearn.receipt`) are signed with an Ed25519 key:
+:func:`receipt_signer` gives the testbed server's own signing key from its store, or, for an
+integrity key file, an Ed25519 key derived from that key (``HKDF(key, "receipt")``);
+:func:`receipt_public_key` gives the key that checks them from any of the three files (a robot's
+enrolment file holds the server's public key).
 """
 
 from __future__ import annotations
@@ -165,6 +171,40 @@ def load_integrity_key(path: str | Path) -> bytes:
             f"{path}: no server_signing_key and no integrity_key (>= 16 bytes hex) in it"
         )
     return key
+
+
+def receipt_signer(path: str | Path) -> Ed25519PrivateKey:
+    """The Ed25519 key that signs a run's erasure receipts, from its key file (mode 0600).
+
+    A server store: the server's signing key. An integrity key file: the Ed25519 key derived
+    from its key, so ``scaleflu unlearn --keys FILE --erase`` signs with the run's key.
+    """
+    path = Path(path)
+    raw = read_key_file(path)
+    sk_hex = raw.get("server_signing_key")
+    if isinstance(sk_hex, str) and len(sk_hex) == 64:
+        return Ed25519PrivateKey.from_private_bytes(bytes.fromhex(sk_hex))
+    return Ed25519PrivateKey.from_private_bytes(derive_key(load_integrity_key(path), "receipt", 0))
+
+
+def receipt_public_key(path: str | Path) -> bytes:
+    """The raw Ed25519 public key that checks receipts, from a key file.
+
+    A robot's enrolment file (``server_public_key``), a server store or an integrity key file
+    (the public half of :func:`receipt_signer`). ValueError when the file holds none of them.
+    """
+    path = Path(path)
+    raw = read_key_file(path)
+    pub = raw.get("server_public_key")
+    if isinstance(pub, str):
+        try:
+            key = bytes.fromhex(pub)
+        except ValueError:
+            key = b""
+        if len(key) != 32:
+            raise ValueError(f"{path}: server_public_key is not a 32-byte hex key")
+        return key
+    return public_bytes(receipt_signer(path))
 
 
 def write_integrity_key(path: str | Path) -> Path:

@@ -280,7 +280,9 @@ def test_flower_run_gives_the_runtimes_numbers(tmp_path: Path, example: Any) -> 
     train(load_config(None, [*shlex.split(FED), f"fl.rounds={ROUNDS}"]), ours, progress=False)
     mine = {}
     for m in ("retrain", "finetune", "scale"):
-        out = run_unlearn(ours, "client:1", method=m, overrides=UNLEARN, progress=False)
+        out = run_unlearn(
+            ours, "client:1", method=m, overrides=UNLEARN, progress=False, evaluate=True
+        )
         mine[m] = json.loads((out / "result.json").read_text())
 
     a, b = HistoryStore(tmp_path / "flower"), HistoryStore(ours)

@@ -183,6 +183,8 @@ def test_shared_medium_flowgraphs_compile_and_deliver(tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=90
     )
     assert r.returncode == 1
-    assert r.stderr.strip().splitlines()[-1] == (
-        "MediumError: no answer from the medium broker at tcp://127.0.0.1:9"
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "MediumError: no answer from the medium broker at tcp://127.0.0.1:9 in 2 s"
     )
+    assert "python -m scaleflu.cli.medium --address tcp://127.0.0.1:9" in last  # how to start it

@@ -13,12 +13,14 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from scaleflu.config import Config, load_config
+from scaleflu.keys import public_bytes
 from scaleflu.link import MemoryChannel
 from scaleflu.link.mcs import MCS_TABLE_VERSION
 from scaleflu.testbed.common import arrays
 from scaleflu.testbed.protocol import SERVER_ID, MsgType, generate_keys, state_sha256
 from scaleflu.testbed.robot import RobotClient, RobotData
 from scaleflu.testbed.server import EdgeServer
+from scaleflu.unlearn.receipt import read_receipt, verify_receipt
 from testbed_helpers import TESTBED_OVERRIDES, halve_unlearn, robot_data, run_federation
 
 pytestmark = pytest.mark.timeout(240)
@@ -73,8 +75,14 @@ def run_testbed(cfg, robot_data, run_dir: Path, robot_kw: dict[int, dict], chann
 
 
 def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
+    public = public_bytes(SIGNING_KEY)
     kw = {
-        1: {"unlearn": {"kind": "client"}, "unlearn_after_round": 2},
+        1: {
+            "unlearn": {"kind": "client"},
+            "unlearn_after_round": 2,
+            "server_public_key": public,
+            "receipts_dir": tmp_path / "robot1-receipts",
+        },
         2: {"faults": ("nan", "shape", "duplicate", "replay", "forged", "garbage")},
     }
     cfg = copy.deepcopy(cfg)
@@ -115,6 +123,27 @@ def test_faults_rejected_and_unlearning_deployed(cfg, robot_data, tmp_path):
     # the comparison ran on the history before the erasure (client 0 still in rounds 1, 2)
     assert [row["method"] for row in un["side_by_side"]] == [None, "retrain"]
     assert un["side_by_side"][1]["fl_rounds"] == 2 and un["side_by_side"][1]["asr"] == 0.1
+    # the signed erasure receipt: kept in the history's chain and in receipts/, delivered to
+    # robot 1 (the one that asked) before the run ended, and checked there against the
+    # server's key, the models it evaluated and the updates it uploaded itself
+    rc = un["receipt"]
+    assert rc["status"] == "delivered" and rc["sent_to"] == 1
+    kept = server.history.receipts()
+    assert [k["sha256"] for k in kept] == [rc["sha256"]]
+    got = outs[1]["receipts"]
+    assert len(got) == 1 and outs[2]["receipts"] == [] and outs[3]["receipts"] == []
+    r = got[0]
+    assert r["model_after"]["sha256"] == un["model_sha256"]
+    assert r["model_before"]["sha256"] == un["before_sha256"]
+    assert r["request"]["text"] == "client:0" and r["request"]["robot"] == 1
+    assert r["erasure"]["clients"] == [0] and r["erasure"]["bytes"] == er["bytes"]
+    assert [(u["round"], u["client"]) for u in r["erasure"]["updates"]] == [(1, 0), (2, 0)]
+    assert outs[1]["receipt_checks"][0]["own_updates_matched"] == 2  # its own uploads
+    assert r["history"]["version"] == rc["history_version"] == er["version"] + 1
+    assert r["changed"]["tensors"] and r["signature"]["public_key"] == public.hex()
+    assert not [x for x in outs[1]["rejects"] if x["reason"] == "bad_receipt"]
+    assert len(list((tmp_path / "robot1-receipts").glob("*.json"))) == 1
+    verify_receipt(read_receipt(rc["path"]), public, un["model_sha256"])
 
 
 def test_request_for_another_robot_refused(cfg, robot_data, tmp_path):

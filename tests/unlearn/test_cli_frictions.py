@@ -100,7 +100,9 @@ def test_an_erased_client_is_refused_with_the_reason(run_copy: Path, capsys) -> 
 def test_summary_progress_plots_and_no_overwrite(run_copy: Path, capsys) -> None:
     took, _ = _clients(run_copy)
     req = f"client:{took[0]}"
-    rc, err = _unlearn(capsys, "--run", str(run_copy), "--request", req, *FAST)
+    # --audit: the metrics before -> after with the relearn time; --plots: SCALE's figures
+    argv = ["--run", str(run_copy), "--request", req]
+    rc, err = _unlearn(capsys, *argv, "--audit", "--plots", *FAST)
     assert rc == 0, err
     first = run_copy / "unlearn" / f"client-{took[0]}-default"
     res = json.loads((first / "result.json").read_text())
@@ -122,12 +124,18 @@ def test_summary_progress_plots_and_no_overwrite(run_copy: Path, capsys) -> None
     trace = res["aoi"]["sum_s_trace"]
     assert (first / "sum_aoi.png").exists() == (len(trace) > 1)
     assert (first / "sensitivity.png").is_file()
-    # the same request again: a new folder, the first result untouched
+    # the same request again: a new folder, the first result untouched; without --evaluate the
+    # summary says the metrics were not measured (no empty numbers) and how to measure them
     before = (first / "result.json").read_bytes()
     rc, err = _unlearn(capsys, "--run", str(run_copy), "--request", req, *FAST)
     assert rc == 0
     assert (first / "result.json").read_bytes() == before
-    assert (first.with_name(first.name + "-2") / "result.json").is_file()
+    second = first.with_name(first.name + "-2")
+    assert json.loads((second / "result.json").read_text())["metrics"] == {}
+    line = next(x for x in err.splitlines() if "scale-default" in x and "method " in x)
+    assert "metrics not measured" in line and "--evaluate" in line and "before -> after" in line
+    assert "None" not in line and not re.search(r"\b(test|RA|FA) ", line), line
+    assert "measuring the model" not in err and not (second / "sensitivity.png").exists()
     # an explicit folder holding a result: refused (one line), then overwritten with --force
     argv = ["--run", str(run_copy), "--request", req, "--out", str(first), *FAST]
     rc, err = _unlearn(capsys, *argv)

@@ -140,7 +140,7 @@ def test_paper_mode_runs_end_to_end(loaded_run: LoadedRun) -> None:
 def test_cli_sample_request_writes_outputs(trained_run: Path, tmp_path: Path) -> None:
     out = tmp_path / "u"
     args = ["unlearn", "--run", str(trained_run), "--request", "sample:4:0.2", "--out", str(out)]
-    args += ["--no-progress"] + [a for s in FAST_SCALE for a in ("--set", s)]
+    args += ["--no-progress", "--plots"] + [a for s in FAST_SCALE for a in ("--set", s)]
     assert scaleflu_main(args) == 0
     for name in (
         "model.safetensors",
@@ -148,11 +148,12 @@ def test_cli_sample_request_writes_outputs(trained_run: Path, tmp_path: Path) ->
         "config.yaml",
         "sensitivity.json",
         "sensitivity.png",
-        "ppo_reward.png",
-        "sum_aoi.png",
     ):
         assert (out / name).is_file(), name
     res = json.loads((out / "result.json").read_text())
+    # the search's and the Sum AoI's figures only where they carry information
+    assert (out / "ppo_reward.png").exists() == bool(res["details"]["episode_returns"])
+    assert (out / "sum_aoi.png").exists() == (len(res["aoi"]["sum_s_trace"]) > 1)
     assert res["protocol"] == "label_flip" and res["request"]["forget_size"] > 0
     assert res["mode"] == "default"
 
@@ -221,6 +222,48 @@ def test_cli_erase_deletes_targets_updates_and_later_requests_work(
     assert "not expected to forget" in caplog.text
     res2 = json.loads((out2 / "result.json").read_text())
     assert res2["request"]["targets"] == [4] and res2.get("erasure") is None
+
+
+def test_cli_measures_on_request_and_caches_the_model_before(
+    trained_run: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`scaleflu unlearn` measures nothing but the method unless asked (--evaluate, --audit);
+    the model before's metrics are kept in RUN/cache for the next method on the request."""
+    import shutil
+
+    from scaleflu.cli.unlearn import run_unlearn
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run, run)
+    over = ["baselines.finetune.rounds=1"]
+    res = json.loads(
+        (run_unlearn(run, "client:2", method="finetune", out=tmp_path / "a", overrides=over,
+                     progress=False) / "result.json").read_text()
+    )  # fmt: skip
+    assert res["metrics"] == {} and res["original"] == {} and res["model_path"]
+    assert res["config"]["measure"] is False and not (run / "cache").exists()
+    assert not (tmp_path / "a" / "sensitivity.png").exists()
+    res = json.loads(
+        (run_unlearn(run, "client:2", method="finetune", out=tmp_path / "b", overrides=over,
+                     progress=False, evaluate=True) / "result.json").read_text()
+    )  # fmt: skip
+    assert res["metrics"]["test_acc"] is not None and res["metrics"]["mia_ref_auc"] is None
+    assert res["metrics"]["relearn_rounds"] is None  # an audit: --audit
+    (cached,) = (run / "cache").glob("original-*.json")
+    assert json.loads(cached.read_text()) == res["original"]
+    with caplog.at_level("INFO"):
+        again = json.loads(
+            (run_unlearn(run, "client:2", method="retrain", out=tmp_path / "c", progress=False,
+                         overrides=["baselines.retrain.rounds=1"], evaluate=True)
+             / "result.json").read_text()
+        )  # fmt: skip
+    assert "original model's metrics from" in caplog.text and again["original"] == res["original"]
+    cached.write_text("{not json")  # a damaged cache is measured again, not trusted
+    with caplog.at_level("WARNING"):
+        run_unlearn(run, "client:2", method="finetune", out=tmp_path / "d", overrides=over,
+                    progress=False, evaluate=True)  # fmt: skip
+    assert "metrics cache not used" in caplog.text
+    assert json.loads(cached.read_text()) == res["original"]
 
 
 def test_sample_attribution_option(loaded_run: LoadedRun) -> None:

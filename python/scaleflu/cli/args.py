@@ -137,13 +137,15 @@ def run_one_line(func: Callable[..., Any], *args: Any, logger: logging.Logger = 
 
 
 def trust_keys(run_dir: str | Path, keys: str | Path | None) -> None:
-    """``--keys FILE``: check (and write) the run's authenticated digests under its key."""
+    """``--keys FILE``: check (and write) the run's authenticated digests under its key, check
+    its history's freshness against the heads file beside FILE, sign its erasure receipts."""
     if keys is None:
         return
-    from scaleflu.fl.integrity import trust
-    from scaleflu.keys import load_integrity_key
+    from scaleflu.fl.integrity import HistoryHeads, heads_path, trust
+    from scaleflu.keys import load_integrity_key, receipt_signer
 
-    trust(run_dir, load_integrity_key(keys))
+    key = load_integrity_key(keys)
+    trust(run_dir, key, heads=HistoryHeads(heads_path(keys), key), signer=receipt_signer(keys))
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

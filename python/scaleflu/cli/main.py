@@ -38,6 +38,8 @@ SUBCOMMAND_PROVIDERS: list[tuple[str, str]] = [
     ("scaleflu.cli.experiment", "add_experiment_parser"),
     ("scaleflu.cli.testbed", "add_testbed_parser"),
     ("scaleflu.cli.keys", "add_keys_parser"),
+    ("scaleflu.cli.receipt", "add_receipt_parser"),
+    ("scaleflu.cli.history", "add_history_parser"),
     ("scaleflu.cli.iplink", "add_iplink_parser"),
 ]
 

@@ -236,6 +236,16 @@ ROBOT_OPTIONS: list[Option] = [
     ),
     ("node", ("--max-runtime",), dict(type=float, default=None, help="give up after this long, s")),
     ("node", ("--summary",), dict(default=None, help="write the robot's summary JSON here")),
+    (
+        "unlearning",
+        ("--receipts",),
+        dict(
+            default=None,
+            metavar="DIR",
+            help="keep the server's erasure receipts here (checked on arrival; "
+            "`scaleflu receipt verify FILE --key ENROLMENT` checks one again)",
+        ),
+    ),
     # test-only: misbehave on purpose (nan,shape,duplicate,replay,forged,garbage,crash)
     ("testing", ("--faults",), dict(default="", help=HIDDEN)),
     ("testing", ("--fault-round",), dict(type=int, default=1, help=HIDDEN)),
@@ -435,6 +445,8 @@ def _run_server(args: argparse.Namespace) -> int:
     except Exception as exc:  # no radio, port in use, ...: one line, not a traceback
         log.error("cannot open the link: %s", exc)
         return 2
+    from scaleflu.fl.integrity import heads_path
+
     try:
         server = EdgeServer(
             link,
@@ -443,6 +455,7 @@ def _run_server(args: argparse.Namespace) -> int:
             args.run_dir,
             progress=not args.no_progress,
             signing_key=store.signing_key,
+            heads=heads_path(args.keys),  # the history's signed versions, beside the key store
         )
         report = server.run()
         out = write_report(report, args.run_dir, plots=not args.no_plots)
@@ -528,6 +541,7 @@ def _run_robot(args: argparse.Namespace, p: argparse.ArgumentParser) -> int:
             tuple(f for f in args.faults.split(",") if f),
             args.fault_round,
             server_public_key=enrol.server_public_key,
+            receipts_dir=args.receipts,
         )
         left = None  # --max-runtime bounds the whole process, the link's opening included
         if args.max_runtime is not None:

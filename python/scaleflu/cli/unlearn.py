@@ -2,11 +2,20 @@
 
 Outputs in ``--out`` (default: a new folder ``RUN_DIR/unlearn/<request>-<mode>[-N]`` per
 request): ``model.safetensors`` (the unlearned global model), ``result.json`` (the
-:class:`UnlearnResult` schema), ``config.yaml`` (the resolved config), and for SCALE
-``sensitivity.json``, ``sensitivity.png``, and where they carry information ``ppo_reward.png``
-(the PPO search's returns) and ``sum_aoi.png`` (a Sum AoI trace of several steps). An explicit
+:class:`UnlearnResult` schema), ``config.yaml`` (the resolved config), for SCALE
+``sensitivity.json`` and, with ``--plots``, ``sensitivity.png`` and where they carry
+information ``ppo_reward.png`` (the PPO search's returns) and ``sum_aoi.png`` (a Sum AoI trace of
+several steps); with ``--erase --keys`` the signed erasure receipt ``receipt.json``. An explicit
 ``--out`` that holds a result is refused unless ``--force``; a result that records an erasure
 is never overwritten.
+
+The command costs about what the method costs: the run is loaded once, and what is not the
+method is done on request: ``--evaluate`` measures the result's metrics before -> after
+(forward passes over the evaluation sets; the model before's metrics are kept in
+``RUN_DIR/cache`` for the next method or request), ``--audit`` adds the expensive audits (the
+calibrated MIAs' reference models, the relearn time), ``--plots`` draws SCALE's figures
+(matplotlib is imported only then). Without ``--evaluate`` the summary line says that the
+metrics were not measured.
 
 A request that touches nothing the run learned (its clients took part in no round, or their
 updates were erased already; an empty forget set) is refused with a warning and exit status 3
@@ -50,6 +59,9 @@ def run_unlearn(
     allow_empty: bool = False,
     force: bool = False,
     started: float | None = None,
+    audit: bool = False,
+    evaluate: bool = False,
+    plots: bool = False,
 ) -> Path:
     """Unlearn ``request`` from the run in ``run_dir``; write everything to the output folder.
 
@@ -57,10 +69,14 @@ def run_unlearn(
     ``erase``: afterwards delete the request's target clients' stored updates from the run's
     history store and make the unlearned model its final model
     (:func:`scaleflu.unlearn.outputs.erase_history`); the result JSON records what was erased
-    under ``erasure``. A request that touches nothing the run learned raises
+    under ``erasure``, and with the run's key (``--keys``) a signed erasure receipt is written
+    beside it (``receipt.json``). A request that touches nothing the run learned raises
     :class:`~scaleflu.unlearn.request.NothingToUnlearnError` before the method runs, unless
     ``allow_empty`` (then it is a warning). An ``out`` holding a result raises
     :class:`~scaleflu.unlearn.outputs.OutputExistsError` before anything runs, unless ``force``.
+    ``evaluate``: measure the result's metrics; ``audit``: and the expensive audits (calibrated
+    MIAs, relearn time); ``plots``: draw SCALE's figures. Without them the command costs about
+    what the method costs.
     """
     # numpy, torch: imported when the command runs, not for --help
     from scaleflu.unlearn.outputs import check_output_folder, write_unlearning
@@ -83,9 +99,19 @@ def run_unlearn(
         log.warning("%s; running %s anyway (--allow-empty)", why, method)
 
     done = run_unlearning(
-        run_dir, request, method, mode, config, overrides, progress, prepare=refuse_empty
+        run_dir,
+        request,
+        method,
+        mode,
+        config,
+        overrides,
+        progress,
+        prepare=refuse_empty,
+        audit=audit,
+        measure=evaluate or audit,
+        metrics_cache=True,
     )
-    return write_unlearning(done, request, method, out, erase, started=started)
+    return write_unlearning(done, request, method, out, erase, plots=plots, started=started)
 
 
 def _cmd_unlearn(args: argparse.Namespace) -> int:
@@ -109,6 +135,9 @@ def _cmd_unlearn(args: argparse.Namespace) -> int:
             allow_empty=args.allow_empty,
             force=args.force,
             started=COMMAND_STARTED,
+            audit=args.audit,
+            evaluate=args.evaluate,
+            plots=args.plots,
         )
     except OutputExistsError as exc:
         log.error("refused: %s", exc)
@@ -162,7 +191,24 @@ def add_unlearn_parser(subparsers: Any) -> None:
         "--erase",
         action="store_true",
         help="afterwards delete the targets' stored updates from RUN's history and make the "
-        "unlearned model its final model (what a serving server does)",
+        "unlearned model its final model (what a serving server does); with --keys, also a "
+        "signed erasure receipt (receipt.json)",
+    )
+    p.add_argument(
+        "--evaluate",
+        action="store_true",
+        help="measure the result's metrics before -> after (test accuracy, RA, FA, ASR, MIAs; "
+        "the model before's are cached in RUN/cache); without it the result has the model and "
+        "its cost",
+    )
+    p.add_argument(
+        "--audit",
+        action="store_true",
+        help="--evaluate and the expensive audits too (the calibrated MIAs' reference models, "
+        "the relearn time), as Table II measures",
+    )
+    p.add_argument(
+        "--plots", action="store_true", help="draw SCALE's figures (sensitivity, PPO, Sum AoI)"
     )
     p.add_argument(
         "--keys",

@@ -41,6 +41,7 @@ from scaleflu.experiments.harness import (
     ensure_run,
     run_cells,
 )
+from scaleflu.fl.optim import preload_torch_optim
 from scaleflu.unlearn.search import sb3_startup
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ def run_federation(
         log.info("%s trained in %.1fs", fed.name, data["train_wall_s"])
     # the process's one-time imports (stable-baselines3, torch.optim's torch._dynamo) before any
     # method, so neither Retrain nor SCALE is charged for them (SCALE reports them as startup_s)
-    data["startup_s"] = sb3_startup()
+    data["startup_s"] = sb3_startup() + preload_torch_optim()
     cells = []
     for i, (scen, _) in enumerate(fed.requests):
         names = list(SWEEP_METHODS)

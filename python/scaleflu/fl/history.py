@@ -17,11 +17,24 @@ participant (when ``count_uplink``) plus one broadcast of Theta[t+1]. The per-gr
 changes are kept per round, so the tolerance can be changed after the fact.
 
 On disk (``run_dir/history``): ``history.sqlite`` holds the metadata; tensors are safetensors
-files, ``global_{t:05d}.safetensors`` (always float32, always kept) and
-``updates_{t:05d}.safetensors`` (keys ``"<client>/<name>"``, float16 when ``fp16``; only the
-last ``keep_rounds`` rounds are kept when that is set). A round is committed to SQLite after
-its files are written; files of uncommitted rounds are removed when the store is opened, so a
-crash mid-round leaves the store at its last completed round.
+files, ``global_{t:05d}`` (always float32, always kept) and ``updates_{t:05d}`` (keys
+``"<client>/<name>"``, float16 when ``fp16``; only the last ``keep_rounds`` rounds are kept
+when that is set). Table ``files`` maps each of these names to its file and the file's SHA-256:
+a file is written first (``global_00003.safetensors``; a rewrite under a new name,
+``updates_00002-v17.safetensors``), then committed to SQLite with the change it belongs to, and
+the file it replaces is removed after the commit. Files no committed row names (a crash
+mid-round or mid-erasure) are removed when the store is opened, so a crash leaves the store as
+it was after its last committed change.
+
+Version and head: every committed change increments the store's ``version`` (in ``meta``);
+with an integrity key the metadata digest (over every table, the files' SHA-256 included) is
+the store's **head** at that version. With the run's :class:`~scaleflu.fl.integrity.HistoryHeads`
+registered (the server's, beside its key store), each commit records (version, head) there and
+opening a store whose version is below the recorded one, or equal with another head, raises
+:class:`~scaleflu.fl.integrity.RollbackError`: a copy of the store put back after a later
+change (an erasure, say) is refused. ``acknowledge_rollback`` (``scaleflu history restore``)
+opens such a copy on purpose: the restore is recorded, the version continues above the signed
+one, and the erasures signed after the copy was made are applied again.
 
 Erasure (:meth:`HistoryStore.erase_clients`, after an unlearning request is served): a
 forgotten client's stored updates are deleted from every round's updates file (the file is
@@ -31,17 +44,22 @@ and data sizes, and table ``erased`` records each (round, client, data size, byt
 so a restarted server resumes from it. The intermediate global models Theta[t] and the other
 clients' later updates were computed after the client's updates had been averaged in; they are
 kept (SCALE and the baselines of later requests need them) and the erasure summary lists them
-as ``derived_kept_rounds``.
+as ``derived_kept_rounds``. One erasure is one commit (all its rounds at once), and its summary
+names the SHA-256 of every stored update it deleted (what an erasure receipt signs). Receipts
+are kept in table ``receipts`` (:meth:`HistoryStore.append_receipt`), inside the digest: the
+store's integrity chain holds every receipt its server issued.
 """
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import hmac
 import json
 import logging
 import math
+import secrets
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -51,21 +69,26 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
 from safetensors.torch import save_file
 
 from scaleflu.fl.integrity import (
     CorruptFileError,
+    HistoryHeads,
     IntegrityError,
+    RollbackError,
     check_mac,
+    heads_for,
     key_for,
     load_tensors,
-    write_mac,
+    state_sha256,
 )
 from scaleflu.link.mcs import expected_frame_airtime_s, mcs_name
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS rounds (
@@ -100,6 +123,17 @@ CREATE TABLE IF NOT EXISTS integrity (
     id INTEGER PRIMARY KEY CHECK (id IN (1, 2)),
     mac TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS files (
+    name TEXT PRIMARY KEY,
+    path TEXT NOT NULL,
+    sha256 TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS receipts (
+    seq INTEGER PRIMARY KEY,
+    version INTEGER NOT NULL,
+    sha256 TEXT NOT NULL,
+    body TEXT NOT NULL
+);
 """
 # Tables covered by the metadata digest (row 1 of ``integrity``), each with its ordering. The
 # append-only group_change table (rounds x groups rows) is covered by a chain instead (row 2):
@@ -110,6 +144,8 @@ _DIGEST_TABLES = (
     ("rounds", "round"),
     ("erased", "round, client"),
 )
+# schema 2 adds the tensor files' SHA-256 and the erasure receipts to the digest
+_DIGEST_TABLES_V2 = (*_DIGEST_TABLES, ("files", "name"), ("receipts", "seq"))
 
 
 @dataclass(frozen=True)
@@ -179,6 +215,16 @@ class HistoryIntegrityError(IntegrityError):
     """The store's SQLite metadata or a tensor file fails its authenticated digest."""
 
 
+class HistoryRollbackError(HistoryIntegrityError, RollbackError):
+    """The store is older than the last version its server signed (see the module docstring)."""
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return "at an unknown time"
+    return datetime.datetime.fromtimestamp(float(t), datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
 class HistoryStore:
     """SQLite + safetensors record of a FedAvg run (see the module docstring for the layout)."""
 
@@ -191,19 +237,28 @@ class HistoryStore:
         link: LinkModel | None = None,
         update_tol: float = 0.0,
         integrity_key: bytes | None = None,
+        heads: HistoryHeads | None = None,
+        acknowledge_rollback: str | None = None,
     ) -> None:
         """Open (or create) the store under ``run_dir/history``; settings persist in SQLite.
 
         ``integrity_key`` (default: the key :func:`scaleflu.fl.integrity.trust` registered for
-        ``run_dir``): the SQLite metadata and every tensor file carry an HMAC-SHA256 digest
-        under it, written with every change and checked on open (the metadata) and on every
-        load (the tensor files); a store that fails is refused with HistoryIntegrityError.
-        None: no digest is written or checked.
+        ``run_dir``): the SQLite metadata carries an HMAC-SHA256 digest under it (over the
+        tensor files' SHA-256 too), written with every change and checked on open (the
+        metadata) and on every load (the tensor files); a store that fails is refused with
+        HistoryIntegrityError. None: no digest is written or checked.
+
+        ``heads`` (default: the one registered with the key): the sealed record of the last
+        version its server signed; an older store is refused with HistoryRollbackError unless
+        ``acknowledge_rollback`` gives the operator's reason for restoring it on purpose.
         """
         if keep_rounds is not None and keep_rounds < 1:
             raise ValueError(f"keep_rounds must be >= 1 or None, got {keep_rounds}")
         self.dir = Path(run_dir) / "history"
         self._key: bytes | None = None
+        self._heads: HistoryHeads | None = None
+        # files written but not committed yet: name -> (file, sha256), or None (deleted)
+        self._pending: dict[str, tuple[str, str] | None] = {}
         self.dir.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(self.dir / "history.sqlite")
         try:
@@ -211,7 +266,28 @@ class HistoryStore:
             key = integrity_key if integrity_key is not None else key_for(run_dir)
             if key is not None:
                 self.integrity_key = key  # checks the metadata before anything is read
+                self._heads = heads if heads is not None else heads_for(run_dir)
             meta = self._meta()
+            if "schema" not in meta:
+                self._set_meta(
+                    schema=SCHEMA_VERSION,
+                    store_id=secrets.token_hex(8),
+                    keep_rounds=keep_rounds,
+                    fp16=fp16,
+                    groups={k: [list(g) for g in v] for k, v in (groups or {}).items()},
+                    layers=list((groups or {}).keys()),
+                    link=vars(link or LinkModel()),
+                    update_tol=update_tol,
+                    initial_link_s=None,
+                )
+                meta = self._meta()
+            else:
+                if int(meta["schema"]) < 2:
+                    self._migrate()
+                self._check_fresh(acknowledge_rollback)
+                meta = self._meta()
+                if groups is not None and list(groups) != meta["layers"]:
+                    raise ValueError("history store was created with different layers/groups")
         except sqlite3.DatabaseError as exc:
             self._db.close()
             raise CorruptFileError(
@@ -220,20 +296,6 @@ class HistoryStore:
         except Exception:
             self._db.close()
             raise
-        if "schema" not in meta:
-            self._set_meta(
-                schema=SCHEMA_VERSION,
-                keep_rounds=keep_rounds,
-                fp16=fp16,
-                groups={k: [list(g) for g in v] for k, v in (groups or {}).items()},
-                layers=list((groups or {}).keys()),
-                link=vars(link or LinkModel()),
-                update_tol=update_tol,
-                initial_link_s=None,
-            )
-            meta = self._meta()
-        elif groups is not None and list(groups) != meta["layers"]:
-            raise ValueError("history store was created with different layers/groups")
         self.keep_rounds: int | None = meta["keep_rounds"]
         self.fp16: bool = bool(meta["fp16"])
         self.layers: list[str] = list(meta["layers"])
@@ -285,10 +347,15 @@ class HistoryStore:
         (e,) = self._db.execute("SELECT COUNT(*) FROM erased").fetchone()
         return bool(n or e or any(self.dir.glob("global_*.safetensors")))
 
+    def _schema(self) -> int:
+        row = self._db.execute("SELECT value FROM meta WHERE key = 'schema'").fetchone()
+        return int(json.loads(row[0])) if row is not None else SCHEMA_VERSION
+
     def _db_mac(self, key: bytes) -> str:
         """HMAC-SHA256 of every row of the metadata tables and the group_change chain (hex)."""
         h = hmac.new(key, b"scaleflu-history-sqlite\0", hashlib.sha256)
-        for table, order in _DIGEST_TABLES:
+        tables = _DIGEST_TABLES if self._schema() < 2 else _DIGEST_TABLES_V2
+        for table, order in tables:
             h.update(f"{table}\0".encode())
             for row in self._db.execute(f"SELECT * FROM {table} ORDER BY {order}"):
                 h.update(json.dumps(list(row), separators=(",", ":")).encode() + b"\n")
@@ -321,15 +388,153 @@ class HistoryStore:
             self._db.execute("INSERT OR REPLACE INTO integrity (id, mac) VALUES (2, ?)", (chain,))
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One transaction; the metadata digest is rewritten inside it (atomic with the data)."""
-        with self._db:
-            yield self._db
-            if self._key is not None:
+    def _tx(
+        self,
+        erasure: Mapping[str, Any] | None = None,
+        restore: Mapping[str, Any] | None = None,
+    ) -> Iterator[sqlite3.Connection]:
+        """One transaction: the change, the files written for it, the next version and the
+        metadata digest, atomically; then the replaced files go and the heads file records the
+        new version (``erasure``/``restore``: what it records beside it)."""
+        head = None
+        try:
+            with self._db:
+                yield self._db
+                gone = self._flush_files()
+                version = self.version + 1
                 self._db.execute(
-                    "INSERT OR REPLACE INTO integrity (id, mac) VALUES (1, ?)",
-                    (self._db_mac(self._key),),
+                    "INSERT OR REPLACE INTO meta (key, value) VALUES ('version', ?)",
+                    (json.dumps(version),),
                 )
+                if self._key is not None:
+                    head = self._db_mac(self._key)
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO integrity (id, mac) VALUES (1, ?)", (head,)
+                    )
+        except BaseException:
+            for got in self._pending.values():  # files of a change that was not committed
+                if got is not None and not self._committed(got[0]):
+                    (self.dir / got[0]).unlink(missing_ok=True)
+            self._pending.clear()
+            raise
+        for path in gone:
+            path.unlink(missing_ok=True)
+        store_id = self._meta_value("store_id")
+        if self._heads is not None and head is not None and store_id is not None:
+            self._heads.advance(store_id, version, head, str(self.dir), erasure, restore)
+
+    # -- version, head, freshness ------------------------------------------------------------
+
+    def _meta_value(self, key: str, default: Any = None) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return json.loads(row[0]) if row is not None else default
+
+    @property
+    def version(self) -> int:
+        """The store's version: the number of changes committed to it (grows, never falls)."""
+        return int(self._meta_value("version", 0))
+
+    @property
+    def store_id(self) -> str | None:
+        """The store's random id (the heads file's key for it)."""
+        return self._meta_value("store_id")
+
+    def head(self) -> dict[str, Any]:
+        """``{"store_id", "version", "head"}``: the store as of now (head: the metadata digest
+        under the integrity key; None without a key)."""
+        row = self._db.execute("SELECT mac FROM integrity WHERE id = 1").fetchone()
+        head = str(row[0]) if row is not None and self._key is not None else None
+        return {"store_id": self.store_id, "version": self.version, "head": head}
+
+    def _check_fresh(self, acknowledge: str | None) -> None:
+        """Refuse a store older than (or forked from) the version its heads file records."""
+        store_id = self.store_id
+        if self._heads is None or store_id is None:
+            return
+        mine = self.head()
+        rec = self._heads.get(store_id)
+        if rec is None or mine["version"] > int(rec["version"]):
+            if rec is not None:  # a crash between the commit and the heads file: catch up
+                log.info(
+                    "history %s: version %d is ahead of the recorded %d; recorded now",
+                    self.dir,
+                    mine["version"],
+                    rec["version"],
+                )
+            self._heads.advance(store_id, mine["version"], mine["head"], str(self.dir))
+            return
+        signed = int(rec["version"])
+        if mine["version"] == signed and hmac.compare_digest(str(mine["head"]), str(rec["head"])):
+            return
+        if acknowledge is not None:
+            self._restore(rec, acknowledge)
+            return
+        lost = [e for e in rec.get("erasures", []) if int(e["version"]) > mine["version"]]
+        what = (
+            "a different store with the same version (a fork)"
+            if mine["version"] == signed
+            else "an older copy of the store, put back after later changes"
+        )
+        if lost:
+            clients = sorted({int(n) for e in lost for n in e.get("clients", [])})
+            what += f" (it predates the erasure of client(s) {clients})"
+        raise HistoryRollbackError(
+            f"{self.dir / 'history.sqlite'}: history store {store_id} is at version "
+            f"{mine['version']}, its server signed version {signed} {_when(rec.get('updated_at'))}"
+            f": {what}; refusing it (to restore a backup on purpose: scaleflu history restore "
+            f"--run {self.dir.parent} --keys KEY_FILE --acknowledge REASON)"
+        )
+
+    def _restore(self, rec: Mapping[str, Any], reason: str) -> None:
+        """Open an older copy on purpose: recorded, the version continues above the signed
+        one, and the erasures signed after the copy was made are applied again."""
+        if not str(reason).strip():
+            raise ValueError("a restore needs a reason (--acknowledge REASON)")
+        mine = self.version
+        signed = int(rec["version"])
+        lost = [e for e in rec.get("erasures", []) if int(e["version"]) > mine]
+        entry = {
+            "at": time.time(),
+            "from_version": mine,
+            "signed_version": signed,
+            "reason": str(reason),
+            "erasures_applied_again": [
+                {"clients": e.get("clients", []), "reason": e.get("reason", "")} for e in lost
+            ],
+        }
+        restores = list(self._meta_value("restores", []))
+        with self._tx(restore=entry):  # version := signed + 1
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('version', ?)",
+                (json.dumps(signed),),
+            )
+            self._db.execute(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES ('restores', ?)",
+                (json.dumps([*restores, entry]),),
+            )
+        log.warning(
+            "history %s: restored version %d over the signed version %d (%s); recorded",
+            self.dir,
+            mine,
+            signed,
+            reason,
+        )
+        for e in lost:
+            got = self.erase_clients(
+                [int(n) for n in e.get("clients", [])],
+                reason=f"applied again after a restore: {e.get('reason', '')}",
+            )
+            log.warning(
+                "history %s: erasure of client(s) %s (%s) applied again: %d stored updates",
+                self.dir,
+                got["clients"],
+                e.get("reason", ""),
+                got["updates"],
+            )
+
+    def restores(self) -> list[dict[str, Any]]:
+        """Deliberate restores of older copies (``scaleflu history restore``), oldest first."""
+        return list(self._meta_value("restores", []))
 
     # -- low level -------------------------------------------------------------------------
 
@@ -344,38 +549,133 @@ class HistoryStore:
                 [(k, json.dumps(v)) for k, v in items.items()],
             )
 
+    def _file_row(self, name: str) -> tuple[str, str] | None:
+        row = self._db.execute("SELECT path, sha256 FROM files WHERE name = ?", (name,)).fetchone()
+        return (str(row[0]), str(row[1])) if row is not None else None
+
+    def _committed(self, filename: str) -> bool:
+        q = "SELECT 1 FROM files WHERE path = ?"
+        return self._db.execute(q, (filename,)).fetchone() is not None
+
+    def _path(self, name: str) -> Path:
+        """The file of tensor file ``name`` as committed (its first name when none is)."""
+        row = self._file_row(name)
+        return self.dir / (row[0] if row is not None else f"{name}.safetensors")
+
     def _global_path(self, t: int) -> Path:
-        return self.dir / f"global_{t:05d}.safetensors"
+        return self._path(f"global_{t:05d}")
 
     def _updates_path(self, t: int) -> Path:
-        return self.dir / f"updates_{t:05d}.safetensors"
+        return self._path(f"updates_{t:05d}")
 
-    def _save(self, tensors: Mapping[str, torch.Tensor], path: Path) -> None:
-        tmp = path.with_suffix(".tmp")
+    def _save(self, tensors: Mapping[str, torch.Tensor], name: str) -> None:
+        """Write tensor file ``name``; it counts once the next transaction commits it."""
+        got = self._pending.get(name)
+        if got is not None:
+            filename = got[0]
+        elif self._file_row(name) is None:
+            filename = f"{name}.safetensors"
+        else:  # a rewrite goes to a new file: the committed one stays until the commit
+            filename = f"{name}-v{self.version + 1}.safetensors"
+        path = self.dir / filename
+        tmp = path.with_name(filename + ".tmp")
         save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp))
-        if self._key is not None:  # the authenticated digest first, then the file
-            write_mac(self._key, tmp, path.name)
+        sha = hashlib.sha256(tmp.read_bytes()).hexdigest()
         tmp.replace(path)
+        self._pending[name] = (filename, sha)
 
-    def _load(self, path: Path, prefix: str | None = None) -> dict[str, torch.Tensor]:
-        if self._key is not None:
-            try:
-                check_mac(self._key, path, "history file")
-            except IntegrityError as exc:
-                raise HistoryIntegrityError(str(exc)) from None
-        return load_tensors(path, "history file", prefix)
+    def _delete(self, name: str) -> None:
+        """Delete tensor file ``name`` when the next transaction commits."""
+        self._pending[name] = None
 
-    def _cleanup_uncommitted(self) -> None:
+    def _flush_files(self) -> list[Path]:
+        """Inside a transaction: commit the pending files; the files they replace (to remove)."""
+        gone: list[Path] = []
+        for name, got in self._pending.items():
+            old = self._file_row(name)
+            if got is None:
+                self._db.execute("DELETE FROM files WHERE name = ?", (name,))
+            else:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO files (name, path, sha256) VALUES (?, ?, ?)",
+                    (name, got[0], got[1]),
+                )
+            if old is not None and (got is None or old[0] != got[0]):
+                gone.append(self.dir / old[0])
+        self._pending.clear()
+        return gone
+
+    def _load(self, name: str, prefix: str | None = None) -> dict[str, torch.Tensor]:
+        path = self._path(name)
+        if not path.is_file():
+            raise HistoryIntegrityError(f"{path}: a history file the store records is missing")
+        if self._key is None:
+            return load_tensors(path, "history file", prefix)
+        # its SHA-256 is in the authenticated metadata
+        row = self._file_row(name)
+        data = path.read_bytes()
+        if row is None or not hmac.compare_digest(hashlib.sha256(data).hexdigest(), row[1]):
+            raise HistoryIntegrityError(
+                f"{path}: history file fails its authenticated digest (modified, put back "
+                "from an older copy, or written under another key); refusing it"
+            )
+        try:
+            flat = load_safetensors(data)
+        except (SafetensorError, ValueError, RuntimeError) as exc:
+            raise CorruptFileError(
+                f"{path}: history file is not a readable safetensors file ({exc})"
+            ) from None
+        if prefix is None:
+            return flat
+        return {k[len(prefix) :]: v for k, v in flat.items() if k.startswith(prefix)}
+
+    def _migrate(self) -> None:
+        """A store of schema 1 (tensor files with ``.mac`` sidecars) becomes schema 2: its
+        committed files are recorded with their SHA-256 (each checked against its sidecar
+        under the key first), a store id and a version are set."""
+        self._cleanup_v1()
+        rows = []
+        for path in sorted(self.dir.glob("*.safetensors")):
+            if self._key is not None:
+                try:
+                    check_mac(self._key, path, "history file")
+                except IntegrityError as exc:
+                    raise HistoryIntegrityError(str(exc)) from None
+            rows.append((path.stem, path.name, hashlib.sha256(path.read_bytes()).hexdigest()))
+        with self._tx():
+            self._db.executemany("INSERT OR REPLACE INTO files VALUES (?, ?, ?)", rows)
+            self._db.executemany(
+                "INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)",
+                [
+                    ("schema", json.dumps(SCHEMA_VERSION)),
+                    ("store_id", json.dumps(secrets.token_hex(8))),
+                ],
+            )
+        for path in self.dir.glob("*.safetensors.mac"):
+            path.unlink()
+        log.info(
+            "history %s: upgraded to schema %d (%d files)", self.dir, SCHEMA_VERSION, len(rows)
+        )
+
+    def _cleanup_v1(self) -> None:
+        """Schema 1: files of rounds past the last committed one are uncommitted."""
         last = self.last_completed_round()
         has_initial = self._meta().get("initial_link_s") is not None
-        for path in list(self.dir.glob("*.tmp")):
-            path.unlink()
         for path in self.dir.glob("global_*.safetensors"):
             t = int(path.stem.split("_")[1])
             if t > last + 1 or (t == 1 and not has_initial and last == 0):
                 path.unlink()
         for path in self.dir.glob("updates_*.safetensors"):
             if int(path.stem.split("_")[1]) > last:
+                path.unlink()
+
+    def _cleanup_uncommitted(self) -> None:
+        """Remove temporary files and tensor files no committed row names."""
+        committed = {str(p) for (p,) in self._db.execute("SELECT path FROM files")}
+        for path in list(self.dir.glob("*.tmp")):
+            path.unlink()
+        for path in list(self.dir.glob("*.safetensors")):
+            if path.name not in committed:
                 path.unlink()
 
     def close(self) -> None:
@@ -394,7 +694,7 @@ class HistoryStore:
         """Store the initial model Theta[1] and charge its broadcast (round 0) to the link."""
         self._save(
             {k: v.float() if v.is_floating_point() else v for k, v in global_state.items()},
-            self._global_path(1),
+            "global_00001",
         )
         self._set_meta(initial_link_s=self.link.seconds(state_bytes(global_state)))
 
@@ -449,8 +749,8 @@ class HistoryStore:
             nbytes += len(participants) * model_bytes
         cum = self.cumulative_link_seconds(last) + link_s
         if updates:
-            self._save(updates, self._updates_path(t))
-        self._save(new_global, self._global_path(t + 1))
+            self._save(updates, f"updates_{t:05d}")
+        self._save(new_global, f"global_{t + 1:05d}")
         with self._tx():
             self._db.execute(
                 "INSERT INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -484,7 +784,7 @@ class HistoryStore:
             )
         ]
         for r in old:
-            self._updates_path(r).unlink(missing_ok=True)
+            self._delete(f"updates_{r:05d}")
         if old:
             with self._tx():
                 self._db.executemany(
@@ -552,7 +852,7 @@ class HistoryStore:
             raise KeyError(
                 f"client updates of round {t} were dropped (keep_rounds={self.keep_rounds})"
             )
-        flat = self._load(self._updates_path(t))
+        flat = self._load(f"updates_{t:05d}")
         out: dict[int, dict[str, torch.Tensor]] = {n: {} for n in self.participants(t)}
         for key, v in flat.items():
             n, name = key.split("/", 1)
@@ -567,7 +867,7 @@ class HistoryStore:
             raise KeyError(
                 f"client updates of round {t} were dropped (keep_rounds={self.keep_rounds})"
             )
-        return {k: v.float() for k, v in self._load(self._updates_path(t), f"{n}/").items()}
+        return {k: v.float() for k, v in self._load(f"updates_{t:05d}", f"{n}/").items()}
 
     def client_model(self, t: int, n: int) -> dict[str, torch.Tensor]:
         """Local model Theta_{n,E}[t] = Theta[t] + update (integer buffers from Theta[t])."""
@@ -578,10 +878,10 @@ class HistoryStore:
 
     def global_model(self, t: int) -> dict[str, torch.Tensor]:
         """Theta[t], the global model at the start of round t (t = last + 1: the final one)."""
-        path = self._global_path(t)
-        if not 1 <= t <= self.last_completed_round() + 1 or not path.is_file():
+        name = f"global_{t:05d}"
+        if not 1 <= t <= self.last_completed_round() + 1 or self._file_row(name) is None:
             raise KeyError(f"no global model for round {t}")
-        return self._load(path)
+        return self._load(name)
 
     def final_model(self) -> dict[str, torch.Tensor]:
         """The global model after the last completed round."""
@@ -633,19 +933,25 @@ class HistoryStore:
     def erase_clients(self, clients: Iterable[int], reason: str = "") -> dict[str, Any]:
         """Delete every stored update of ``clients``; they leave their rounds' participants.
 
-        Each round file holding an update of a client is rewritten without it (atomically, via
-        a temporary file); the client is removed from the round's ``participants`` and
-        ``data_sizes``, so aggregation weights of later unlearning requests no longer count its
-        data. Idempotent: erasing a client twice erases nothing the second time. Returns
-        ``{"clients", "rounds", "updates", "bytes", "derived_kept_rounds", "reason"}``: the
-        rounds touched, the number of client updates deleted, the tensor bytes deleted, and the
-        rounds from the clients' first participation on whose global models and other clients'
-        updates remain (computed after the clients' updates were averaged in).
+        Each round file holding an update of a client is written again without it; the client
+        is removed from the round's ``participants`` and ``data_sizes``, so aggregation weights
+        of later unlearning requests no longer count its data. The whole erasure is one commit
+        (a crash leaves it done or not done), after which the old files are removed.
+        Idempotent: erasing a client twice erases nothing the second time. Returns
+        ``{"clients", "rounds", "updates", "bytes", "erased_updates", "derived_kept_rounds",
+        "reason", "version"}``: the rounds touched, the number of client updates deleted, the
+        tensor bytes deleted, per (round, client) the SHA-256 of the stored update deleted
+        (:func:`~scaleflu.fl.integrity.state_sha256` of its tensors as stored; None where
+        retention had dropped it already), the rounds from the clients' first participation on
+        whose global models and other clients' updates remain (computed after the clients'
+        updates were averaged in), and the store's version after the erasure.
         """
         clients = sorted({int(n) for n in clients})
         now = time.time()
         touched: list[int] = []
-        n_updates = 0
+        rows: list[tuple[Any, ...]] = []  # erased table rows
+        changes: list[tuple[Any, ...]] = []  # rounds table updates
+        hashes: list[dict[str, Any]] = []
         n_bytes = 0
         first: int | None = None
         for t in self.rounds():
@@ -656,56 +962,61 @@ class HistoryStore:
             first = t if first is None else first
             sizes = self.data_sizes(t)
             per: dict[int, int] = {n: 0 for n in hit}
-            if self.has_updates(t):
-                flat = self._load(self._updates_path(t))
+            mine: dict[int, dict[str, torch.Tensor]] = {n: {} for n in hit}
+            kept = self.has_updates(t)
+            if kept:
+                flat = self._load(f"updates_{t:05d}")
                 keep = {}
                 for key, v in flat.items():
-                    n = int(key.split("/", 1)[0])
+                    n_str, name = key.split("/", 1)
+                    n = int(n_str)
                     if n in per:
                         per[n] += v.numel() * v.element_size()
+                        mine[n][name] = v
                     else:
                         keep[key] = v
                 if keep:
-                    self._save(keep, self._updates_path(t))
+                    self._save(keep, f"updates_{t:05d}")
                 else:
-                    self._updates_path(t).unlink(missing_ok=True)
+                    self._delete(f"updates_{t:05d}")
+            for n in hit:
+                sha = state_sha256(mine[n]) if kept and mine[n] else None
+                hashes.append({"round": t, "client": n, "sha256": sha, "bytes": per[n]})
             n_bytes += sum(per.values())
-            erased_rows = [(t, n, int(sizes.get(n, 0)), per[n], reason, now) for n in hit]
+            rows += [(t, n, int(sizes.get(n, 0)), per[n], reason, now) for n in hit]
             rest = [n for n in part if n not in hit]
             rest_sizes = {str(n): int(sizes[n]) for n in rest}
-            with self._tx():
-                self._db.execute(
+            changes.append((json.dumps(rest), json.dumps(rest_sizes), 1 if kept and rest else 0, t))
+            touched.append(t)
+        if touched:
+            note = {"clients": clients, "reason": reason, "at": now}
+            with self._tx(erasure=note):
+                self._db.executemany(
                     "UPDATE rounds SET participants = ?, data_sizes = ?, updates_kept = ? "
                     "WHERE round = ?",
-                    (
-                        json.dumps(rest),
-                        json.dumps(rest_sizes),
-                        1 if self.has_updates(t) and rest else 0,
-                        t,
-                    ),
+                    changes,
                 )
                 self._db.executemany(
-                    "INSERT OR REPLACE INTO erased VALUES (?, ?, ?, ?, ?, ?)", erased_rows
+                    "INSERT OR REPLACE INTO erased VALUES (?, ?, ?, ?, ?, ?)", rows
                 )
-            touched.append(t)
-            n_updates += len(hit)
-        last = self.last_completed_round()
-        derived = list(range(first, last + 1)) if first is not None else []
-        if touched:
             log.info(
                 "history: erased %d stored updates of client(s) %s in %d rounds (%d bytes)",
-                n_updates,
+                len(rows),
                 clients,
                 len(touched),
                 n_bytes,
             )
+        last = self.last_completed_round()
+        derived = list(range(first, last + 1)) if first is not None else []
         return {
             "clients": clients,
             "rounds": touched,
-            "updates": n_updates,
+            "updates": len(rows),
             "bytes": n_bytes,
+            "erased_updates": hashes,
             "derived_kept_rounds": derived,
             "reason": reason,
+            "version": self.version,
         }
 
     def erased(self) -> list[dict[str, Any]]:
@@ -725,8 +1036,37 @@ class HistoryStore:
         """Overwrite the final global model Theta[T+1] (e.g. with the unlearned Theta')."""
         self._save(
             {k: v.float() if v.is_floating_point() else v for k, v in state.items()},
-            self._global_path(self.last_completed_round() + 1),
+            f"global_{self.last_completed_round() + 1:05d}",
         )
+        with self._tx():
+            pass
+
+    # -- receipts ----------------------------------------------------------------------------
+
+    def append_receipt(self, body: str, sha256: str | None = None) -> int:
+        """Keep an erasure receipt (its JSON text) in the store; its sequence number.
+
+        ``sha256``: the receipt's name in the chain (default: of ``body``); each receipt names
+        its predecessor's (:meth:`last_receipt_sha256`). The receipts table is inside the
+        metadata digest, so the store's integrity covers every receipt its server issued.
+        """
+        sha = sha256 or hashlib.sha256(body.encode()).hexdigest()
+        with self._tx():
+            (seq,) = self._db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM receipts").fetchone()
+            self._db.execute(
+                "INSERT INTO receipts VALUES (?, ?, ?, ?)", (int(seq), self.version + 1, sha, body)
+            )
+        return int(seq)
+
+    def receipts(self) -> list[dict[str, Any]]:
+        """The receipts kept, oldest first: ``{"seq", "version", "sha256", "body"}``."""
+        rows = self._db.execute("SELECT seq, version, sha256, body FROM receipts ORDER BY seq")
+        return [dict(zip(("seq", "version", "sha256", "body"), r, strict=True)) for r in rows]
+
+    def last_receipt_sha256(self) -> str | None:
+        """SHA-256 of the last receipt kept (each receipt names its predecessor's), or None."""
+        row = self._db.execute("SELECT sha256 FROM receipts ORDER BY seq DESC LIMIT 1").fetchone()
+        return str(row[0]) if row is not None else None
 
     def storage_bytes(self) -> dict[str, int]:
         """Bytes on disk: ``globals``, ``updates``, ``sqlite`` and ``total``."""

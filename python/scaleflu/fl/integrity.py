@@ -11,28 +11,56 @@ The key of a run folder is registered once per process with :func:`trust`; every
 :class:`scaleflu.fl.history.HistoryStore` opened on that folder and every :func:`load_model`
 under it then checks (and every :func:`save_model` writes) the digests, also when the store is
 opened by code that does not know about keys (the unlearning methods' ``load_run``).
+
+**Freshness.** A digest proves who wrote a store, not that it is the latest one: a whole copy
+put back later carries valid digests. :class:`HistoryHeads` is the other half: a sealed file
+kept beside the key store (``keys.heads.json`` beside ``keys.json``, :func:`heads_path`), outside
+the run folder, holding for every history store the last version (a counter that grows with
+every committed change) and head (the metadata digest at that version) its server wrote. A
+store whose version is below the recorded one, or equal with another head, is refused on open
+(:class:`RollbackError`); a deliberate restore of a backup goes through
+``scaleflu history restore`` (recorded in the store and in the heads file). :func:`trust`
+registers the heads file of a run folder beside its key, and the signing key of its erasure
+receipts (:mod:`scaleflu.unlearn.receipt`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import hmac
-from collections.abc import Mapping
+import json
+import logging
+import os
+import struct
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import numpy as np
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 if TYPE_CHECKING:  # torch is imported when a model is saved or loaded, not for the error type
     import torch
 
+log = logging.getLogger(__name__)
+
 MAC_SUFFIX = ".mac"
+HEADS_FORMAT = "scaleflu-history-heads"
 _TRUSTED: dict[Path, bytes] = {}
+_HEADS: dict[Path, HistoryHeads] = {}
+_SIGNERS: dict[Path, Any] = {}  # run folder -> Ed25519 private key of its erasure receipts
 
 
 class IntegrityError(RuntimeError):
     """A stored file fails its authenticated digest (tampered, foreign or undigested)."""
+
+
+class RollbackError(IntegrityError):
+    """A history store is older than the last version its server signed (put back, forked)."""
 
 
 class CorruptFileError(ValueError):
@@ -44,25 +72,186 @@ def _norm(path: str | Path) -> Path:
     return Path(path).expanduser().resolve()
 
 
-def trust(run_dir: str | Path, key: bytes) -> None:
-    """Check (and write) digests under ``key`` for everything stored below ``run_dir``."""
+def trust(
+    run_dir: str | Path,
+    key: bytes,
+    heads: HistoryHeads | None = None,
+    signer: Any = None,
+) -> None:
+    """Check (and write) digests under ``key`` for everything stored below ``run_dir``.
+
+    ``heads``: the sealed record of the history stores' last signed versions (freshness: a
+    store older than its record is refused on open); ``signer``: the Ed25519 private key that
+    signs the run's erasure receipts. None: none (a previous registration of the folder is
+    replaced).
+    """
     if len(key) < 16:
         raise ValueError("integrity key shorter than 16 bytes")
-    _TRUSTED[_norm(run_dir)] = bytes(key)
+    folder = _norm(run_dir)
+    _TRUSTED[folder] = bytes(key)
+    for table, value in ((_HEADS, heads), (_SIGNERS, signer)):
+        if value is None:
+            table.pop(folder, None)
+        else:
+            table[folder] = value
 
 
 def untrust(run_dir: str | Path) -> None:
     """Forget the key registered for ``run_dir`` (tests; a process serving several runs)."""
-    _TRUSTED.pop(_norm(run_dir), None)
+    folder = _norm(run_dir)
+    for table in (_TRUSTED, _HEADS, _SIGNERS):
+        table.pop(folder, None)
+
+
+def _registered(table: Mapping[Path, Any], path: str | Path) -> Any:
+    p = _norm(path)
+    for folder in (p, *p.parents):
+        if folder in table:
+            return table[folder]
+    return None
 
 
 def key_for(path: str | Path) -> bytes | None:
     """The key registered for ``path`` or the closest of its parent folders (None: none)."""
-    p = _norm(path)
-    for folder in (p, *p.parents):
-        if folder in _TRUSTED:
-            return _TRUSTED[folder]
-    return None
+    return _registered(_TRUSTED, path)
+
+
+def heads_for(path: str | Path) -> HistoryHeads | None:
+    """The heads file registered with the key of ``path`` (None: freshness unchecked)."""
+    return _registered(_HEADS, path)
+
+
+def signer_for(path: str | Path) -> Any:
+    """The Ed25519 private key that signs the erasure receipts of ``path``'s run (or None)."""
+    return _registered(_SIGNERS, path)
+
+
+# ----------------------------------------------------------------------------- model digests
+
+
+def state_sha256(tensors: Mapping[str, Any]) -> str:
+    """SHA-256 over names, dtypes, shapes and bytes of a state dict (sorted by name).
+
+    Values are numpy arrays or torch tensors (moved to the CPU). The testbed's MODEL and
+    EVAL_REPORT hashes, the served model's name and the erasure receipts all use this digest, so
+    a robot can compare what it holds with what a receipt names.
+    """
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        v = tensors[name]
+        if not isinstance(v, np.ndarray):
+            v = v.detach().cpu().numpy()
+        a = np.ascontiguousarray(v)
+        h.update(name.encode())
+        h.update(
+            a.dtype.newbyteorder("<").str.encode() if a.dtype.itemsize > 1 else a.dtype.str.encode()
+        )
+        h.update(struct.pack(f">{a.ndim + 1}I", a.ndim, *a.shape))
+        h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------- freshness
+
+
+def heads_path(key_file: str | Path) -> Path:
+    """Where the heads file of a key file lives: ``keys.json`` -> ``keys.heads.json`` beside it."""
+    p = Path(key_file)
+    return p.with_name(f"{p.stem}.heads.json")
+
+
+class HistoryHeads:
+    """The sealed record of the last version and head of each history store (freshness).
+
+    One JSON file (mode 0600, replaced atomically, under a lock shared by the processes that
+    write it) sealed with an HMAC-SHA256 under the integrity key::
+
+        {"format": "scaleflu-history-heads", "stores": {"<store id>": {"version": 12,
+         "head": "<metadata digest>", "run": "<folder>", "updated_at": ..., "erasures": [...],
+         "restores": [...]}}, "mac": "<hex>"}
+
+    It lives beside the key store, outside the run folder: whoever can put an old copy of the
+    run folder back cannot also move this record back without write access to the key store's
+    folder. A missing file is an empty record (a new server); a file that fails its seal is
+    refused (:class:`IntegrityError`).
+    """
+
+    def __init__(self, path: str | Path, key: bytes) -> None:
+        self.path = Path(path)
+        self._key = hmac.new(bytes(key), b"scaleflu-history-heads", hashlib.sha256).digest()
+
+    def _seal(self, stores: Mapping[str, Any]) -> str:
+        body = json.dumps({"format": HEADS_FORMAT, "stores": stores}, sort_keys=True)
+        return hmac.new(self._key, body.encode(), hashlib.sha256).hexdigest()
+
+    def read(self) -> dict[str, Any]:
+        """Every store's record (an empty dict when the file does not exist yet)."""
+        if not self.path.is_file():
+            return {}
+        try:
+            raw = json.loads(self.path.read_text())
+            stores, mac = raw["stores"], raw["mac"]
+            ok = raw.get("format") == HEADS_FORMAT and isinstance(stores, dict)
+        except (ValueError, KeyError, TypeError):
+            ok, stores, mac = False, {}, ""
+        if not ok or not hmac.compare_digest(str(mac), self._seal(stores)):
+            raise IntegrityError(
+                f"{self.path}: the history heads file fails its seal (modified, or written "
+                "under another key); refusing it"
+            )
+        return stores
+
+    def get(self, store_id: str) -> dict[str, Any] | None:
+        """The record of one store (None: never recorded)."""
+        return self.read().get(store_id)
+
+    @contextlib.contextmanager
+    def _update(self) -> Iterator[dict[str, Any]]:
+        """Read, change and write the record under an exclusive lock (other processes wait)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            stores = self.read()
+            yield stores
+            data = {"format": HEADS_FORMAT, "stores": stores, "mac": self._seal(stores)}
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(out, "w") as fh:
+                fh.write(json.dumps(data, indent=1, sort_keys=True) + "\n")
+            os.replace(tmp, self.path)
+        finally:
+            os.close(fd)
+
+    def advance(
+        self,
+        store_id: str,
+        version: int,
+        head: str,
+        run: str,
+        erasure: Mapping[str, Any] | None = None,
+        restore: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record that store ``store_id`` is now at ``version`` with ``head``.
+
+        A version below the recorded one is refused (:class:`RollbackError`): the store being
+        written is older than one this server already signed. ``erasure``: an erasure committed
+        at this version (kept so that a deliberate restore can apply it again); ``restore``: a
+        deliberate restore of an older copy, recorded with its reason.
+        """
+        with self._update() as stores:
+            rec = stores.setdefault(store_id, {"version": 0, "erasures": [], "restores": []})
+            if int(version) < int(rec["version"]):
+                raise RollbackError(
+                    f"{run}: history store {store_id} writes version {version} but version "
+                    f"{rec['version']} was already signed; refusing it"
+                )
+            rec.update(version=int(version), head=str(head), run=str(run), updated_at=time.time())
+            if erasure is not None:
+                rec["erasures"].append({"version": int(version), **dict(erasure)})
+            if restore is not None:
+                rec["restores"].append({"version": int(version), **dict(restore)})
 
 
 def mac_path(path: str | Path) -> Path:

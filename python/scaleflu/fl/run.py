@@ -484,7 +484,9 @@ def load_run(run_dir: str | Path) -> LoadedRun:
     model = setup.new_model()
     final = run_dir / "model.safetensors"
     last = history.last_completed_round()
-    if final.is_file() and last == int(cfg.fl.rounds):
+    # after an erasure the history's final model is the unlearned one (the next request, and
+    # its receipt's "model before", start there), not the trained model.safetensors
+    if final.is_file() and last == int(cfg.fl.rounds) and not history.erased_clients():
         model.load_state_dict(load_model(final))  # checks the digest when trusted
     elif last > 0 or (history.dir / "global_00001.safetensors").is_file():
         model.load_state_dict(history.final_model())

@@ -17,7 +17,7 @@ own ``Strategy``) and leaves the aggregation to it. Around it, it
    (:class:`scaleflu.fl.history.HistoryStore`: SQLite + safetensors, authenticated digests
    under ``integrity_key``, the per-group change log the AoI of SCALE is computed from), with
    the server's evaluation of every global model, in a run directory that ``scaleflu unlearn``
-   and ``scaleflu.unlearn.registry.run_unlearning`` read like one ``scaleflu train`` wrote;
+   and ``scaleflu.unlearn.run.run_unlearning`` read like one ``scaleflu train`` wrote;
 4. **collects** the unlearning requests clients attach to their replies
    (:func:`scaleflu.flower.client.request_forget`) -- in every round, and after the last one
    from every registered node (:meth:`UnlearningStrategy.collect`) -- each bound to the client

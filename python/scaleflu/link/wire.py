@@ -272,6 +272,14 @@ def _encode_values(
     scales = (maxabs / 127.0).astype(np.float32)
     # a scale that underflows float32 would zero its group: use the smallest subnormal instead
     scales[(scales == 0) & (maxabs > 0)] = np.float32(2.0**-149)
+    # a scale rounded down so far (subnormal groups) that the largest value would need more
+    # than 127 steps: the next float32 up, so nothing is clipped
+    with np.errstate(divide="ignore", invalid="ignore"):
+        over = np.rint(maxabs / scales.astype(np.float64)) > 127
+    while np.any(over):
+        scales[over] = np.nextafter(scales[over], np.float32(np.inf))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            over = np.rint(maxabs / scales.astype(np.float64)) > 127
     per_elem = np.repeat(scales.astype(np.float64), sizes)
     with np.errstate(divide="ignore", invalid="ignore"):
         q = np.where(per_elem > 0, np.rint(v / per_elem), 0.0)

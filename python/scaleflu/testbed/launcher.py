@@ -396,6 +396,7 @@ def run_testbed(args: argparse.Namespace) -> int:
         ]
         if r == args.backdoor_robot and args.unlearn != "none":
             cmd += ["--unlearn", args.unlearn, "--unlearn-after-round", str(after)]
+            cmd += ["--receipts", str(run_dir / "logs" / f"robot{r}-receipts")]
             if args.unlearn == "class":
                 cmd += ["--unlearn-classes", "0"]
             if args.unlearn == "sample":

@@ -56,6 +56,7 @@ import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
+from scaleflu.fl.integrity import state_sha256 as state_sha256  # the digest, re-exported
 from scaleflu.keys import KEY_BYTES, derive_key
 
 log = logging.getLogger(__name__)
@@ -97,6 +98,9 @@ class MsgType(enum.IntEnum):
     REJECT = 9  # server -> robot: an update or request was refused (meta: reason)
     RESYNC = 10  # robot -> server: delta reference mismatch, send the full model next time
     BYE = 11  # server -> robot: the run is over
+    # server -> robot: the signed erasure receipt of the robot's served request (meta:
+    # receipt_version, request; body: the receipt's JSON text, scaleflu.unlearn.receipt)
+    RECEIPT = 12
 
 
 class ProtocolError(ValueError):
@@ -324,20 +328,6 @@ def open_envelope(
 
 
 # ----------------------------------------------------------------------------- tensors
-
-
-def state_sha256(tensors: Mapping[str, np.ndarray]) -> str:
-    """SHA-256 over names, dtypes, shapes and bytes of a state dict (sorted by name)."""
-    h = hashlib.sha256()
-    for name in sorted(tensors):
-        a = np.ascontiguousarray(tensors[name])
-        h.update(name.encode())
-        h.update(
-            a.dtype.newbyteorder("<").str.encode() if a.dtype.itemsize > 1 else a.dtype.str.encode()
-        )
-        h.update(struct.pack(f">{a.ndim + 1}I", a.ndim, *a.shape))
-        h.update(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
-    return h.hexdigest()
 
 
 def validate_update(

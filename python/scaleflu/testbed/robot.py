@@ -21,6 +21,7 @@ import logging
 import secrets
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,13 @@ from scaleflu.testbed.protocol import (
     state_sha256,
 )
 from scaleflu.testbed.transport import BodyCache, link_stats, unpack_broadcast_body
+from scaleflu.unlearn.receipt import (
+    RECEIPT_VERSION,
+    ReceiptError,
+    parse_receipt,
+    receipt_text,
+    verify_receipt,
+)
 
 log = logging.getLogger(__name__)
 
@@ -167,6 +175,7 @@ class RobotClient:
         forge_as: int | None = None,
         data: RobotData | None = None,
         server_public_key: bytes | None = None,
+        receipts_dir: str | Path | None = None,
     ) -> None:
         """``unlearn``: request meta (kind, classes, fraction), sent after that round.
 
@@ -174,7 +183,8 @@ class RobotClient:
         ``fault_round``; ``forge_as``: the robot a forged upload claims to be) or a
         :class:`~scaleflu.testbed.faults.RobotFaults`. ``server_public_key``: the server's
         Ed25519 key from the robot's enrolment file; models and grants without the server's
-        signature are then refused (None: not checked).
+        signature are then refused (None: not checked). ``receipts_dir``: where the erasure
+        receipts of this robot's requests are kept once checked (None: in the summary only).
         """
         if not isinstance(faults, RobotFaults):
             faults = RobotFaults(tuple(faults), fault_round, forge_as) if faults else NO_FAULTS
@@ -212,6 +222,12 @@ class RobotClient:
         self.evals: dict[str, dict[str, Any]] = {}
         self.rejects: list[dict[str, Any]] = []
         self.unlearn_ack: dict[str, Any] | None = None
+        self.receipts: list[dict[str, Any]] = []  # erasure receipts, checked
+        self.receipt_checks: list[dict[str, Any]] = []  # what was checked of each
+        self.receipts_dir = Path(receipts_dir) if receipts_dir is not None else None
+        # the highest history version of the server's receipts held, per history store: a
+        # receipt of a lower version means the server's history went back
+        self.heads: dict[str, int] = {}
         self.registrations = 0
         self.refused: str | None = None  # why the server (or this robot) refused registration
         self.reregistrations = 0  # registrations after robot_idle_s of server silence
@@ -422,9 +438,76 @@ class RobotClient:
                 env.round,
                 env.meta.get("reason"),
             )
+        elif env.type is MsgType.RECEIPT:
+            self._on_receipt(env.meta, env.body)
         elif env.type is MsgType.BYE:
             log.info("robot %d: server says the run is over", self.robot_id)
             self.done = True
+
+    def _on_receipt(self, meta: Mapping[str, Any], body: bytes) -> None:
+        """The erasure receipt of this robot's request: checked (the server's signature, the
+        models it names against those this robot was sent and evaluated, its history version
+        against the highest held), then kept; a receipt that fails is refused and counted."""
+        source = f"robot {self.robot_id}: erasure receipt"
+        held = (self.evals.get("unlearned") or {}).get("sha256")
+        before = (self.evals.get("before") or {}).get("sha256")
+        try:
+            if meta.get("receipt_version") != RECEIPT_VERSION:
+                raise ReceiptError(
+                    f"{source}: version {meta.get('receipt_version')!r} is not supported"
+                )
+            receipt = parse_receipt(body, source)
+            if self.server_public_key is None:
+                log.warning("%s: no server public key, its signature is not checked", source)
+            else:
+                verify_receipt(receipt, self.server_public_key, None, source)
+            if held is not None and receipt["model_after"]["sha256"] != held:
+                raise ReceiptError(
+                    f"{source}: it is not about the model this robot was sent: it names "
+                    f"{receipt['model_after']['sha256'][:16]}..., the robot holds {held[:16]}..."
+                )
+            if before is not None and receipt["model_before"]["sha256"] != before:
+                raise ReceiptError(
+                    f"{source}: the model it says was replaced is not the one this robot "
+                    "evaluated before the request"
+                )
+            matched = self._check_own_updates(receipt, source)
+            store = str(receipt["history"]["store_id"])
+            version = int(receipt["history"]["version"])
+            top = self.heads.get(store)
+            if top is not None and version <= top:
+                raise ReceiptError(
+                    f"{source}: history version {version} is not above version {top} of a "
+                    "receipt held: the server's history went back"
+                )
+        except (ReceiptError, KeyError, TypeError, ValueError) as exc:
+            log.error("%s", exc)
+            self.rejects.append({"round": 0, "reason": "bad_receipt", "detail": str(exc)})
+            return
+        self.heads[store] = version
+        self.receipts.append(receipt)
+        self.receipt_checks.append(
+            {
+                "signature": self.server_public_key is not None,
+                "model_after": held is not None,
+                "model_before": before is not None,
+                "own_updates_matched": matched,
+            }
+        )
+        if self.receipts_dir is not None:
+            self.receipts_dir.mkdir(parents=True, exist_ok=True)
+            name = f"receipt-{len(self.receipts)}-v{version}.json"
+            (self.receipts_dir / name).write_text(receipt_text(receipt))
+        log.info(
+            "robot %d: erasure receipt for %s checked: model %s... replaced %s..., %d stored "
+            "updates erased at history version %d",
+            self.robot_id,
+            receipt["request"]["text"],
+            receipt["model_after"]["sha256"][:12],
+            receipt["model_before"]["sha256"][:12],
+            len((receipt.get("erasure") or {}).get("updates") or []),
+            version,
+        )
 
     def _on_model(self, t: int, meta: Mapping[str, Any], body: bytes) -> None:
         want = meta.get("body_sha256")
@@ -521,6 +604,7 @@ class RobotClient:
             client_of(self.robot_id),
         )
         train_s = time.perf_counter() - t0
+        update_sha = self._update_sha256(local)
         upload = self.faults.replace_upload(t, arrays(local), self.state)
         stats = link_stats(self.link).get("arq", {})
         up_meta = {
@@ -548,6 +632,7 @@ class RobotClient:
                 "train_s": train_s,
                 "upload": res.status.value,
                 "upload_bytes": len(sealed),
+                "update_sha256": update_sha,  # as the server stores it (receipts name it)
             }
         )
         log.info(
@@ -566,6 +651,42 @@ class RobotClient:
             and t >= self.unlearn_after_round
         ):
             self.request_unlearning()
+
+    def _check_own_updates(self, receipt: Mapping[str, Any], source: str) -> int:
+        """How many erased updates a receipt names are this robot's own uploads (by digest);
+        ReceiptError when it names one of this robot's rounds with another digest."""
+        mine = client_of(self.robot_id)
+        known: dict[int, set[str]] = {}
+        for row in self.rounds:
+            if row.get("update_sha256"):
+                known.setdefault(int(row["round"]), set()).add(str(row["update_sha256"]))
+        matched = 0
+        for u in (receipt.get("erasure") or {}).get("updates") or []:
+            t, sha = int(u["round"]), u.get("sha256")
+            if int(u["client"]) != mine or not sha or t not in known:
+                continue
+            if sha not in known[t]:
+                raise ReceiptError(
+                    f"{source}: the erased update of round {t} it names is not the one this "
+                    "robot uploaded"
+                )
+            matched += 1
+        return matched
+
+    def _update_sha256(self, local: Mapping[str, torch.Tensor]) -> str | None:
+        """The digest of this round's update as the server's history stores it (local minus
+        the global model, in the history's precision); None when the upload is not bit-exact
+        (fp16/int8 encodings), so the server's copy cannot be predicted."""
+        if str(self.tb.upload_encoding) != "raw" or self.state is None:
+            return None
+        ref = tensors(self.state)
+        dtype = torch.float16 if bool(self.cfg.history.fp16) else torch.float32
+        upd = {
+            k: (v.detach().float() - ref[k].float()).to(dtype)
+            for k, v in local.items()
+            if torch.is_floating_point(v)
+        }
+        return state_sha256(upd)
 
     def request_unlearning(self) -> None:
         """Ask the server to forget this robot's data (client), class or samples."""
@@ -639,6 +760,8 @@ class RobotClient:
             "evals": self.evals,
             "rejects": self.rejects,
             "unlearn_ack": self.unlearn_ack,
+            "receipts": self.receipts,
+            "receipt_checks": self.receipt_checks,
             "link": link_stats(self.link),
             "sent_bytes": self.ep.sent_bytes,
         }

@@ -47,7 +47,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from scaleflu.config import Config, ConfigError, save_config
 from scaleflu.fl.aggregation import AggregationConfig
 from scaleflu.fl.fedavg import BNRecalibrator
-from scaleflu.fl.integrity import trust
+from scaleflu.fl.integrity import HistoryHeads, trust
 from scaleflu.fl.run import (
     LoadedRun,
     build_setup,
@@ -100,13 +100,17 @@ class EdgeServer:
         on_event: EventHook | None = None,
         signing_key: Ed25519PrivateKey | None = None,
         compare_fn: CompareFn | None = None,
+        heads: str | Path | None = None,
     ) -> None:
         """Open (or resume) the run in ``run_dir``; ``keys`` maps robot id -> K_r (allow-list).
 
         ``signing_key``: the server's Ed25519 identity (``scaleflu.testbed.keys.KeyStore``);
-        models and grants are signed with it. None: a fresh one (robots must then be given
-        ``server.public_key``). ``unlearn_fn`` / ``compare_fn``: the methods that serve a
-        request and run beside it (default: the method registry, ``testbed.unlearn``).
+        models, grants and erasure receipts are signed with it. None: a fresh one (robots must
+        then be given ``server.public_key``). ``unlearn_fn`` / ``compare_fn``: the methods that
+        serve a request and run beside it (default: the method registry, ``testbed.unlearn``).
+        ``heads``: the file of the history's signed versions (``keys.heads.json`` beside the
+        key store, :func:`scaleflu.fl.integrity.heads_path`): a history older than the last
+        version this server signed is refused on open. None: freshness is not checked.
         """
         self.link = link
         # deadlines of rounds and deployments on the link's clock: the shared medium's virtual
@@ -139,7 +143,13 @@ class EdgeServer:
         # the history (SQLite metadata, tensor files) and the saved models carry an
         # authenticated digest under a key only this server holds, checked on load
         self.integrity_key = history_key(signing_key)
-        trust(self.run_dir, self.integrity_key)
+        signed = HistoryHeads(heads, self.integrity_key) if heads is not None else None
+        if signed is None:
+            log.warning(
+                "no history heads file: a history store put back from an older copy would not "
+                "be noticed (the server app keeps it beside its key store)"
+            )
+        trust(self.run_dir, self.integrity_key, heads=signed, signer=signing_key)
         self.history = open_history(self.cfg, self.run_dir, self.model)
         last = self.history.last_completed_round()
         if last == 0:
@@ -411,6 +421,8 @@ class EdgeServer:
             i += 1
             try:
                 served.append(unlearning.serve(req))
+                if served[-1].get("erasure"):  # the history's final model is the served one:
+                    rounds.global_state = self.history.final_model()  # the next starts there
             except Exception as exc:  # keep the rounds' report, go on with the next request
                 log.exception("unlearning request %s failed", req.text)
                 self.records.event("unlearn_failed", request=req.text, error=repr(exc)[:200])
@@ -427,13 +439,6 @@ class EdgeServer:
             ROUNDS_CSV_COLUMNS,
             f"testbed FedAvg: {self.run_dir.name}",
         )
-        un = report.get("unlearning")
-        if un is not None and not un.get("error") and unlearning.serving is not None:
-            try:
-                unlearning.after_serving(un)
-            except Exception as exc:  # the served request stands; say what did not happen
-                log.exception("comparison / erasure after unlearning failed")
-                un["after_serving_error"] = repr(exc)
         report.update(self.report(time.monotonic() - started))
         return report
 

@@ -1,10 +1,15 @@
 """The edge server's unlearning service: robots' requests, serving them with the method
-registry after the last round, deployment of the unlearned model, comparison and erasure.
+registry after the last round, deployment of the unlearned model, comparison, erasure and the
+erasure receipt.
 
 A robot's request arrives as typed meta (:class:`~scaleflu.testbed.validation.UnlearnMeta`)
 and becomes an :class:`~scaleflu.unlearn.request.UnlearnRequest` for the robot's FL client
 (:class:`RobotRequest`); that object is what is queued, kept across a restart, and served. The
-server serves it on the run it holds in memory (its history store and global model).
+server serves it on the run it holds in memory (its history store and global model): it
+unlearns, deploys the new model, runs the comparison methods on the history as it was, erases
+the request's stored updates, signs an erasure receipt (:mod:`scaleflu.unlearn.receipt`), keeps
+it in the history and sends it to the robot that asked (``RECEIPT``), before the next request
+and before the robots are released.
 """
 
 from __future__ import annotations
@@ -22,13 +27,20 @@ import torch
 from scaleflu.fl.integrity import save_model
 from scaleflu.fl.run import LoadedRun, append_jsonl
 from scaleflu.log import fmt
-from scaleflu.testbed.common import arrays
+from scaleflu.testbed.common import arrays, wait_on_clock
 from scaleflu.testbed.downlink import Downlink
 from scaleflu.testbed.protocol import MsgType, ProtocolError, client_of, state_sha256
 from scaleflu.testbed.records import Records
 from scaleflu.testbed.sessions import RobotInfo, Sessions
 from scaleflu.testbed.validation import UNLEARN_KINDS, EvalMeta, UnlearnMeta
 from scaleflu.unlearn.outputs import erase_history, write_unlearning
+from scaleflu.unlearn.receipt import (
+    RECEIPT_VERSION,
+    changed_parts,
+    issue_receipt,
+    receipt_sha256,
+    receipt_text,
+)
 from scaleflu.unlearn.request import RequestError, UnlearnRequest
 from scaleflu.unlearn.run import run_unlearning
 
@@ -210,7 +222,6 @@ class UnlearningService:
         self.progress = progress
         self.requests: list[RobotRequest] = []
         self.eval_reports: dict[str, dict[int, dict[str, Any]]] = {}
-        self._served: tuple[RobotRequest, Mapping[str, Any], State, LoadedRun] | None = None
 
     def reload(self) -> None:
         """Requests accepted before a restart and not yet served are kept (a client request's
@@ -339,11 +350,7 @@ class UnlearningService:
         exact = {r: rep.get("sha256") == sha for r, rep in after.items()}
         deploy_air = self.downlink.air_bytes() - bytes0
         side = [side_by_side_row(result, deploy_air)]
-        # comparison methods and the erasure run after the robots are released (after_serving)
-        self._served = (req, result, state, run)
-        with (self.run_dir / "unlearn_served.jsonl").open("a") as fh:
-            fh.write(req.text + "\n")
-        return {
+        out: dict[str, Any] = {
             "request": req.to_json(),
             "method": u.method,
             "mode": u.mode,
@@ -353,6 +360,7 @@ class UnlearningService:
             "deploy_air_bytes": deploy_air,
             "side_by_side": side,
             "erasure": None,
+            "receipt": None,
             "aoi_after_deploy_s": self.downlink.aoi_seconds(),
             "model_sha256": sha,
             "model_path": str(model_path),
@@ -365,30 +373,91 @@ class UnlearningService:
             "cost": result.get("cost"),
             "aoi": result.get("aoi"),
         }
+        # the comparison methods on the history as it was, then the erasure and the receipt:
+        # the robot that asked gets its receipt before the robots are released
+        try:
+            for other in [str(m) for m in u.get("compare") or []]:
+                if other == str(u.method):
+                    continue
+                self.records.event("unlearn_compare", method=other)
+                row = self.compare_fn(run, req.request, other, list(u.overrides), self.progress)
+                side.append(side_by_side_row(row))
+            erasure = None
+            if u.get("erase", True):
+                erasure = out["erasure"] = self._erase(req, result, new)
+            out["receipt"] = self._receipt(req, result, current, new, before_sha, sha, erasure)
+        except Exception as exc:  # the served request stands; say what did not happen
+            log.exception("comparison / erasure / receipt after unlearning %s failed", req.text)
+            out["after_serving_error"] = repr(exc)
+        # served: a restart does not serve it again (one that died before this line does)
+        with (self.run_dir / "unlearn_served.jsonl").open("a") as fh:
+            fh.write(req.text + "\n")
+        return out
 
-    @property
-    def serving(self) -> RobotRequest | None:
-        """The request served last, until :meth:`after_serving` completes it."""
-        return self._served[0] if self._served is not None else None
-
-    def after_serving(self, un: dict[str, Any]) -> None:
-        """The same request by ``testbed.unlearn.compare`` (Retrain, the fine-tune control) on
-        the history as it was, side by side with the deployed method; then the erasure."""
-        assert self._served is not None
-        req, result, state, run = self._served
+    def _receipt(
+        self,
+        req: RobotRequest,
+        result: Mapping[str, Any],
+        before: State,
+        after: State,
+        before_sha: str,
+        after_sha: str,
+        erasure: Mapping[str, Any] | None,
+    ) -> dict[str, Any]:
+        """Sign the request's erasure receipt, keep it in the history and in ``receipts/``,
+        and send it to the robot that asked (``RECEIPT``); what became of it."""
         u = self.tb.unlearn
-        for other in [str(m) for m in u.get("compare") or []]:
-            if other == str(u.method):
-                continue
-            self.records.event("unlearn_compare", method=other)
-            row = self.compare_fn(run, req.request, other, list(u.overrides), self.progress)
-            un["side_by_side"].append(side_by_side_row(row))
-        if u.get("erase", True):
-            un["erasure"] = self._erase(req, result, state)
-        self._served = None
+        rq = result.get("request")
+        targets = (rq.get("targets") if isinstance(rq, Mapping) else None) or list(
+            req.request.clients
+        )
+        request = {**req.to_json(), "targets": [int(n) for n in targets]}
+        request.pop("received_s", None)
+        receipt = issue_receipt(
+            self.history,
+            self.sessions.signing_key,
+            request=request,
+            method=str(result.get("method") or u.method),
+            mode=str(u.mode) if str(u.method) == "scale" else None,
+            before_sha256=before_sha,
+            after_sha256=after_sha,
+            changed=changed_parts(before, after, self.history.groups),
+            erasure=erasure,
+            result=result,
+        )
+        text = receipt_text(receipt)
+        seq = len(self.history.receipts())
+        path = self.run_dir / "receipts" / f"{seq:04d}-{req.request.slug}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        body = text.encode()
+        meta = {"receipt_version": RECEIPT_VERSION, "request": req.text}
+        handle = self.sessions.send(
+            MsgType.RECEIPT, req.robot, 0, meta, body, timeout=float(self.tb.send_timeout_s)
+        )
+        delivered = wait_on_clock(handle, float(self.tb.send_timeout_s) + 1.0, self.clock)
+        status = handle.status.value if delivered else "pending"
+        self.records.event("receipt", robot=req.robot, request=req.text, status=status)
+        log.info(
+            "erasure receipt %d for %s signed (history version %d), sent to robot %d: %s",
+            seq,
+            req.text,
+            receipt["history"]["version"],
+            req.robot,
+            status,
+        )
+        return {
+            "seq": seq,
+            "path": str(path),
+            "sha256": receipt_sha256(receipt),
+            "history_version": receipt["history"]["version"],
+            "sent_to": req.robot,
+            "status": status,
+        }
 
     def _erase(self, req: RobotRequest, result: Mapping[str, Any], state: State) -> dict[str, Any]:
-        """Delete the request's targets' stored updates; the history's final model is Theta'.
+        """Delete the request's targets' stored updates; the history's final model is Theta'
+        (the served model, in the global model's dtypes).
 
         The targets are the clients holding forgotten data (the robot's client index for the
         testbed's requests); recorded in the report and in the served result's JSON.

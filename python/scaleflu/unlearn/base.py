@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import logging
 import time
@@ -57,6 +58,7 @@ from scaleflu.fl.fedavg import (
     server_val_permutation,
 )
 from scaleflu.fl.history import state_bytes
+from scaleflu.fl.integrity import IntegrityError, check_mac, key_for, state_sha256, write_mac
 from scaleflu.fl.models import build_model
 from scaleflu.fl.run import LoadedRun, load_run
 from scaleflu.fl.strategy import FedAvg
@@ -134,6 +136,41 @@ class UnlearnResult:
     def from_dict(cls, data: Mapping[str, Any]) -> UnlearnResult:
         """Rebuild from :meth:`to_dict` output."""
         return cls(**dict(data))
+
+
+def _read_metrics_cache(path: Path) -> dict[str, Any] | None:
+    """Metrics kept by :meth:`UnlearnContext.original_metrics` (None: absent or unusable)."""
+    if not path.is_file():
+        return None
+    try:
+        key = key_for(path)
+        if key is not None:
+            check_mac(key, path, "metrics cache")
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict) or not all(
+            isinstance(k, str) and (v is None or isinstance(v, int | float | str))
+            for k, v in data.items()
+        ):
+            raise ValueError("not a flat object of metrics")
+    except (OSError, ValueError, IntegrityError) as exc:
+        log.warning("%s: metrics cache not used (%s); measuring again", path, exc)
+        return None
+    log.info("original model's metrics from %s", path)
+    return data
+
+
+def _write_metrics_cache(path: Path, metrics: Mapping[str, Any]) -> None:
+    """Keep metrics for the next method or request on the same model (digest when trusted)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(_clean(dict(metrics)), sort_keys=True))
+        key = key_for(path)
+        if key is not None:
+            write_mac(key, tmp, path.name)
+        tmp.replace(path)
+    except OSError as exc:  # a read-only run folder: measured each time, nothing lost
+        log.warning("%s: metrics cache not written (%s)", path, exc)
 
 
 def _clean(obj: Any) -> Any:
@@ -241,10 +278,25 @@ class UnlearnContext:
         cfg: Mapping[str, Any],
         mode: str = "default",
         progress: bool = True,
+        audit: bool = True,
+        measure: bool = True,
+        metrics_cache: bool = False,
     ) -> None:
-        """Build evaluation sets (validation split, D_u, D_r, triggered test) for ``request``."""
+        """Build evaluation sets (validation split, D_u, D_r, triggered test) for ``request``.
+
+        What :meth:`make_result` measures: with ``measure`` every metric of the result and of
+        the model before (forward passes over the evaluation sets), with ``audit`` also the
+        expensive audits (the calibrated MIAs' reference models, the per-example audit's
+        shadows, the relearn time), as Table II does. ``scaleflu unlearn`` measures only on
+        request (``--evaluate``, ``--audit``), so the command costs about what the method
+        costs. ``metrics_cache``: keep the model before's metrics in the run folder for the next
+        method or request (:meth:`original_metrics`).
+        """
         if mode not in MODES:
             raise ConfigError(f"unlearn mode must be one of {', '.join(MODES)}, got {mode!r}")
+        self.full_audit = bool(audit)
+        self.measure = bool(measure or audit)
+        self.metrics_cache = bool(metrics_cache)
         self.run = run
         self.request = request
         self.cfg: Config = as_config(cfg)
@@ -339,12 +391,14 @@ class UnlearnContext:
         overrides: list[str] | tuple[str, ...] = (),
         progress: bool = True,
         run: LoadedRun | None = None,
+        **measuring: bool,
     ) -> UnlearnContext:
         """Load the run (unless given: the one a server holds), resolve the config and the
-        request (its text is parsed here)."""
+        request (its text is parsed here). ``measuring``: ``audit``, ``measure``,
+        ``metrics_cache`` (see the constructor)."""
         run = run if run is not None else load_run(run_dir)
         cfg = resolve_unlearn_config(run.cfg, config, overrides)
-        return cls.for_request(run, request, cfg, mode, progress)
+        return cls.for_request(run, request, cfg, mode, progress, **measuring)
 
     @classmethod
     def for_request(
@@ -354,6 +408,7 @@ class UnlearnContext:
         cfg: Mapping[str, Any],
         mode: str = "default",
         progress: bool = True,
+        **measuring: bool,
     ) -> UnlearnContext:
         """A context for the request (or its text) on a loaded run with a resolved config."""
         setup = run.setup
@@ -367,7 +422,7 @@ class UnlearnContext:
             int(cfg.seed),
             setup.poison.canary_copies,
         )
-        return cls(run, resolved, cfg, mode, progress)
+        return cls(run, resolved, cfg, mode, progress, **measuring)
 
     def nothing_to_forget(self) -> str | None:
         """Why the request touches nothing the run learned, or None when it does.
@@ -632,10 +687,12 @@ class UnlearnContext:
     def evaluate(
         self, state: Mapping[str, torch.Tensor], relearn: bool = True, label: str = "the model"
     ) -> dict[str, Any]:
-        """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`); a log line per
-        stage names ``label``."""
+        """Every metric of a model state (see :mod:`scaleflu.unlearn.metrics`); without
+        :attr:`full_audit` the calibrated MIAs, the per-example audit (``audit_*``) and the
+        relearn time are None (not measured). A log line per stage names ``label``."""
         t0 = time.perf_counter()
-        log.info("measuring %s: accuracies (test, RA, FA) and membership audits", label)
+        audits = "membership audits" if self.full_audit else "forward-pass membership audits"
+        log.info("measuring %s: accuracies (test, RA, FA) and %s", label, audits)
         model = self.new_model(state).to(self.device)
         setup = self.run.setup
         out = evaluate_model(
@@ -654,16 +711,16 @@ class UnlearnContext:
             remaining_clean=self.remaining_clean,
             mia_target=self.mia_target,
             mia_nonmembers=self.mia_nonmembers,
-            mia_reference=self.mia_reference(),
+            mia_reference=self.mia_reference() if self.full_audit else None,
             canary_target=self.canary_target,
             canary_nonmembers=self.canary_nonmembers,
-            canary_reference=self.canary_reference(),
+            canary_reference=self.canary_reference() if self.full_audit else None,
             canary_min=int(self.scale_cfg.eval.canary_min or 1),
         )
-        out.update(self.audit(model))
+        out.update(self.audit(model) if self.full_audit else empty_metrics())
         out["relearn_rounds"] = None
         ev = self.scale_cfg.eval
-        if relearn and int(ev.relearn_max_rounds) > 0:
+        if relearn and self.full_audit and int(ev.relearn_max_rounds) > 0:
             target = float(ev.relearn_target) * float(self.original_metrics()["fa"] or 0.0)
             log.info(
                 "measuring %s: rounds to relearn the forget set (at most %d)",
@@ -684,12 +741,40 @@ class UnlearnContext:
         return out
 
     def original_metrics(self) -> dict[str, Any]:
-        """Metrics of the model before unlearning (cached)."""
+        """Metrics of the model before unlearning (cached in memory and in the run folder).
+
+        They are the same for every method serving the same request on the same model, so with
+        ``metrics_cache`` the first measurement is kept in ``run_dir/cache/original-<key>.json``
+        (with its digest when the run is trusted): the key covers the model's digest, the
+        request, the seed, the evaluation settings and :attr:`full_audit`. A cache file that fails
+        to parse or its digest is measured again and replaced.
+        """
         if self._original_metrics is None:
-            self._original_metrics = self.evaluate(
-                self.original_state(), relearn=False, label="the model before unlearning"
-            )
+            state = self.original_state()
+            path = self._metrics_cache_path("original", state) if self.metrics_cache else None
+            got = _read_metrics_cache(path) if path is not None else None
+            if got is None:
+                got = self.evaluate(state, relearn=False, label="the model before unlearning")
+                if path is not None:
+                    _write_metrics_cache(path, got)
+            self._original_metrics = got
         return self._original_metrics
+
+    def _metrics_cache_path(self, what: str, state: Mapping[str, torch.Tensor]) -> Path:
+        sc = self.scale_cfg
+        key = {
+            "schema": SCHEMA_VERSION,
+            "model": state_sha256(state),
+            "request": self.request.request.text,
+            "seed": self.seed,
+            "val_size": sc.val_size,
+            "eval": sc.eval,
+            "audit": self.full_audit,
+            "fl": self.cfg.fl if self.full_audit else None,  # the reference models train with it
+            "device": str(self.device),
+        }
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode())
+        return Path(self.run.run_dir) / "cache" / f"{what}-{digest.hexdigest()[:24]}.json"
 
     def make_result(
         self,
@@ -723,8 +808,11 @@ class UnlearnContext:
                 + (f": {why}" if why else "")
             )
         self.last_state = {k: v.detach().clone() for k, v in state.items()}
-        self.original_metrics()  # first (cached): the relearn test's target depends on it
-        metrics = self.evaluate(state, label=f"the model after {method}")
+        # measured on request (scaleflu unlearn --evaluate / --audit; always in experiments)
+        metrics: dict[str, Any] = {}
+        if self.measure:
+            self.original_metrics()  # first (cached): the relearn test's target depends on it
+            metrics = self.evaluate(state, label=f"the model after {method}")
         sc = self.scale_cfg
         sel = aoi.mean(top_layers) if top_layers else aoi.mean()
         every = aoi.mean()
@@ -754,12 +842,19 @@ class UnlearnContext:
             protocol=self.request.protocol,
             run_dir=str(self.run.run_dir),
             metrics=metrics,
-            original=self.original_metrics(),
+            original=self.original_metrics() if self.measure else {},
             cost=cost,
             aoi=aoi_out,
             details={
                 **dict(details or {}),
                 **({"audit": dict(self.audit_info)} if self.audit_info else {}),
             },
-            config={"scale": copy.deepcopy(sc), "fl": copy.deepcopy(self.cfg.fl)},
+            config={
+                "scale": copy.deepcopy(sc),
+                "fl": copy.deepcopy(self.cfg.fl),
+                # what was measured: metrics (and original) empty without "measure"; the
+                # calibrated MIAs, the per-example audit and the relearn time None without "audit"
+                "measure": self.measure,
+                "audit": self.full_audit,
+            },
         )

@@ -18,6 +18,7 @@ import torch
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
+from scaleflu.fl.optim import MomentumSGD
 from scaleflu.unlearn.base import UnlearnContext
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 
@@ -123,7 +124,8 @@ def heal(
             else:
                 grad_mask[k] = torch.zeros((), device=ctx.device)  # frozen
     params = dict(model.named_parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(fl.momentum or 0.0))
+    # torch.optim.SGD's update without its first-call import of torch._dynamo (fl/optim.py)
+    opt = MomentumSGD(model.parameters(), lr=lr, momentum=float(fl.momentum or 0.0))
     x, y = data.inputs().to(ctx.device), data.labels.to(ctx.device)
     augment = str(sc.heal_augment or "none")
     if augment not in ("none", "mix"):
@@ -160,7 +162,7 @@ def heal(
         perm = torch.randperm(len(y), generator=gen).to(ctx.device)
         for i in range(0, len(y), bs):
             idx = perm[i : i + bs]
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             if augment == "mix":
                 # more inputs than samples for the teacher to label: each image shifted by up
                 # to 2 pixels, then mixed with another of the batch (mixup); no trigger appears

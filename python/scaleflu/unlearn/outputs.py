@@ -3,8 +3,9 @@
 Library functions (the ``unlearn`` sub-command and the testbed's server use them):
 :func:`write_unlearning` writes what :func:`scaleflu.unlearn.run.run_unlearning` returned
 in memory — ``model.safetensors``, ``result.json``, ``config.yaml`` and, for SCALE,
-``sensitivity.json`` and its figures; :func:`erase_history` deletes a request's targets'
-stored updates.
+``sensitivity.json`` and its figures; with ``erase``, also ``receipt.json``, the erasure
+receipt signed with the run's key (:mod:`scaleflu.unlearn.receipt`); :func:`erase_history`
+deletes a request's targets' stored updates.
 
 An unlearning's folder is never overwritten silently: the default folder
 ``RUN_DIR/unlearn/<request>-<mode or method>`` gets a ``-2``, ``-3``, ... suffix when it exists;
@@ -22,10 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from scaleflu.config import save_config
-from scaleflu.fl.integrity import key_for, save_model
+from scaleflu.fl.integrity import key_for, save_model, signer_for, state_sha256
 from scaleflu.log import fmt
 from scaleflu.plots import plot_rewards, plot_sensitivity, plot_sum_aoi
 from scaleflu.unlearn.base import resolve_unlearn_config
+from scaleflu.unlearn.receipt import changed_parts, issue_receipt, receipt_sha256, receipt_text
 from scaleflu.unlearn.registry import canonical_name
 
 log = logging.getLogger(__name__)
@@ -90,9 +92,14 @@ def _mia(metrics: Mapping[str, Any]) -> tuple[str, Any]:
 
 def summary_line(result: Any, command_s: float | None = None) -> str:
     """One line: every summary metric before -> after, and the times (``command_s``: the
-    whole command's wall time; the method's own is ``cost.wall_s``)."""
-
-    after, before = result.metrics, result.original or {}
+    whole command's wall time; the method's own is ``cost.wall_s``). An unlearning measured
+    nothing (``scaleflu unlearn`` without ``--evaluate``) says so instead of showing numbers."""
+    times = f"method {result.cost['wall_s']:.1f} s"
+    if command_s is not None:
+        times += f", command {command_s:.1f} s"
+    after, before = result.metrics or {}, result.original or {}
+    if not after and not before:
+        return f"metrics not measured (--evaluate measures them before -> after); {times}"
     parts = []
     for key, label in SUMMARY_METRICS:
         a, b = after.get(key), before.get(key)
@@ -104,9 +111,6 @@ def summary_line(result: Any, command_s: float | None = None) -> str:
     if a is not None or b is not None:
         name = "MIA AUC" if key == "mia_ref_auc" else "MIA AUC (loss)"
         parts.append(f"{name} {fmt(b, 3)} -> {fmt(a, 3)} ({MIA_NOTE})")
-    times = f"method {result.cost['wall_s']:.1f} s"
-    if command_s is not None:
-        times += f", command {command_s:.1f} s"
     return f"{', '.join(parts)}; {times}"
 
 
@@ -116,14 +120,17 @@ def write_unlearning(
     method: str,
     out: str | Path | None = None,
     erase: bool = False,
+    plots: bool = True,
     started: float | None = None,
 ) -> Path:
     """Write an in-memory unlearning (``run_unlearning``'s answer) to ``out``.
 
     ``out`` defaults to a new folder ``RUN_DIR/unlearn/<request>-<mode or method>[-N]``.
     ``erase``: also erase the request's targets from the run's history (:func:`erase_history`),
-    recorded in the result's ``erasure``. ``started``: the ``time.monotonic()`` at which the
-    command began (its wall time goes into the summary line). Returns the folder.
+    recorded in the result's ``erasure``, with a signed receipt when the run has a key.
+    ``plots``: SCALE's figures (matplotlib is imported only for them). ``started``: the
+    ``time.monotonic()`` at which the command began (its wall time goes into the summary
+    line). Returns the folder.
     """
     method = canonical_name(method)
     ctx, result, unlearner, state = done.ctx, done.result, done.unlearner, done.state
@@ -140,21 +147,73 @@ def write_unlearning(
     result.model_path = str(model_path)
     if erase:
         result.erasure = erase_history(ctx.run.history, ctx.request.targets, request, state)
+        result.erasure["receipt"] = write_receipt(done, method, result.erasure, out_dir)
     result.save(out_dir / "result.json")
     if method == "scale":
         unlearner.report.save(out_dir / "sensitivity.json")
-        plot_sensitivity(unlearner.report, out_dir / "sensitivity.png")
-        # figures only where they carry information: the PPO search's returns (the default
-        # mode's search runs no PPO episode) and a Sum AoI trace of more than one step
-        returns = result.details.get("episode_returns") or []
-        if returns:
-            plot_rewards(returns, out_dir / "ppo_reward.png")
-        trace = result.aoi.get("sum_s_trace") or []
-        if len(trace) > 1:
-            plot_sum_aoi(trace, out_dir / "sum_aoi.png")
+        if plots:
+            plot_sensitivity(unlearner.report, out_dir / "sensitivity.png")
+            # figures only where they carry information: the PPO search's returns (the default
+            # mode's search runs no PPO episode) and a Sum AoI trace of more than one step
+            returns = result.details.get("episode_returns") or []
+            if returns:
+                plot_rewards(returns, out_dir / "ppo_reward.png")
+            trace = result.aoi.get("sum_s_trace") or []
+            if len(trace) > 1:
+                plot_sum_aoi(trace, out_dir / "sum_aoi.png")
     command_s = None if started is None else time.monotonic() - started
     log.info("%s %s: %s -> %s", result.method, request, summary_line(result, command_s), out_dir)
     return out_dir
+
+
+def write_receipt(
+    done: Any, method: str, erasure: dict[str, Any], out_dir: Path
+) -> dict[str, Any] | None:
+    """Sign the erasure receipt of an erased request with the run's key (``--keys``), keep it
+    in the run's history and write ``out_dir/receipt.json``; what was written (None: the run
+    has no key, so nothing can sign it)."""
+    ctx = done.ctx
+    signer = signer_for(ctx.run.run_dir)
+    if signer is None:
+        log.warning("erased without a key (--keys): no erasure receipt, nothing to sign it with")
+        return None
+    before = ctx.original_state()
+    req = ctx.request.request
+    request = {
+        "text": req.text,
+        "kind": req.kind,
+        "targets": [int(n) for n in ctx.request.targets],
+        "classes": list(req.classes) if req.kind == "class" else None,
+        "fraction": req.fraction,
+        "robot": None,
+    }
+    receipt = issue_receipt(
+        ctx.run.history,
+        signer,
+        request=request,
+        method=method,
+        mode=ctx.mode if method == "scale" else None,
+        before_sha256=state_sha256(before),
+        after_sha256=state_sha256(done.state),
+        changed=changed_parts(before, done.state, ctx.run.history.groups),
+        erasure=erasure,
+        result=done.result.to_dict(),
+    )
+    path = out_dir / "receipt.json"
+    path.write_text(receipt_text(receipt))
+    log.info(
+        "erasure receipt %s (history version %d); check it with: scaleflu receipt verify %s "
+        "--key KEY_FILE --model %s",
+        path,
+        receipt["history"]["version"],
+        path,
+        out_dir / "model.safetensors",
+    )
+    return {
+        "path": path.name,
+        "sha256": receipt_sha256(receipt),
+        "history_version": receipt["history"]["version"],
+    }
 
 
 def erase_history(

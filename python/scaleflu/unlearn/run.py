@@ -44,6 +44,9 @@ def run_unlearning(
     progress: bool = True,
     run: Any = None,
     prepare: Callable[[UnlearnContext], None] | None = None,
+    audit: bool = True,
+    measure: bool = True,
+    metrics_cache: bool = False,
 ) -> Unlearning:
     """Unlearn ``request`` (an ``UnlearnRequest`` or its text) from the trained run in
     ``run_dir`` (or the loaded ``run``, e.g. the one an edge server holds), in memory.
@@ -52,11 +55,22 @@ def run_unlearning(
     may set ``scale.*`` and ``baselines.*`` only. ``prepare(ctx)`` is called with the
     :class:`~scaleflu.unlearn.base.UnlearnContext` once the run, the config and the request are
     resolved and before the method runs (the CLI refuses a request that touches nothing there).
-    Nothing is written to disk.
+    ``measure`` / ``audit`` / ``metrics_cache``: what the result measures
+    (:class:`~scaleflu.unlearn.base.UnlearnContext`). Nothing is written to disk (but the
+    metrics cache when asked).
     """
     name = canonical_name(method)
     ctx = UnlearnContext.from_run_dir(
-        run_dir, request, mode or "default", config, overrides, progress, run=run
+        run_dir,
+        request,
+        mode or "default",
+        config,
+        overrides,
+        progress,
+        run=run,
+        audit=audit,
+        measure=measure,
+        metrics_cache=metrics_cache,
     )
     if mode is None:
         mode = hyper_parameters("scale", ctx.cfg)["mode"] if name == "scale" else None

@@ -42,34 +42,52 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _SB3_IMPORT_S: float | None = None  # seconds the first stable-baselines3 import took
+_TORCH_FUNC_READY = False  # torch.func's first vmap(grad) done in this process
 
 
-def sb3_startup() -> float:
-    """Import stable-baselines3 (and torch.optim's lazy imports) once per process; return the
-    seconds this call spent on it.
+def uses_saliency(ctx: UnlearnContext) -> bool:
+    """Whether Phase I computes a saliency (torch.func's per-sample gradients) for the request:
+    a class removed from the whole federation, or the attribution chosen for its kind."""
+    req, sc = ctx.request.request, ctx.scale_cfg
+    if req.kind == "class" and not req.clients:
+        return str(sc.class_attribution) == "saliency"
+    chosen = sc.client_attribution if req.kind == "client" else sc.sample_attribution
+    return str(chosen) == "saliency"
+
+
+def uses_ppo(ctx: UnlearnContext, mode: str) -> bool:
+    """Whether the search trains PPO (stable-baselines3): paper mode, or ``scale.search: ppo``."""
+    return mode != "default" or str(ctx.scale_cfg.search) != "greedy"
+
+
+def sb3_startup(saliency: bool = True, ppo: bool = True) -> float:
+    """With ``ppo`` import stable-baselines3, with ``saliency`` set up torch.func, once per
+    process each; return the seconds this call spent on it.
 
     The import (several seconds on a busy CPU) is a long-lived server's start-up cost, paid once,
     so SCALE reports it separately (``details.startup_s``) instead of hiding or adding it:
     everything else SCALE needs is in its ``wall_s`` and ``cpu_s``.
     """
-    global _SB3_IMPORT_S
-    if _SB3_IMPORT_S is not None:
-        return 0.0
+    global _SB3_IMPORT_S, _TORCH_FUNC_READY
+    spent = 0.0
+    if saliency and not _TORCH_FUNC_READY:
+        # torch.func's first vmap(grad) (the saliencies) imports torch._dynamo, about a second
+        # of CPU: a process start-up cost too, paid here once and only when Phase I needs it
+        # (healing needs no torch.optim: fl/optim.py)
+        t0 = time.perf_counter()
+        lin = torch.nn.Linear(2, 2)
+        x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
+        forget_saliency(lin, x, y, x, y, ["weight"])
+        _TORCH_FUNC_READY = True
+        spent = time.perf_counter() - t0
+    if not ppo or _SB3_IMPORT_S is not None:
+        return spent
     t0 = time.perf_counter()
     import stable_baselines3  # noqa: F401
     from stable_baselines3.common.callbacks import BaseCallback  # noqa: F401
 
-    # torch.optim's first optimizer imports torch._dynamo and torch.func's first vmap(grad) sets
-    # itself up (about a second of CPU each): process start-up costs too,
-    # paid here once (healing uses an optimizer, the saliencies torch.func)
-    lin = torch.nn.Linear(2, 2)
-    torch.optim.SGD(lin.parameters(), lr=0.1)
-    # torch.func's first vmap(grad) (the saliencies) sets itself up once per process too
-    x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
-    forget_saliency(lin, x, y, x, y, ["weight"])
-
     _SB3_IMPORT_S = time.perf_counter() - t0
-    return _SB3_IMPORT_S
+    return spent + _SB3_IMPORT_S
 
 
 def greedy_cut(

@@ -1,0 +1,57 @@
+"""MomentumSGD: torch.optim.SGD's update, bit for bit, without importing torch._dynamo."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scaleflu.fl.optim import MomentumSGD
+
+
+def _model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 3, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(48, 4)
+    )
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_same_parameters_as_torch_optim_sgd_after_every_step(momentum: float) -> None:
+    ours, ref = _model(0), _model(0)
+    frozen = "3.bias"  # a parameter without a gradient is left alone by both
+    opt = MomentumSGD(ours.parameters(), lr=0.05, momentum=momentum)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=momentum)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        x, y = torch.randn(8, 1, 6, 6, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            dict(model.named_parameters())[frozen].grad = None
+            o.step()
+        for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+            assert torch.equal(a, b), name
+    assert torch.equal(
+        dict(ours.named_parameters())[frozen], dict(_model(0).named_parameters())[frozen]
+    )
+
+
+def test_bad_settings_are_refused() -> None:
+    with pytest.raises(ValueError, match="lr >= 0"):
+        MomentumSGD(_model(0).parameters(), lr=-0.1)
+
+
+def test_steps_do_not_import_the_compiler() -> None:
+    code = (
+        "import sys, torch\n"
+        "from scaleflu.fl.optim import MomentumSGD\n"
+        "m = torch.nn.Linear(3, 2); o = MomentumSGD(m.parameters(), lr=0.1, momentum=0.9)\n"
+        "for _ in range(2):\n"
+        "    o.zero_grad(); m(torch.ones(1, 3)).sum().backward(); o.step()\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
