@@ -110,8 +110,8 @@ def audited(canary_run: tuple[Any, dict[str, Any]]) -> dict[str, Any]:
 def test_the_audit_separates_the_trained_model_from_retrain(audited: dict[str, Any]) -> None:
     """Power: the trained model's canaries stand out from their twins, Retrain's do not.
 
-    Measured (the property's spread; docs/reproducing.md, "The membership audit"): trained
-    0.94-0.99, Retrain 0.38-0.62 over seeds 0-4 and torch kernels avx2 / default.
+    Measured (the property's spread): trained 0.94-0.99, Retrain 0.38-0.62 over seeds 0-4 and
+    torch kernels avx2 / default. The audit: docs/reproducing.md, "The membership audit".
     """
     o, r = audited["original"], audited["retrain"].metrics
     print(
