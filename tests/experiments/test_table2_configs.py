@@ -112,6 +112,8 @@ def test_gpu_config_runs_at_toy_size(tmp_path: Path) -> None:
             "scale.eval.max_samples=40",
             "scale.eval.mia_samples=20",
             "scale.eval.relearn_max_rounds=0",
+            "scale.eval.audit.shadows=4",  # the audit's mechanism at its smallest
+            "scale.eval.audit.bootstrap=50",
             "baselines.fused.rank=2",
             "experiment.seeds=[0]",
             f"experiment.methods={methods}",
