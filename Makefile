@@ -24,8 +24,8 @@ test-cpp:
 	cd $(BUILD) && ctest --output-on-failure -j $$(nproc)
 
 # two workers per core: many tests wait on robot processes, sockets and the link's clock
-# (on 2 cores: 13.5 min with 4 workers, 15.6 min with 2); tests sharing a module's fixture stay
-# on one worker
+# (on 2 cores the same suite took 13.5 min with 4 workers, 15.6 min with 2); tests sharing a
+# module's fixture stay on one worker
 test-py:
 	$(PY) -m pytest -q -n $$(( 2 * $$(nproc) )) --dist loadgroup $(PYTEST_ARGS)
 
