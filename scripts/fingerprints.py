@@ -28,35 +28,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
+sys.path.insert(0, str(ROOT / "tests"))  # the tests' tiny run: the same cells they check
+from tiny_run_helpers import TINY_OVERRIDES  # noqa: E402
+
 TOY = [
-    "data.num_clients=5",
-    "data.partition=iid",
-    "data.train_subset=3000",
-    "data.test_subset=1000",
-    "data.poison.backdoor_clients=[0]",
-    "data.poison.backdoor_fraction=0.5",
-    "data.poison.trigger_size=5",
-    "data.poison.label_flip_clients=[1]",
-    "data.poison.label_flip_fraction=0.3",
-    "fl.rounds=6",
-    "fl.local_epochs=2",
-    "fl.lr=0.05",
-    "fl.momentum=0.9",
-    "fl.clients_per_round=5",
-    "fl.batch_size=32",
-    "fl.threads=1",
-    "scale.val_size=200",
-    "scale.ppo.episodes=3",
-    "scale.ppo.n_steps=8",
-    "scale.ppo.batch_size=8",
-    "scale.recovery_rounds=1",
-    "scale.eval.max_samples=1500",
-    "scale.eval.mia_samples=300",
-    "scale.eval.relearn_max_rounds=0",
-    "baselines.fused.rounds=2",
-    "baselines.pga.post_rounds=1",
-    "baselines.fedraser.interval=2",
-    "experiment.seeds=[0]",
+    *TINY_OVERRIDES,
     "experiment.save_models=true",
     "experiment.methods=[retrain,fedraser,pga,fused,finetune,scale]",
 ]

@@ -413,6 +413,20 @@ RANGE_OPEN: set[str] = {
 # Nullable keys whose comment does not say so (null switches the feature off).
 NULLABLE_EXTRA: frozenset[str] = frozenset({"scale.budget"})
 
+# the MCS table's names (scaleflu.link.mcs, which the configuration does not import: a test
+# checks the two agree)
+_MCS_NAMES = (
+        "bpsk-1/2",
+        "bpsk-3/4",
+        "qpsk-1/2",
+        "qpsk-3/4",
+        "16qam-1/2",
+        "16qam-3/4",
+        "64qam-2/3",
+        "64qam-3/4",
+        "qpsk-uncoded",
+)  # fmt: skip
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "data.dataset": plugins.BUILTIN_DATASETS,  # scaleflu.fl.data.DATASET_NAMES
     "model.name": plugins.BUILTIN_MODELS,  # scaleflu.fl.models.MODEL_NAMES
@@ -428,35 +442,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "testbed.medium.fading": ("none", "rayleigh", "rician"),
     # scaleflu.link.mcs: the link kinds' PHY, and the MCS names of table version 1
     "history.link_fading": ("none", "rician", "rayleigh"),
-    "history.link_phy": (
-        "adaptive",
-        "auto",
-        "stock",
-        "bpsk-1/2",
-        "bpsk-3/4",
-        "qpsk-1/2",
-        "qpsk-3/4",
-        "16qam-1/2",
-        "16qam-3/4",
-        "64qam-2/3",
-        "64qam-3/4",
-        "qpsk-uncoded",
-    ),  # fmt: skip
-    "testbed.mcs": (
-        "adaptive",
-        "auto",
-        "stock",
-        "none",
-        "bpsk-1/2",
-        "bpsk-3/4",
-        "qpsk-1/2",
-        "qpsk-3/4",
-        "16qam-1/2",
-        "16qam-3/4",
-        "64qam-2/3",
-        "64qam-3/4",
-        "qpsk-uncoded",
-    ),  # fmt: skip
+    "history.link_phy": ("adaptive", "auto", "stock", *_MCS_NAMES),
+    "testbed.mcs": ("adaptive", "auto", "stock", "none", *_MCS_NAMES),
     "baselines.scale.mode": ("default", "paper"),
     "experiment.scale_mode": ("default", "paper"),
 }

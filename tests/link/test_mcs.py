@@ -152,3 +152,12 @@ def test_policy_config_is_checked():
             McsPolicyConfig(**bad)
     p = McsPolicy(McsPolicyConfig(candidates=("qpsk-uncoded", "bpsk-1/2")))
     assert [m.name for m in p.ladder] == ["bpsk-1/2", "qpsk-uncoded"]
+
+
+def test_the_configuration_offers_exactly_the_tables_mcs_names() -> None:
+    from scaleflu.config import _MCS_NAMES, CHOICES
+
+    names = sorted(m.name for m in MCS_TABLE)
+    assert sorted(_MCS_NAMES) == names
+    for key in ("history.link_phy", "testbed.mcs"):
+        assert set(names) <= set(CHOICES[key]), key
