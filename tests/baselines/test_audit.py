@@ -36,6 +36,12 @@ def test_statistics_agree_with_the_reference_implementations() -> None:
     pos, neg = rng.normal(1.0, 1.0, 60), rng.normal(0.0, 1.0, 80)
     neg[:5] = pos[:5]  # ties count half
     assert audit.fast_auc(pos, neg) == pytest.approx(auc(pos, neg), abs=1e-12)
+    # numpy's average ranks are scipy's, ties and all (scipy stays out of unlearning)
+    from scipy.stats import rankdata
+
+    tied = rng.integers(0, 7, 200).astype(float)
+    for x in (np.concatenate([pos, neg]), tied, np.array([2.0]), np.array([1.0, 1.0, 1.0])):
+        assert np.array_equal(audit.average_ranks(x), rankdata(x))
     lo, hi = audit.bootstrap_ci(pos, neg, audit.fast_auc, 400, 0.95, seed=1)
     assert lo < audit.fast_auc(pos, neg) < hi and hi - lo < 0.3
     # with fewer than 1 / FPR negatives the threshold is their maximum

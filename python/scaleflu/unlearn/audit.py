@@ -52,7 +52,6 @@ from typing import Any
 
 import numpy as np
 import torch
-from scipy.stats import rankdata
 from torch import nn
 from tqdm import tqdm
 
@@ -353,11 +352,23 @@ def out_means(phi: np.ndarray, out: np.ndarray) -> np.ndarray:
         return np.where(n_out > 0, (phi * out).sum(0) / np.maximum(n_out, 1), np.nan)
 
 
+def average_ranks(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of ``x``, ties given their average rank (``scipy.stats.rankdata``'s
+    default, without importing scipy into every unlearning process)."""
+    x = np.asarray(x)
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    starts = np.flatnonzero(np.concatenate(([True], xs[1:] != xs[:-1], [True])))
+    ranks = np.empty(len(x), dtype=np.float64)
+    ranks[order] = np.repeat((starts[:-1] + 1 + starts[1:]) / 2.0, np.diff(starts))
+    return ranks
+
+
 def fast_auc(pos: np.ndarray, neg: np.ndarray) -> float:
     """P(pos > neg) + P(tie) / 2 by ranks (NaN on an empty side)."""
     if len(pos) == 0 or len(neg) == 0:
         return float("nan")
-    r = rankdata(np.concatenate([pos, neg]))
+    r = average_ranks(np.concatenate([pos, neg]))
     return float((r[: len(pos)].sum() - len(pos) * (len(pos) + 1) / 2.0) / (len(pos) * len(neg)))
 
 
