@@ -54,6 +54,30 @@ def _writable_home() -> None:
 _writable_home()
 
 
+def _forced_torch_threads() -> None:
+    """``SCALEFLU_TEST_TORCH_THREADS=N``: run the suite with torch at N intra-op threads.
+
+    Learning outcomes must hold whatever thread count a machine gives torch (the reductions'
+    order, hence the floats, follow it). The code sets torch's threads from ``fl.threads`` (the
+    tests mostly 1); with this variable every ``torch.set_num_threads`` in the test processes
+    sets N instead, and subprocesses start with ``OMP_NUM_THREADS=N`` (torch's default count).
+    Used with ``ATEN_CPU_CAPABILITY`` to check the suite on other kernels (README, "Tests")."""
+    n = os.environ.get("SCALEFLU_TEST_TORCH_THREADS")
+    if not n:
+        return
+    if not n.isdigit() or int(n) < 1:
+        raise pytest.UsageError(f"SCALEFLU_TEST_TORCH_THREADS={n!r}: a thread count >= 1")
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = n
+    set_threads = torch.set_num_threads
+    set_threads(int(n))
+    torch.set_num_threads = lambda _count: set_threads(int(n))
+
+
+_forced_torch_threads()
+
+
 @pytest.fixture(autouse=True)
 def _restore_root_logging():
     """Put the root logger back after each test.
