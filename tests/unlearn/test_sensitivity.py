@@ -219,3 +219,63 @@ def test_contrastive_contribution_marks_what_only_the_target_moved(tmp_path: Pat
         assert float(attr[k][:10].max()) < 1e-2 * target_only
         assert float(attr[k][25:].max()) < 1e-2 * target_only
     store.close()
+
+
+@pytest.mark.parametrize("name", ["lenet", "mobilenetv3", "resnet18"])
+@pytest.mark.parametrize("stat", ["loss", "margin"])
+def test_per_sample_gradients_from_one_backward_equal_torch_func(name: str, stat: str) -> None:
+    """The saliency's per-sample gradients (layer inputs x output gradients, grouped and
+    depthwise convolutions included) equal torch.func's vmap(grad) on every model's layers."""
+    from scaleflu.fl.models import build_model, sensitivity_layers
+    from scaleflu.unlearn import sensitivity as sens
+
+    torch.manual_seed(0)
+    model = build_model(name, num_classes=10, in_channels=1, image_size=28).eval()
+    with torch.no_grad():  # BatchNorm's running statistics away from their initial values
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    layers = sensitivity_layers(model)
+    layers += [
+        f"{n}.bias"
+        for n, m in model.named_modules()
+        if isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) and m.bias is not None
+    ][:2]
+    x, y = torch.randn(5, 1, 28, 28), torch.tensor([0, 3, 3, 9, 1])
+    hooked = sens.hookable_layers(model, layers)
+    assert hooked is not None and set(hooked) == set(layers)
+    kinds = {type(m).__name__ for m, _ in hooked.values()}
+    assert "Conv2d" in kinds and "Linear" in kinds
+    if name == "mobilenetv3":
+        assert any(m.groups > 1 for m, _ in hooked.values() if isinstance(m, torch.nn.Conv2d))
+
+    def statistic(out: torch.Tensor, yy: torch.Tensor) -> torch.Tensor:
+        if stat == "margin":
+            hot = (torch.arange(out.shape[-1]) == yy.unsqueeze(-1)).to(out.dtype)
+            return (out * hot).sum(-1) - torch.logsumexp(out - 1e9 * hot, dim=-1)
+        return torch.nn.functional.cross_entropy(out, yy, reduction="none")
+
+    got = sens._per_sample_weight_grads(model, hooked, statistic, x, y)
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    want = sens._torch_func_grads(model, params, layers, statistic)(x, y)
+    for k in layers:
+        assert got[k].shape == (5, *params[k].shape)
+        scale = float(want[k].abs().max()) + 1e-12
+        assert float((got[k] - want[k]).abs().max()) <= 1e-4 * scale + 1e-7, k
+    assert any(float(got[k].abs().max()) > 0 for k in layers)
+
+
+def test_saliency_falls_back_to_torch_func_for_other_layers() -> None:
+    """A layer that is not a Linear or Conv2d weight (a BatchNorm scale) goes through
+    torch.func, with the same result as before."""
+    from scaleflu.unlearn import sensitivity as sens
+
+    model = torch.nn.Sequential(
+        torch.nn.Conv1d(1, 2, 3), torch.nn.Flatten(), torch.nn.Linear(12, 3)
+    ).eval()
+    assert sens.hookable_layers(model, ["0.weight", "2.weight"]) is None
+    assert sens.hookable_layers(model, ["2.weight"]) is not None
+    x, y = torch.randn(6, 1, 8), torch.tensor([0, 1, 2, 0, 1, 2])
+    sal, _ = forget_saliency(model, x, y, x[:0], y[:0], ["0.weight", "2.weight"], chunk=4)
+    assert set(sal) == {"0.weight", "2.weight"} and float(sal["0.weight"].sum()) > 0

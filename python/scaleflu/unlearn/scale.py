@@ -32,7 +32,13 @@ from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
 from scaleflu.unlearn.forget import calibrated_forget
 from scaleflu.unlearn.heal import heal_and_measure, split_selection_and_heal
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
-from scaleflu.unlearn.search import Found, sb3_startup, search, uses_ppo, uses_saliency
+from scaleflu.unlearn.search import (
+    Found,
+    saliency_needs_torch_func,
+    sb3_startup,
+    search,
+    uses_ppo,
+)
 from scaleflu.unlearn.sensitivity import SensitivityReport, phase_one
 
 log = logging.getLogger(__name__)
@@ -79,7 +85,7 @@ class ScaleUnlearner:
         default = mode == "default"
         sc = ctx.scale_cfg
         # reported apart from the unlearning time (a server's start-up)
-        startup = sb3_startup(saliency=uses_saliency(ctx), ppo=uses_ppo(ctx, mode))
+        startup = sb3_startup(saliency=saliency_needs_torch_func(ctx), ppo=uses_ppo(ctx, mode))
         t0, c0 = time.perf_counter(), time.process_time()
 
         phase1_parts: dict[str, float] = {}

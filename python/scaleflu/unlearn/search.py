@@ -31,10 +31,11 @@ from tqdm import tqdm
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
+from scaleflu.fl.models import sensitivity_layers
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.base import UnlearnContext
 from scaleflu.unlearn.env import EnvSpec, EpisodeRecord, SparsifyEnv
-from scaleflu.unlearn.sensitivity import forget_saliency
+from scaleflu.unlearn.sensitivity import forget_saliency, hookable_layers
 
 if TYPE_CHECKING:
     from scaleflu.unlearn.sensitivity import SensitivityReport
@@ -46,13 +47,23 @@ _TORCH_FUNC_READY = False  # torch.func's first vmap(grad) done in this process
 
 
 def uses_saliency(ctx: UnlearnContext) -> bool:
-    """Whether Phase I computes a saliency (torch.func's per-sample gradients) for the request:
-    a class removed from the whole federation, or the attribution chosen for its kind."""
+    """Whether Phase I computes a saliency (per-sample gradients) for the request: a class
+    removed from the whole federation, or the attribution chosen for its kind."""
     req, sc = ctx.request.request, ctx.scale_cfg
     if req.kind == "class" and not req.clients:
         return str(sc.class_attribution) == "saliency"
     chosen = sc.client_attribution if req.kind == "client" else sc.sample_attribution
     return str(chosen) == "saliency"
+
+
+def saliency_needs_torch_func(ctx: UnlearnContext) -> bool:
+    """Whether the request's saliency needs ``torch.func``: only for a model whose sensitivity
+    layers are not all Linear or Conv2d weights (their per-sample gradients come from one
+    backward pass, ``sensitivity._per_sample_weight_grads``)."""
+    if not uses_saliency(ctx):
+        return False
+    model = ctx.new_model()
+    return hookable_layers(model, sensitivity_layers(model)) is None
 
 
 def uses_ppo(ctx: UnlearnContext, mode: str) -> bool:
@@ -61,8 +72,9 @@ def uses_ppo(ctx: UnlearnContext, mode: str) -> bool:
 
 
 def sb3_startup(saliency: bool = True, ppo: bool = True) -> float:
-    """With ``ppo`` import stable-baselines3, with ``saliency`` set up torch.func, once per
-    process each; return the seconds this call spent on it.
+    """With ``ppo`` import stable-baselines3, with ``saliency`` set up torch.func (for a
+    saliency that needs it: :func:`saliency_needs_torch_func`), once per process each; return
+    the seconds this call spent on it.
 
     The import (several seconds on a busy CPU) is a long-lived server's start-up cost, paid once,
     so SCALE reports it separately (``details.startup_s``) instead of hiding or adding it:
@@ -71,13 +83,14 @@ def sb3_startup(saliency: bool = True, ppo: bool = True) -> float:
     global _SB3_IMPORT_S, _TORCH_FUNC_READY
     spent = 0.0
     if saliency and not _TORCH_FUNC_READY:
-        # torch.func's first vmap(grad) (the saliencies) imports torch._dynamo, about a second
-        # of CPU: a process start-up cost too, paid here once and only when Phase I needs it
-        # (healing needs no torch.optim: fl/optim.py)
+        # torch.func's first vmap(grad) (the saliencies of a model with layers other than
+        # Linear and Conv2d) imports torch._dynamo, about a second of CPU: a process start-up
+        # cost too, paid here once and only when Phase I needs it (healing needs no
+        # torch.optim: fl/optim.py)
         t0 = time.perf_counter()
-        lin = torch.nn.Linear(2, 2)
-        x, y = torch.zeros(2, 2), torch.zeros(2, dtype=torch.long)
-        forget_saliency(lin, x, y, x, y, ["weight"])
+        conv = torch.nn.Conv1d(1, 1, 1)
+        x, y = torch.zeros(2, 1, 1), torch.zeros(2, dtype=torch.long)
+        forget_saliency(conv, x, y, x, y, ["weight"])
         _TORCH_FUNC_READY = True
         spent = time.perf_counter() - t0
     if not ppo or _SB3_IMPORT_S is not None:

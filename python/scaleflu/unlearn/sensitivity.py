@@ -408,35 +408,38 @@ def forget_saliency(
     the rest of the task does not (a backdoor trigger's path, a memorised sample's). A sample or
     ``class:c@n`` request comes from the client that holds D_u, so it computes ``s_u`` on its
     own data and sends one tensor the size of the sensitivity layers; the server computes
-    ``s_r``. Per-sample gradients are vectorised (``torch.func``) in chunks of ``chunk``.
+    ``s_r``. Per-sample gradients come in chunks of ``chunk`` from one backward pass
+    (:func:`_per_sample_weight_grads`: the layers' inputs and output gradients, for Conv2d and
+    Linear layers), else from ``torch.func`` (vectorised, but its first call imports
+    ``torch._dynamo``: about a second of a short process).
     """
-    from torch.func import functional_call, grad, vmap
-
     params = {k: v.detach() for k, v in model.named_parameters()}
-    buffers = {k: v.detach() for k, v in model.named_buffers()}
     was = model.training
     model.eval()
 
     if stat not in ("loss", "margin"):
         raise ValueError(f"saliency statistic must be loss or margin, got {stat!r}")
 
-    def loss(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        out = functional_call(model, ({**params, **p}, buffers), (x.unsqueeze(0),))
+    def statistic(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Per sample: the cross-entropy, or the label's logit margin."""
         if stat == "margin":
-            z = out[0]
-            hot = (torch.arange(z.shape[-1], device=z.device) == y).to(z.dtype)
-            return (z * hot).sum() - torch.logsumexp(z - 1e9 * hot, dim=-1)
-        return torch.nn.functional.cross_entropy(out, y.unsqueeze(0))
+            hot = (torch.arange(out.shape[-1], device=out.device) == y.unsqueeze(-1)).to(out.dtype)
+            return (out * hot).sum(-1) - torch.logsumexp(out - 1e9 * hot, dim=-1)
+        return torch.nn.functional.cross_entropy(out, y, reduction="none")
 
-    sub = {k: params[k] for k in layers}
-    per_sample = vmap(grad(loss), in_dims=(None, 0, 0))
+    hooked = hookable_layers(model, layers)
+    per_sample = (
+        (lambda x, y: _per_sample_weight_grads(model, hooked, statistic, x, y))
+        if hooked is not None
+        else _torch_func_grads(model, params, layers, statistic)
+    )
 
     def mean_saliency(x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
-        acc = {k: torch.zeros_like(sub[k], dtype=torch.float64) for k in layers}
+        acc = {k: torch.zeros_like(params[k], dtype=torch.float64) for k in layers}
         for i in range(0, len(y), chunk):
-            g = per_sample(sub, x[i : i + chunk], y[i : i + chunk])
+            g = per_sample(x[i : i + chunk], y[i : i + chunk])
             for k in layers:
-                acc[k] += (sub[k].unsqueeze(0) * g[k]).abs().sum(0).double()
+                acc[k] += (params[k].unsqueeze(0) * g[k]).abs().sum(0).double()
         return {k: v / max(len(y), 1) for k, v in acc.items()}
 
     s_u = mean_saliency(forget_x, forget_y)
@@ -453,6 +456,120 @@ def forget_saliency(
     info["contrast"] = contrast
     info["stat"] = stat
     return out, info
+
+
+def hookable_layers(
+    model: torch.nn.Module, layers: Sequence[str]
+) -> dict[str, tuple[torch.nn.Module, str]] | None:
+    """Each layer's module and parameter name when every layer is the weight or bias of a
+    ``Linear`` or zero-padded numeric-padding ``Conv2d`` that requires a gradient; else None."""
+    modules = dict(model.named_modules())
+    out: dict[str, tuple[torch.nn.Module, str]] = {}
+    for name in layers:
+        owner, _, attr = name.rpartition(".")
+        mod = modules.get(owner)
+        if attr not in ("weight", "bias") or getattr(mod, attr, None) is None:
+            return None
+        if not getattr(mod, attr).requires_grad:
+            return None
+        if isinstance(mod, torch.nn.Conv2d):
+            if mod.padding_mode != "zeros" or isinstance(mod.padding, str):
+                return None
+        elif not isinstance(mod, torch.nn.Linear):
+            return None
+        out[name] = (mod, attr)
+    return out
+
+
+def _per_sample_weight_grads(
+    model: torch.nn.Module,
+    hooked: Mapping[str, tuple[torch.nn.Module, str]],
+    statistic: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Per-sample gradients of ``statistic(model(x), y)`` (one value per sample) for Linear and
+    Conv2d weights and biases, from one backward pass.
+
+    In eval mode the samples of a batch do not interact, so the gradient of the summed statistic
+    with respect to a layer's output holds each sample's own output gradient; a layer's per-sample
+    weight gradient is then its output gradient times its input (unfolded for a convolution,
+    grouped convolutions group by group), summed over the calls of a module used more than once.
+    """
+    mods = {id(m): m for m, _ in hooked.values()}
+    seen: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {i: [] for i in mods}
+
+    def keep(mod: torch.nn.Module, inp: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+        seen[id(mod)].append((inp[0].detach(), out))
+
+    handles = [m.register_forward_hook(keep) for m in mods.values()]
+    try:
+        with torch.enable_grad():
+            total = statistic(model(x), y).sum()
+            calls = [(i, a, o) for i, lst in seen.items() for a, o in lst]
+            grads = torch.autograd.grad(total, [o for _, _, o in calls], allow_unused=True)
+    finally:
+        for h in handles:
+            h.remove()
+    per_mod: dict[int, dict[str, torch.Tensor]] = {}
+    for (i, a, o), g in zip(calls, grads, strict=True):
+        if g is None:
+            g = torch.zeros_like(o)
+        mod = mods[i]
+        if isinstance(mod, torch.nn.Conv2d):
+            w, b = _conv2d_sample_grads(mod, a, g)
+        else:
+            g3 = g.reshape(g.shape[0], -1, g.shape[-1])
+            a3 = a.reshape(a.shape[0], -1, a.shape[-1])
+            w, b = torch.einsum("bno,bni->boi", g3, a3), g3.sum(1)
+        acc = per_mod.setdefault(i, {})
+        acc["weight"] = acc["weight"] + w if "weight" in acc else w
+        acc["bias"] = acc["bias"] + b if "bias" in acc else b
+    out = {}
+    for name, (mod, attr) in hooked.items():
+        got = per_mod.get(id(mod))
+        p = getattr(mod, attr)
+        out[name] = (
+            got[attr].reshape(-1, *p.shape).to(p.dtype)
+            if got is not None
+            else torch.zeros((len(y), *p.shape), dtype=p.dtype, device=p.device)
+        )
+    return out
+
+
+def _conv2d_sample_grads(
+    mod: torch.nn.Conv2d, a: torch.Tensor, g: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A Conv2d's per-sample weight and bias gradients from its input ``a`` and output gradient
+    ``g``: the unfolded input's patches times the output gradient, group by group."""
+    bsz, groups = a.shape[0], mod.groups
+    cols = torch.nn.functional.unfold(
+        a, mod.kernel_size, dilation=mod.dilation, padding=mod.padding, stride=mod.stride
+    )  # (B, C_in * kh * kw, L)
+    cols = cols.reshape(bsz, groups, -1, cols.shape[-1])
+    go = g.reshape(bsz, groups, g.shape[1] // groups, -1)  # (B, G, C_out / G, L)
+    w = torch.einsum("bgol,bgil->bgoi", go, cols).reshape(bsz, *mod.weight.shape)
+    return w, g.sum((2, 3))
+
+
+def _torch_func_grads(
+    model: torch.nn.Module,
+    params: Mapping[str, torch.Tensor],
+    layers: Sequence[str],
+    statistic: Any,
+) -> Any:
+    """Per-sample gradients of the layers by ``torch.func`` (any module)."""
+    from torch.func import functional_call, grad, vmap
+
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def one(p: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        out = functional_call(model, ({**params, **p}, buffers), (x.unsqueeze(0),))
+        return statistic(out, y.unsqueeze(0))[0]
+
+    sub = {k: params[k] for k in layers}
+    batched = vmap(grad(one), in_dims=(None, 0, 0))
+    return lambda x, y: batched(sub, x, y)
 
 
 # ----------------------------------------------------------------------------- a request's Phase I
