@@ -57,6 +57,42 @@ def test_idx_roundtrip(tmp_path: Path) -> None:
     assert np.array_equal(read_idx(tmp_path / "a.idx.gz"), arr)
 
 
+def test_large_gz_is_kept_unpacked_and_read_from_the_copy(tmp_path: Path, monkeypatch) -> None:
+    """A .gz of 1 MiB or more is unpacked once into the cache (SCALEFLU_CACHE) and read from
+    there; a copy of the wrong size is ignored and rewritten; a cache that cannot be written is
+    skipped; the small files are never copied."""
+    from scaleflu.fl.data import datasets
+
+    monkeypatch.setenv("SCALEFLU_CACHE", str(tmp_path / "cache"))
+    arr = np.random.default_rng(0).integers(0, 256, (1500, 28, 28)).astype(np.uint8)
+    gz = tmp_path / "big-idx3-ubyte.gz"
+    gz.write_bytes(gzip.compress(_idx(arr), compresslevel=1))
+    assert gz.stat().st_size >= datasets.UNPACK_CACHE_MIN
+    assert np.array_equal(read_idx(gz), arr)
+    (copy,) = (tmp_path / "cache" / "unpacked").iterdir()
+    assert copy.read_bytes() == _idx(arr)
+
+    def no_gzip(*a, **k):
+        raise AssertionError("unpacked again although the copy is there")
+
+    with monkeypatch.context() as m:
+        m.setattr(datasets.gzip, "open", no_gzip)
+        assert np.array_equal(read_idx(gz), arr)
+    copy.write_bytes(copy.read_bytes()[:-10])  # a cut copy: unpacked again, copy replaced
+    assert np.array_equal(read_idx(gz), arr) and copy.read_bytes() == _idx(arr)
+
+    small = tmp_path / "small.idx.gz"
+    small.write_bytes(gzip.compress(_idx(arr[:2])))
+    assert np.array_equal(read_idx(small), arr[:2])
+    assert len(list((tmp_path / "cache" / "unpacked").iterdir())) == 1
+
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("SCALEFLU_CACHE", str(blocked))
+    gz.touch()  # a new modification time: a new cache name
+    assert np.array_equal(read_idx(gz), arr)
+
+
 @pytest.mark.parametrize(
     ("blob", "message"),
     [

@@ -10,9 +10,11 @@ section.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import logging
+import os
 import tarfile
 import urllib.request
 import zipfile
@@ -65,14 +67,66 @@ class DataError(ConfigError):
 # ----------------------------------------------------------------------------- file formats
 
 
+UNPACK_CACHE_MIN = 1 << 20  # .gz files at least this large are kept unpacked in the user's cache
+
+
+def unpack_cache_dir() -> Path:
+    """Where large .gz data files are kept unpacked: ``$SCALEFLU_CACHE`` or
+    ``$XDG_CACHE_HOME/scaleflu`` (``~/.cache/scaleflu``), folder ``unpacked``."""
+    base = os.environ.get("SCALEFLU_CACHE")
+    if not base:
+        base = str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "scaleflu")
+    return Path(base) / "unpacked"
+
+
+def _unpacked_copy(path: Path) -> Path | None:
+    """The cache file of a large .gz (named by its path, size and modification time), or None
+    for a small one. Unpacking FashionMNIST's training images takes about 0.3 s, a tenth of a
+    short ``scaleflu unlearn`` process; reading the unpacked copy a few milliseconds."""
+    st = path.stat()
+    if st.st_size < UNPACK_CACHE_MIN:
+        return None
+    tag = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+    return unpack_cache_dir() / f"{path.name.removesuffix('.gz')}-{tag[:16]}"
+
+
+def _gzip_size(path: Path) -> int:
+    """The unpacked size a gzip file declares in its trailer (ISIZE, modulo 2**32)."""
+    with open(path, "rb") as fh:
+        fh.seek(-4, os.SEEK_END)
+        return int.from_bytes(fh.read(4), "little")
+
+
 def _open_maybe_gz(path: Path) -> bytes:
+    """A file's bytes, unpacked when it is a .gz; a large one from (and into) the unpack
+    cache when the cached copy has the size the gzip trailer declares (a cache that cannot be
+    written is skipped)."""
     try:
-        if path.suffix == ".gz":
-            with gzip.open(path, "rb") as fh:
-                return fh.read()
-        return path.read_bytes()
+        if path.suffix != ".gz":
+            return path.read_bytes()
+        copy = _unpacked_copy(path)
+        if copy is not None:
+            try:
+                raw = copy.read_bytes()
+                if len(raw) % (1 << 32) == _gzip_size(path):
+                    return raw
+            except OSError:
+                pass  # not cached (yet), or unreadable: unpack it
+        with gzip.open(path, "rb") as fh:
+            raw = fh.read()
     except (OSError, EOFError, gzip.BadGzipFile) as exc:
         raise DataError(f"cannot read {path}: {exc}") from exc
+    if copy is not None:
+        tmp = copy.with_name(f"{copy.name}.{os.getpid()}.tmp")
+        try:
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(raw)
+            os.replace(tmp, copy)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            log.debug("unpack cache not written (%s): %s", copy, exc)
+    return raw
 
 
 def read_idx(path: str | Path) -> np.ndarray:
