@@ -279,3 +279,13 @@ def test_saliency_falls_back_to_torch_func_for_other_layers() -> None:
     x, y = torch.randn(6, 1, 8), torch.tensor([0, 1, 2, 0, 1, 2])
     sal, _ = forget_saliency(model, x, y, x[:0], y[:0], ["0.weight", "2.weight"], chunk=4)
     assert set(sal) == {"0.weight", "2.weight"} and float(sal["0.weight"].sum()) > 0
+
+
+def test_startup_warms_torch_func_once() -> None:
+    """The start-up's torch.func warm-up (for saliencies of other layers) runs, once."""
+    from scaleflu.unlearn import search
+
+    search._TORCH_FUNC_READY = False
+    search.sb3_startup(saliency=True, ppo=False)
+    assert search._TORCH_FUNC_READY
+    assert search.sb3_startup(saliency=True, ppo=False) == 0.0

@@ -88,9 +88,9 @@ def sb3_startup(saliency: bool = True, ppo: bool = True) -> float:
         # cost too, paid here once and only when Phase I needs it (healing needs no
         # torch.optim: fl/optim.py)
         t0 = time.perf_counter()
-        conv = torch.nn.Conv1d(1, 1, 1)
+        model = torch.nn.Sequential(torch.nn.Conv1d(1, 2, 1), torch.nn.Flatten())
         x, y = torch.zeros(2, 1, 1), torch.zeros(2, dtype=torch.long)
-        forget_saliency(conv, x, y, x, y, ["weight"])
+        forget_saliency(model, x, y, x, y, ["0.weight"])
         _TORCH_FUNC_READY = True
         spent = time.perf_counter() - t0
     if not ppo or _SB3_IMPORT_S is not None:
