@@ -239,3 +239,28 @@ def test_fused_trains_the_adapters_for_the_runs_rounds(make_ctx: Any) -> None:
     assert res.details["hyper_parameters"]["alpha"] == 32.0  # reference: lora_alpha 32, r 16
     assert res.details["layer_choice"]["choice"] == "request"
     assert res.metrics["fa_class_test"] < res.original["fa_class_test"]
+
+
+def test_fused_gradient_clipping_keeps_a_too_large_step_finite(
+    make_ctx: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """At 4x the run's lr the adapters' SGD diverges to a non-finite model unclipped (a failed
+    cell, as at the run's own lr on one CPU's default kernels with 2 threads); with
+    max_grad_norm the model stays finite, the clipped steps are counted and a warning names
+    the lr. A bad max_grad_norm is a configuration error."""
+    from scaleflu.config import ConfigError
+    from scaleflu.unlearn.base import UnlearningFailedError
+
+    ctx = make_ctx("client:0")
+    with pytest.raises(UnlearningFailedError, match="non-finite"):
+        get_method("fused", tiny_config(), lr=0.2, max_grad_norm=None, rounds=2).run(ctx)
+    fused = get_method("fused", tiny_config(), lr=0.2, rounds=2)
+    with caplog.at_level("WARNING", logger="scaleflu.unlearn.baselines.fused"):
+        res = fused.run(ctx)
+    assert res.details["max_grad_norm"] == 5.0
+    assert 0.1 * res.details["steps"] < res.details["clipped_steps"] <= res.details["steps"]
+    assert all(torch.isfinite(v).all() for v in fused.state.values())
+    assert "likely too large" in caplog.text and "lr 0.2" in caplog.text
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(ConfigError, match="max_grad_norm"):
+            get_method("fused", tiny_config(), max_grad_norm=bad)

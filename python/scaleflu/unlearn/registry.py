@@ -31,6 +31,7 @@ import dataclasses
 import difflib
 import importlib
 import logging
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -125,8 +126,13 @@ class FusedParams:
     rounds: int | None
     local_epochs: int | None
     lr: float | None
+    max_grad_norm: float | None
 
     def __post_init__(self) -> None:
+        if self.max_grad_norm is not None and not (
+            self.max_grad_norm > 0 and math.isfinite(self.max_grad_norm)
+        ):
+            raise ConfigError(f"fused: max_grad_norm must be > 0 or null, got {self.max_grad_norm}")
         if self.layer_choice not in ("request", "history"):
             raise ConfigError(
                 f"fused: layer_choice must be request or history, got {self.layer_choice!r}"

@@ -188,8 +188,14 @@ def _train_adapters(
     lr: float,
     t: int,
     n: int,
+    max_grad_norm: float | None = None,
+    clipped: list[int] | None = None,
 ) -> State:
-    """Local SGD of client n on the adapter parameters only (base frozen)."""
+    """Local SGD of client n on the adapter parameters only (base frozen).
+
+    ``max_grad_norm`` clips the adapters' gradient norm per step (``None``: no clipping, as the
+    reference code); ``clipped`` counts [clipped steps, steps].
+    """
     data = ctx.run.setup.train
     fl = ctx.cfg.fl
     opt = torch.optim.SGD(adapters.parameters(), lr=lr, momentum=float(fl.momentum))
@@ -208,6 +214,12 @@ def _train_adapters(
             functional_call(model, params, (data.inputs(idx).to(dev),)), data.labels[idx].to(dev)
         )
         loss.backward()
+        if max_grad_norm is not None:
+            norm = torch.nn.utils.clip_grad_norm_(adapters.parameters(), max_grad_norm)
+            if clipped is not None and float(norm) > max_grad_norm:
+                clipped[0] += 1
+        if clipped is not None:
+            clipped[1] += 1
         opt.step()
     return adapters.tensors()
 
@@ -225,9 +237,12 @@ class AdapterTrainer:
         ctx: UnlearnContext,
         epochs: int,
         lr: float,
+        max_grad_norm: float | None = None,
     ) -> None:
         self.model, self.base, self.adapters, self.parts = model, base, adapters, parts
         self.ctx, self.epochs, self.lr = ctx, epochs, lr
+        self.max_grad_norm = max_grad_norm
+        self.clipped = [0, 0]  # [steps whose gradient norm was clipped, steps], every round
 
     def train(
         self, global_state: Mapping[str, torch.Tensor], clients: Sequence[int], t: int
@@ -238,7 +253,7 @@ class AdapterTrainer:
             self.adapters.load_tensors(global_state)
             out[n] = _train_adapters(
                 self.model, self.base, self.adapters, self.parts[n], self.ctx, self.epochs,
-                self.lr, t, n,
+                self.lr, t, n, self.max_grad_norm, self.clipped,
             )  # fmt: skip
         return out
 
@@ -270,6 +285,7 @@ class FusedUnlearner:
         )
         epochs = int(hp.local_epochs if hp.local_epochs is not None else fl.local_epochs)
         lr = float(hp.lr if hp.lr is not None else fl.lr)
+        clip = None if hp.max_grad_norm is None else float(hp.max_grad_norm)
         parts = ctx.request.remaining
         dev = ctx.device  # fl.device: adapters train there; merged states stay on the CPU
         adapters.to(dev)
@@ -284,7 +300,7 @@ class FusedUnlearner:
         merged_prev = base
         n_rounds = int(hp.rounds if hp.rounds is not None else fl.rounds)
         strategy = ctx.strategy(recalibrate=False)  # the adapters hold no BatchNorm statistics
-        trainer = AdapterTrainer(model, base, adapters, parts, ctx, epochs, lr)
+        trainer = AdapterTrainer(model, base, adapters, parts, ctx, epochs, lr, clip)
         for r in tqdm(
             range(1, n_rounds + 1),
             desc="FUSED",
@@ -307,6 +323,13 @@ class FusedUnlearner:
             rounds_done += 1
         adapters.load_tensors(cur_adapter)
         final = merge_adapters(base, adapters)
+        n_clip, n_steps = trainer.clipped
+        if clip is not None and n_clip > 0.1 * max(n_steps, 1):
+            log.warning(
+                "FUSED clipped the adapters' gradient norm (max_grad_norm %g) on %d of %d steps: "
+                "its lr %g is likely too large for the adapters (baselines.fused.lr)",
+                clip, n_clip, n_steps, lr,
+            )  # fmt: skip
         wall = time.perf_counter() - t0
         self.state = final
         self.base_state = base
@@ -334,6 +357,9 @@ class FusedUnlearner:
                 "rounds": rounds_done,
                 "local_epochs": epochs,
                 "lr": lr,
+                "max_grad_norm": clip,
+                "clipped_steps": n_clip,
+                "steps": n_steps,
                 "reversible": "drop the adapters: base model unchanged",
                 "hyper_parameters": hp,
             },
