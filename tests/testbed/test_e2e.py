@@ -60,7 +60,10 @@ def test_rounds_recorded_and_killed_robot_did_not_stall(run):
     assert [r["round"] for r in rows] == [1, 2]
     assert rows[0]["participants"] == [1, 2, 3]
     assert rows[1]["missing"] == [2] and 2 not in rows[1]["participants"]
-    assert rows[1]["wall_s"] < DEADLINE + 20  # closed at the deadline, not stalled
+    # closed at the deadline, not stalled: measured on the deadline's own clock (the round's
+    # wall time adds the broadcast, aggregation and evaluation, which a loaded machine stretches)
+    assert rows[1]["closed_by"] == "deadline" and rows[0]["closed_by"] == "all_in"
+    assert DEADLINE <= rows[1]["collect_s"] < DEADLINE + 5
     assert report["history_rounds"] == 2
     assert report["launcher"]["robot_starts"]["2"] == 2  # it rejoined
 

@@ -330,7 +330,9 @@ class Rounds:
 
     def _refuse(self, rs: RoundState, r: int, t: int, reason: str, detail: str) -> None:
         """Refuse a robot's upload of the open round; the round stops waiting for it."""
-        rs.refused.setdefault(r, self.clock())
+        # the grace runs from the robot's latest refusal: a robot whose upload was refused and
+        # that sends another (a corrected one) is awaited again, however many came before
+        rs.refused[r] = self.clock()
         self.records.reject(reason, r, f"UPDATE r{t}", detail, round_=t)
         self._notify_reject(r, t, f"{reason}: {detail}"[:200])
 
@@ -353,7 +355,8 @@ class Rounds:
         adapt0 = link_adaptation(self.link)
         fallbacks0 = self.downlink.unicast_fallbacks
         base = self.global_state
-        rs = RoundState(t, base, self.clock() + float(tb.round_deadline_s))
+        opened = self.clock()
+        rs = RoundState(t, base, opened + float(tb.round_deadline_s))
         self.open = rs
         src = state_sha256(arrays(base))
         chosen = self._configure(t, [robot.robot_id for robot in self.sessions.active()])
@@ -361,6 +364,7 @@ class Rounds:
         self.downlink.send_many(chosen, base, "train", t, src_sha=src)
         self.records.event("round_start", round=t, scheduled=sorted(rs.scheduled))
         next_progress = time.monotonic() + PROGRESS_S
+        closed_by = "deadline"
         while self.clock() < rs.deadline:
             if time.monotonic() >= next_progress:
                 next_progress = time.monotonic() + PROGRESS_S
@@ -369,6 +373,7 @@ class Rounds:
             gone = rs.not_awaited(grace, self.link.receiving_from, self.clock())
             waiting = rs.scheduled - self.sessions.forgotten_ids() - gone
             if rs.scheduled and set(rs.updates) >= waiting:
+                closed_by = "all_in"
                 break
             self.poll(0.2)
             # robots that joined, re-registered or lost their model get it (again)
@@ -378,6 +383,9 @@ class Rounds:
                 if not busy and self.downlink.needs(r, src):
                     rs.scheduled.add(r)
                     self.downlink.send(r, base, "train", t, src_sha=src)
+        # how long the round collected, on the deadline's clock (the link's: virtual seconds on
+        # ofdm-shared), and why it stopped: a load that slows the machine moves wall_s, not this
+        collect_s = self.clock() - opened
         self.open = None
         # a round that aggregates is closed to its robots; a failed attempt is retried with
         # the same robots (their second upload of round t is not a duplicate)
@@ -430,6 +438,8 @@ class Rounds:
             "air_bytes": air,
             "aoi_s": self.downlink.aoi_seconds(),
             "wall_s": wall,
+            "collect_s": round(collect_s, 3),
+            "closed_by": closed_by,
             "train_s": {r: m.get("train_s") for r, m in rs.reported.items()},
         }
         if res.rejected is not None:
