@@ -128,6 +128,24 @@ def build_once(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
     return get
 
 
+def _timeout_scale() -> float:
+    """``SCALEFLU_TEST_TIMEOUT_SCALE=F`` multiplies every test's timeout (pytest-timeout's).
+
+    Default: 4 when torch's kernels are forced to ``ATEN_CPU_CAPABILITY=default`` (no SIMD:
+    the convolutional models' training fixtures take several times longer; one took over 600 s
+    there, 2 threads on 2 busy cores), else 1."""
+    raw = os.environ.get("SCALEFLU_TEST_TIMEOUT_SCALE")
+    if raw is None:
+        return 4.0 if os.environ.get("ATEN_CPU_CAPABILITY") == "default" else 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value >= 1.0:
+        raise pytest.UsageError(f"SCALEFLU_TEST_TIMEOUT_SCALE={raw!r}: a factor >= 1")
+    return value
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Two cores, one suite: what pytest-xdist (``-n auto --dist loadgroup``) needs to know.
 
@@ -136,7 +154,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     built once, not once per worker. The ``slow`` tests start first, so the workers do not end
     with one of them alone.
     """
+    scale = _timeout_scale()
+    default_timeout = float(config.getini("timeout") or 0)
     for item in items:
+        if scale != 1.0:
+            mark = item.get_closest_marker("timeout")
+            base = float(mark.args[0] if mark and mark.args else default_timeout)
+            if base > 0:
+                item.add_marker(pytest.mark.timeout(base * scale), append=False)
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs if info is not None else {}
         if any(d and d[-1].scope in ("module", "class") for d in defs.values()):
