@@ -146,8 +146,14 @@ def _timeout_scale() -> float:
     return value
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Two cores, one suite: what pytest-xdist (``-n auto --dist loadgroup``) needs to know.
+
+    ``tryfirst``: pytest-xdist's worker turns the ``xdist_group`` marks into node-id suffixes in
+    its own hook of this name; run after it, the marks added here were never seen (every test
+    was scheduled alone, and a module's fixture was built again on each worker that ran one of
+    its tests, the end-to-end testbed four times).
 
     A test that uses a module- or class-scoped fixture runs on the same worker as the other
     tests of its module (``xdist_group``), so that fixture (a trained run, a testbed run) is
@@ -165,5 +171,5 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         info = getattr(item, "_fixtureinfo", None)
         defs = info.name2fixturedefs if info is not None else {}
         if any(d and d[-1].scope in ("module", "class") for d in defs.values()):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items.sort(key=lambda it: it.get_closest_marker("slow") is None)
