@@ -95,7 +95,10 @@ def test_loopback_flowgraph_runs_and_delivers(compiled):
     r = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60
     )
-    assert "DELIVERED 1" in r.stdout, r.stderr[-2000:]
+    # at least one message delivered within 20 s (the flowgraph keeps sending: a slow poll on a
+    # loaded machine may see two, which once failed an exact "DELIVERED 1")
+    got = re.search(r"^DELIVERED (\d+)$", r.stdout, re.M)
+    assert got and int(got.group(1)) >= 1, (r.stdout[-500:], r.stderr[-2000:])
 
 
 def test_uhd_link_and_wrappers_without_radio():
