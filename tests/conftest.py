@@ -151,9 +151,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Two cores, one suite: what pytest-xdist (``-n auto --dist loadgroup``) needs to know.
 
     ``tryfirst``: pytest-xdist's worker turns the ``xdist_group`` marks into node-id suffixes in
-    its own hook of this name; run after it, the marks added here were never seen (every test
-    was scheduled alone, and a module's fixture was built again on each worker that ran one of
-    its tests, the end-to-end testbed four times).
+    its own hook of this name, which must see the marks added here. The suffix is written where
+    pytest 8 reads the node id, not pytest 9.2 (pyproject pins pytest below 9): there every test
+    was scheduled alone and a module's fixture built again on each worker that ran one of its
+    tests (tests/test_suite_grouping.py checks the suffix).
 
     A test that uses a module- or class-scoped fixture runs on the same worker as the other
     tests of its module (``xdist_group``), so that fixture (a trained run, a testbed run) is

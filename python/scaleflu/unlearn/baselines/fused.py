@@ -188,8 +188,8 @@ def _train_adapters(
     lr: float,
     t: int,
     n: int,
-    max_grad_norm: float | None = None,
-    clipped: list[int] | None = None,
+    max_grad_norm: float | None,
+    clipped: list[int],
 ) -> State:
     """Local SGD of client n on the adapter parameters only (base frozen).
 
@@ -216,10 +216,8 @@ def _train_adapters(
         loss.backward()
         if max_grad_norm is not None:
             norm = torch.nn.utils.clip_grad_norm_(adapters.parameters(), max_grad_norm)
-            if clipped is not None and float(norm) > max_grad_norm:
-                clipped[0] += 1
-        if clipped is not None:
-            clipped[1] += 1
+            clipped[0] += int(float(norm) > max_grad_norm)
+        clipped[1] += 1
         opt.step()
     return adapters.tensors()
 
