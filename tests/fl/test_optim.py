@@ -1,4 +1,4 @@
-"""MomentumSGD: torch.optim.SGD's update, bit for bit, without importing torch._dynamo."""
+"""MomentumSGD and Adam: torch.optim's updates, bit for bit, without importing torch._dynamo."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from scaleflu.fl.optim import MomentumSGD
+from scaleflu.fl.optim import Adam, MomentumSGD
 
 
 def _model(seed: int) -> torch.nn.Module:
@@ -39,15 +39,38 @@ def test_same_parameters_as_torch_optim_sgd_after_every_step(momentum: float) ->
     )
 
 
+def test_adam_same_parameters_as_torch_optim_adam_after_every_step() -> None:
+    ours, ref = _model(0), _model(0)
+    frozen = "3.bias"
+    opt = Adam(ours.parameters(), lr=0.01)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, foreach=False)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(6):
+        x, y = torch.randn(8, 1, 6, 6, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        for model, o in ((ours, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            dict(model.named_parameters())[frozen].grad = None
+            o.step()
+        for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+            assert torch.equal(a, b), name
+    assert torch.equal(
+        dict(ours.named_parameters())[frozen], dict(_model(0).named_parameters())[frozen]
+    )
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="lr >= 0"):
         MomentumSGD(_model(0).parameters(), lr=-0.1)
+    for kw in ({"lr": -0.1}, {"lr": 0.1, "betas": (1.0, 0.9)}, {"lr": 0.1, "eps": 0.0}):
+        with pytest.raises(ValueError, match="Adam needs"):
+            Adam(_model(0).parameters(), **kw)
 
 
 def test_steps_do_not_import_the_compiler() -> None:
     code = (
         "import sys, torch\n"
-        "from scaleflu.fl.optim import MomentumSGD\n"
+        "from scaleflu.fl.optim import Adam, MomentumSGD\n"
         "m = torch.nn.Linear(3, 2); o = MomentumSGD(m.parameters(), lr=0.1, momentum=0.9)\n"
         "for _ in range(2):\n"
         "    o.zero_grad(); m(torch.ones(1, 3)).sum().backward(); o.step()\n"

@@ -67,3 +67,47 @@ def preload_torch_optim() -> float:
     torch.optim.SGD(torch.nn.Linear(1, 1).parameters(), lr=0.1).zero_grad()
     _OPTIM_READY = True
     return time.perf_counter() - t0
+
+
+class Adam:
+    """``torch.optim.Adam(params, lr, betas, eps)``'s update (no weight decay, no AMSGrad),
+    without its first-call import of ``torch._dynamo``; the same operations in the same order
+    as torch's single-tensor path (checked against it by the tests)."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ):
+        self.params = list(params)
+        b1, b2 = (float(b) for b in betas)
+        if not lr >= 0.0 or not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0) or not eps > 0.0:
+            raise ValueError(f"Adam needs lr >= 0, betas in [0, 1), eps > 0; got {lr}, {betas}, {eps}")
+        self.lr, self.b1, self.b2, self.eps = float(lr), b1, b2, float(eps)
+        self._state: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.params)
+        self._steps = [0] * len(self.params)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            st = self._state[i]
+            if st is None:
+                st = self._state[i] = (torch.zeros_like(p), torch.zeros_like(p))
+            m, v = st
+            self._steps[i] += 1
+            t = self._steps[i]
+            m.lerp_(g, 1 - self.b1)
+            v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+            bc1 = 1 - self.b1**t
+            bc2 = 1 - self.b2**t
+            denom = (v.sqrt() / (bc2**0.5)).add_(self.eps)
+            p.addcdiv_(m, denom, value=-(self.lr / bc1))
