@@ -238,7 +238,7 @@ def resolve_unlearn_config(
     for section in UNLEARN_SECTIONS:
         if section in defaults:
             filled = copy.deepcopy(defaults[section])
-            _deep_update(filled, cfg.get(section) or {})
+            _deep_update(filled, cfg.get(section) or {}, section)
             cfg[section] = filled
     updates: list[Mapping[str, Any]] = []
     if path is not None:
@@ -260,10 +260,14 @@ def resolve_unlearn_config(
     return as_config(cfg)
 
 
-def _deep_update(base: dict[str, Any], upd: Mapping[str, Any]) -> None:
+def _deep_update(base: dict[str, Any], upd: Mapping[str, Any], where: str) -> None:
+    """``upd`` (a run's saved settings) over ``base`` (today's defaults); a setting that this
+    version no longer has (retired: an older run saved it) is left out with a log line."""
     for k, v in upd.items():
-        if isinstance(v, Mapping) and isinstance(base.get(k), dict):
-            _deep_update(base[k], v)
+        if k not in base:
+            log.info("%s.%s: a setting of an older version, not used", where, k)
+        elif isinstance(v, Mapping) and isinstance(base.get(k), dict):
+            _deep_update(base[k], v, f"{where}.{k}")
         else:
             base[k] = copy.deepcopy(v)
 
