@@ -66,8 +66,14 @@ def test_client_unlearning_removes_backdoor(client_results: dict) -> None:
     # ... while test accuracy stays within a few points of Retrain's: no client trains after
     # the cut, healing by distillation on the server's 128 samples brings it back (measured:
     # 0.68 -> 0.82 on the selection part; test 0.801 against Retrain's 0.852, the model before
-    # unlearning 0.834; with a recovery round 0.826)
-    assert abs(sc["metrics"]["test_acc"] - ret["metrics"]["test_acc"]) <= 0.06
+    # unlearning 0.834; with a recovery round 0.826); the forgetting step after it may give up
+    # to scale.forget_val_tol (0.03) of the selection accuracy for the remembered samples'
+    # membership (measured: test 0.801 -> 0.789)
+    tol = float(sc["config"]["scale"]["forget_val_tol"])
+    assert abs(sc["metrics"]["test_acc"] - ret["metrics"]["test_acc"]) <= 0.06 + tol
+    f = sc["details"]["forgetting"]
+    kept = f["measured_epochs"].index(f["kept_epoch"])
+    assert f["select_acc_trace"][kept] >= f["select_acc_trace"][0] - tol
     h = sc["details"]["healing"]
     assert h["val_acc_after"] >= h["val_acc_before"] + 0.05
     assert sc["details"]["recovery"]["rounds"] == 0

@@ -1,30 +1,39 @@
-"""SCALE's calibrated forgetting step: D_u's remaining margins moved onto never-seen data's.
+"""SCALE's forgetting step: D_u's remembered samples brought down to never-seen margins.
 
-After the cut and the healing, the forgotten samples whose held label the model no longer
-predicts (a triggered image, a flipped or a memorised mislabelled sample) still get a higher
-margin for that label than a model that never saw them would give: that residue is what a
-per-example membership attack reads (docs/scale.md, "Forgetting membership"). This step removes
-it without any model trained without D_u:
+After the cut and the healing, the samples of D_u that the network had *memorised* one by one
+(a sample whose held label its own neighbourhood does not support: a mislabelled or duplicated
+sample, an outlier) still get a higher margin for their held label than a model that never saw
+them would give; that residue is what a per-example membership attack reads (docs/scale.md,
+"Forgetting membership"). Patterns the network learned from many samples (a trigger, a marked
+relabelling) are what the cut removes. This step removes the residue without any model trained
+without D_u:
 
-1. The server measures, on its retained validation images, the margin
-   ``phi(x, y') = z_y' - logsumexp_{j != y'} z_j`` the current model gives to every *wrong*
-   label ``y'`` of every image -- the margins of never-seen samples whose label is not the
-   image's class -- and sends their quantiles (``scale.forget_quantiles`` of them).
-2. The client holding D_u takes the samples whose held label the model does not predict
-   (``argmax != y``; one per distinct sample: a canary's copies count once), ranks their margins
-   and gives the sample of rank r the reference quantile at (r + 0.5) / n as its target: the
-   ranks stay, the distribution becomes the never-seen one.
-3. It runs at most ``scale.forget_epochs`` epochs of SGD (the run's batch size and momentum,
-   ``scale.forget_lr``, null: ``fl.lr``) on ``mean relu(phi_i - t_i)``: a margin above its
-   target comes down, none is pushed up (with ``scale.forget_anchor_weight`` > 0, plus that
-   weight times the cross-entropy of a batch of the server's healing images, sent with the
-   model). After each epoch the server checks its selection
-   accuracy; an epoch that lowers it by more than ``scale.forget_val_tol`` is undone and the
-   step stops there (the bound).
+1. **Which samples.** The client holding D_u embeds its distinct samples (one per copy set) with
+   the model it was sent (the input of its last linear layer, cosine similarity) and gives each
+   its *support*: the share of its ``scale.forget_support_k`` nearest D_u neighbours that hold
+   the same label. A sample with support at most ``scale.forget_support_max`` is one its
+   neighbourhood does not explain: it was remembered, not learned. (Labels only as held: no
+   true label is needed.)
+2. **Their targets.** The server measures, on its retained validation images (never seen in
+   training), the margin ``phi(x, y') = z_y' - logsumexp_{j != y'} z_j`` of every wrong label
+   ``y'`` of every image, per cell (the image's class, ``y'``). A selected sample with held label
+   ``y`` sits in cell (its neighbours' majority label, ``y``); the selected samples of one cell
+   are ranked by their margin and the one of rank r gets the cell's quantile at (r + 0.5) / n:
+   the ranks stay, the distribution becomes the never-seen one. Cells are measured again on the
+   current model before every epoch, so a push that moves never-seen images too moves the
+   target with them.
+3. **The step.** At most ``scale.forget_epochs`` epochs (Adam, ``scale.forget_lr``, null: 0.001) over the
+   selected samples still above their target, on ``mean relu(phi_i - t_i)`` plus
+   ``scale.forget_anchor_weight`` times the squared distance of the logits of a batch of the
+   server's validation images (sent with the model) from the logits of the model received:
+   what the model does on never-seen data stays, only the remembered samples move. BatchNorm
+   statistics stay frozen.
+4. **The bound.** After each epoch the server measures its selection accuracy; the result is
+   the state after the last epoch whose accuracy is within ``scale.forget_val_tol`` of the
+   model received (the model received when none is).
 
-Samples the model still predicts with their held label are left alone (they cannot be told
-from correctly learned ones without the data's true labels). The client's compute counts in
-SCALE's CPU time; one model goes down and one comes back over the link.
+The client's compute counts in SCALE's CPU time; one model and the anchor images go down, one
+model comes back over the link.
 """
 
 from __future__ import annotations
@@ -37,37 +46,124 @@ import torch
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
+from scaleflu.fl.optim import Adam
 from scaleflu.unlearn.audit import example_units
 from scaleflu.unlearn.base import UnlearnContext
 
-
-def wrong_label_margins(model: torch.nn.Module, data: ImageData, batch: int = 500) -> np.ndarray:
-    """``phi(x, y')`` for every image of ``data`` and every label ``y'`` but its own (eval mode)."""
-    was = model.training
-    model.eval()
-    dev = next(model.parameters()).device
-    out = []
-    with torch.no_grad():
-        for i in range(0, len(data), batch):
-            z = model(data.inputs(slice(i, i + batch)).to(dev)).double()
-            y = data.labels[i : i + batch].to(dev)
-            C = z.shape[1]
-            for c in range(C):
-                keep = y != c
-                if not bool(keep.any()):
-                    continue
-                zc = z[keep]
-                rest = zc.clone()
-                rest[:, c] = float("-inf")
-                out.append((zc[:, c] - torch.logsumexp(rest, dim=1)).cpu())
-    model.train(was)
-    return torch.cat(out).numpy() if out else np.zeros(0)
+_BATCH = 500
+_MEASURE_EVERY = 2  # epochs between two measurements (the bound and the targets)
 
 
-def _margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+def margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``phi = z_y - logsumexp_{j != y} z_j`` per row (the label's logit-scaled confidence)."""
     hot = torch.nn.functional.one_hot(y, logits.shape[1]).bool()
     zy = logits.gather(1, y.view(-1, 1)).flatten()
     return zy - torch.logsumexp(logits.masked_fill(hot, float("-inf")), dim=1)
+
+
+def _logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([model(x[i : i + _BATCH]) for i in range(0, len(x), _BATCH)])
+
+
+def embed(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The input of ``model``'s last linear layer for ``x`` (its penultimate features), and the
+    logits (one pass)."""
+    linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if not linear:
+        raise ConfigError("the forgetting step needs a model that ends in a linear layer")
+    got: list[torch.Tensor] = []
+    hook = linear[-1].register_forward_hook(lambda _m, inp, _o: got.append(inp[0].detach()))
+    try:
+        z = _logits(model, x)
+    finally:
+        hook.remove()
+    return torch.cat(got).flatten(1), z
+
+
+def label_support(feats: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
+    """Per row: the share of its ``k`` nearest other rows (cosine similarity) holding its label."""
+    n = len(labels)
+    k = min(int(k), n - 1)
+    if k < 1:
+        return torch.ones(n)
+    f = torch.nn.functional.normalize(feats.float(), dim=1)
+    share = torch.empty(n)
+    for i in range(0, n, _BATCH):
+        sim = f[i : i + _BATCH] @ f.T
+        rows = torch.arange(i, min(i + _BATCH, n))
+        sim[rows - i, rows] = float("-inf")  # not its own neighbour
+        nb = labels[sim.topk(k, dim=1).indices]
+        share[rows] = (nb == labels[rows, None]).float().mean(1)
+    return share
+
+
+def cell_margins(logits: torch.Tensor, y: torch.Tensor) -> dict[tuple[int, int], np.ndarray]:
+    """Sorted wrong-label margins of never-seen images (``logits``, classes ``y``) per cell
+    (image class, wrong label)."""
+    z = logits.double().cpu()
+    y = y.cpu()
+    out: dict[tuple[int, int], np.ndarray] = {}
+    for c in torch.unique(y).tolist():
+        zc = z[y == c]
+        for lab in range(z.shape[1]):
+            if lab != c:
+                yl = torch.full((len(zc),), lab, dtype=torch.long)
+                out[(int(c), lab)] = np.sort(margins(zc, yl).numpy())
+    return out
+
+
+def cell_levels(
+    phi: torch.Tensor, cell: torch.Tensor, y: torch.Tensor, ranked: torch.Tensor
+) -> torch.Tensor:
+    """Each sample's quantile level in its cell (cell, held label): (rank + 0.5) / n among the
+    ``ranked`` samples of the cell; 0.5 (the cell's median) for the others."""
+    q = torch.full((len(y),), 0.5, dtype=torch.float64)
+    keys = cell * 1000 + y
+    for key in torch.unique(keys[ranked]).tolist():
+        m = (keys == key) & ranked
+        ranks = torch.argsort(torch.argsort(phi[m]))
+        q[m] = (ranks.double() + 0.5) / int(m.sum())
+    return q
+
+
+def cell_targets(
+    ref: Mapping[tuple[int, int], np.ndarray], q: torch.Tensor, cell: torch.Tensor, y: torch.Tensor
+) -> torch.Tensor:
+    """The never-seen margin at quantile level ``q`` of each sample's cell (+inf: no reference)."""
+    t = torch.full((len(y),), float("inf"))
+    keys = cell * 1000 + y
+    for key in torch.unique(keys).tolist():
+        m = keys == key
+        r = ref.get((key // 1000, key % 1000))
+        if r is not None and len(r):
+            t[m] = torch.as_tensor(np.quantile(r, q[m].numpy()), dtype=torch.float32)
+    return t
+
+
+def _settings(ctx: UnlearnContext) -> dict[str, Any]:
+    sc = ctx.scale_cfg
+    s = {
+        "epochs": int(sc.forget_epochs or 0),
+        "lr": 0.001 if sc.forget_lr is None else float(sc.forget_lr),
+        "tol": float(sc.forget_val_tol),
+        "anchor": float(sc.forget_anchor_weight or 0.0),
+        "k": int(sc.forget_support_k),
+        "support_max": float(sc.forget_support_max),
+    }
+    if s["epochs"] < 0:
+        raise ConfigError(f"scale.forget_epochs must be >= 0, got {s['epochs']}")
+    if not s["lr"] > 0:
+        raise ConfigError(f"scale.forget_lr must be positive, got {s['lr']}")
+    if s["tol"] < 0:
+        raise ConfigError(f"scale.forget_val_tol must be >= 0, got {s['tol']}")
+    if s["anchor"] < 0:
+        raise ConfigError(f"scale.forget_anchor_weight must be >= 0, got {s['anchor']}")
+    if s["k"] < 1:
+        raise ConfigError(f"scale.forget_support_k must be >= 1, got {s['k']}")
+    if not 0.0 <= s["support_max"] < 1.0:
+        raise ConfigError(f"scale.forget_support_max must be in [0, 1), got {s['support_max']}")
+    return s
 
 
 def calibrated_forget(
@@ -78,104 +174,91 @@ def calibrated_forget(
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The step of the module docstring on ``state``; returns the new state and a summary.
 
-    ``anchor``: the server's healing images (labelled), whose cross-entropy, weighted by
-    ``scale.forget_anchor_weight``, is added to every step's loss (0 or None: no anchor).
+    ``select``: the server's selection images (the bound); ``anchor``: the server's images whose
+    logits must not move (the healing part; None: the selection images). The never-seen
+    reference is the retained validation set (both parts).
     """
-    sc = ctx.scale_cfg
-    epochs = int(sc.forget_epochs or 0)
-    tol = float(sc.forget_val_tol)
-    if tol < 0:
-        raise ConfigError(f"scale.forget_val_tol must be >= 0, got {tol}")
-    n_q = int(sc.forget_quantiles)
-    if n_q < 2:
-        raise ConfigError(f"scale.forget_quantiles must be >= 2, got {n_q}")
-    w_anchor = float(sc.forget_anchor_weight or 0.0)
-    if w_anchor < 0:
-        raise ConfigError(f"scale.forget_anchor_weight must be >= 0, got {w_anchor}")
-    fl = ctx.cfg.fl
-    lr = float(sc.forget_lr or fl.lr)
-    model = ctx.new_model(state).to(ctx.device)
-    # 1. the server's reference: wrong-label margins of its never-seen validation images
-    ref = wrong_label_margins(model, ctx.val_retain)
-    qs = np.quantile(ref, (np.arange(n_q) + 0.5) / n_q)
-    # 2. the client's forgotten samples whose held label is no longer predicted (one per copy set)
+    s = _settings(ctx)
+    dev = ctx.device
+    model = ctx.new_model(state).to(dev).eval()  # eval: BatchNorm statistics stay frozen
     setup = ctx.run.setup
     units = example_units(len(setup.train), setup.poison)
     idx = np.unique(units[ctx.forget_idx])
     data = setup.train.subset(idx)
-    x, y = data.inputs().to(ctx.device), data.labels.to(ctx.device)
-    model.eval()
-    with torch.no_grad():
-        z = torch.cat([model(x[i : i + 500]) for i in range(0, len(y), 500)])
-        phi = _margins(z, y)
-        chosen = z.argmax(1) != y
+    x, y = data.inputs().to(dev), data.labels.to(dev)
+    feats, z = embed(model, x)
+    support = label_support(feats.cpu(), y.cpu(), s["k"])
+    z, yc = z.float().cpu(), y.cpu()
+    phi = margins(z, yc)
+    # the image's class as the model sees it, its held label aside
+    cls = z.scatter(1, yc.view(-1, 1), float("-inf")).argmax(1)
+    forgotten = z.argmax(1) != yc  # the held label no longer predicted
+    levels = cell_levels(phi, cls, yc, forgotten)  # ranks among those, per cell
+    # the never-seen reference: the server's validation images (the bound's and the anchor's)
+    parts = [select] if anchor is None or not len(anchor) else [select, anchor]
+    vx = torch.cat([d.inputs() for d in parts]).to(dev)
+    vy = torch.cat([d.labels for d in parts]).to(dev)
+    t = cell_targets(cell_margins(_logits(model, vx), vy), levels, cls, yc)
+    chosen = (support <= s["support_max"]) & forgotten & (phi > t)
     info: dict[str, Any] = {
-        "epochs": epochs,
+        "epochs": s["epochs"],
         "forget_samples": int(len(idx)),
+        "unsupported": int((support <= s["support_max"]).sum()),
         "selected": int(chosen.sum()),
-        "reference_median": float(np.median(ref)) if len(ref) else None,
-        "margin_before": float(phi[chosen].mean()) if bool(chosen.any()) else None,
+        "excess_before": float((phi - t)[chosen].mean()) if bool(chosen.any()) else None,
     }
-    if epochs <= 0 or not bool(chosen.any()):
-        info.update(epochs_run=0, margin_after=info["margin_before"])
-        return {k: v.detach().clone() for k, v in state.items()}, info
-    xs, ys, ps = x[chosen], y[chosen], phi[chosen]
-    ranks = torch.argsort(torch.argsort(ps)).cpu().numpy()
-    targets = torch.as_tensor(
-        np.interp((ranks + 0.5) / len(ranks), (np.arange(n_q) + 0.5) / n_q, qs),
-        dtype=torch.float32,
-        device=ctx.device,
-    )
-    above = ps > targets  # only margins above their target move (the loss is zero elsewhere)
-    info["above_target"] = int(above.sum())
-    if not bool(above.any()):
-        info.update(epochs_run=0, margin_after=info["margin_before"])
-        return {k: v.detach().clone() for k, v in state.items()}, info
-    xs, ys, targets = xs[above], ys[above], targets[above]
-    sx, sy = select.inputs().to(ctx.device), select.labels.to(ctx.device)
-    if anchor is None or len(anchor) == 0:
-        w_anchor = 0.0
-    if w_anchor > 0:
-        ax, ay = anchor.inputs().to(ctx.device), anchor.labels.to(ctx.device)
-    info["anchor_weight"] = w_anchor
-
-    def score() -> float:
-        model.eval()
-        with torch.no_grad():
-            return float((model(sx).argmax(1) == sy).float().mean())
-
-    start = score()
-    best = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=float(fl.momentum or 0.0))
+    copy = {k: v.detach().to("cpu").clone() for k, v in state.items()}
+    if s["epochs"] == 0 or not bool(chosen.any()):
+        info.update(epochs_run=0, kept_epoch=0, excess_after=info["excess_before"])
+        return copy, info
+    sel = torch.nonzero(chosen).flatten()
+    xs, ys, cs, qs = x[sel.to(dev)], y[sel.to(dev)], cls[sel], levels[sel]
+    n_sel = len(select)  # the first images of the reference: one pass per epoch serves both
+    ax = vx[n_sel:] if len(parts) == 2 else vx  # the anchor's images
+    a0 = _logits(model, ax)
+    opt = Adam([p for p in model.parameters() if p.requires_grad], lr=s["lr"])
     gen = torch.Generator().manual_seed(int(ctx.seed) * 1000 + 49)
-    bs = int(fl.batch_size)
-    trace, run = [start], 0
-    for _ in range(epochs):
-        model.train()
-        perm = torch.randperm(len(ys), generator=gen).to(ctx.device)
-        for i in range(0, len(ys), bs):
-            j = perm[i : i + bs]
-            opt.zero_grad(set_to_none=True)
-            loss = torch.relu(_margins(model(xs[j]), ys[j]) - targets[j]).mean()
-            if w_anchor > 0:
-                a = torch.randint(len(ay), (min(bs, len(ay)),), generator=gen).to(ctx.device)
-                loss = loss + w_anchor * torch.nn.functional.cross_entropy(model(ax[a]), ay[a])
+    bs = int(ctx.cfg.fl.batch_size)
+    trace: list[float] = []  # selection accuracy at the measured epochs
+    excess: list[float] = []  # mean margin above target of the selected samples, alike
+    measured: list[int] = []
+    kept, kept_state, run = 0, copy, 0
+    ts = phi_s = active = None
+    for ep in range(s["epochs"] + 1):
+        if ep % _MEASURE_EVERY == 0 or ep == s["epochs"]:
+            # measured on the model after ep epochs: the bound, and the targets on the current
+            # model (a push that moves never-seen images moves the targets with them)
+            zv = _logits(model, vx)
+            trace.append(float((zv[:n_sel].argmax(1) == vy[:n_sel]).float().mean()))
+            ts = cell_targets(cell_margins(zv, vy), qs, cs, ys.cpu())
+            phi_s = margins(_logits(model, xs).float().cpu(), ys.cpu())
+            excess.append(float((phi_s - ts).mean()))
+            measured.append(ep)
+            if ep > 0 and trace[-1] >= trace[0] - s["tol"]:
+                kept = ep
+                kept_state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+            active = torch.nonzero(phi_s > ts).flatten()
+            ts = ts.to(dev)
+        if ep == s["epochs"] or len(active) == 0:
+            break
+        run = ep + 1
+        order = active[torch.randperm(len(active), generator=gen)].to(dev)
+        for i in range(0, len(order), bs):
+            j = order[i : i + bs]
+            opt.zero_grad()
+            loss = torch.relu(margins(model(xs[j]), ys[j]) - ts[j]).mean()
+            if s["anchor"] > 0:
+                a = torch.randint(len(ax), (min(bs, len(ax)),), generator=gen).to(dev)
+                loss = loss + s["anchor"] * ((model(ax[a]) - a0[a]) ** 2).sum(1).mean()
             loss.backward()
             opt.step()
-        acc = score()
-        trace.append(acc)
-        if acc < start - tol:  # the bound: this epoch cost too much validation accuracy
-            model.load_state_dict(best)
-            break
-        best = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        run += 1
-    model.eval()
-    with torch.no_grad():
-        after = _margins(model(x[chosen]), y[chosen])
     info.update(
         epochs_run=run,
+        kept_epoch=kept,
+        measured_epochs=measured,
         select_acc_trace=trace,
-        margin_after=float(after.mean()),
-        target_mean=float(targets.mean()),
+        excess_trace=excess,
+        excess_after=excess[measured.index(kept)],
+        anchor_images=int(len(ax)),
     )
-    return {k: v.detach().to("cpu").clone() for k, v in best.items()}, info
+    return kept_state, info

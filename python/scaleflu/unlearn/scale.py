@@ -122,12 +122,14 @@ class ScaleUnlearner:
 
         forgetting = None
         if default and int(sc.forget_epochs or 0) > 0:
-            # the calibrated forgetting step: the requester's client moves D_u's remaining
-            # margins onto never-seen data's (one model down, one back)
+            # the forgetting step: the requester's client moves D_u's remembered samples'
+            # margins onto never-seen data's (one model and the anchor images down, one back)
             new_state, forgetting = calibrated_forget(ctx, new_state, select, heal_set)
             model_bytes = state_bytes(new_state)
-            forgetting["bytes"] = 2 * model_bytes
-            forgetting["link_s"] = 2 * ctx.link.seconds(model_bytes)
+            px = ctx.val.pixels
+            image_bytes = int(px[0].numel()) * px.element_size()  # as the server stores them
+            forgetting["bytes"] = 2 * model_bytes + forgetting.get("anchor_images", 0) * image_bytes
+            forgetting["link_s"] = ctx.link.seconds(forgetting["bytes"])
             nbytes += forgetting["bytes"]
             link_s += forgetting["link_s"]
 
