@@ -13,9 +13,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from scaleflu.config import ConfigError, load_config
 from scaleflu.experiments.harness import make_context
+from scaleflu.fl.models import LeNet5
 from scaleflu.unlearn.audit import label_phi
 from scaleflu.unlearn.base import resolve_unlearn_config
 from scaleflu.unlearn.forget import (
@@ -96,10 +98,37 @@ def test_the_step_moves_the_selected_margins_down_within_its_bound(tiny_run: Any
     assert info["measured_epochs"][0] == 0 and info["measured_epochs"][-1] == info["epochs_run"]
     assert trace[info["measured_epochs"].index(info["kept_epoch"])] >= trace[0] - 0.05
     assert info["excess_after"] < info["excess_before"] - 0.05
-    assert any(not torch.equal(new[k], start[k]) for k in start)
+    # LeNet is split into trunk and head: only the head (fc1-fc3) moved
+    assert all(torch.equal(new[k], start[k]) for k in start if k.startswith("conv"))
+    assert any(not torch.equal(new[k], start[k]) for k in start if k.startswith("fc"))
     # seeded: the same request gives the same model
     again, _ = calibrated_forget(ctx, start, select, heal)
     assert all(torch.equal(new[k], again[k]) for k in new)
+
+
+@needs_fmnist
+def test_a_model_without_trunk_and_head_moves_every_layer(tiny_run: Any, monkeypatch: Any) -> None:
+    ctx = _ctx(tiny_run, *LOOSE, "scale.forget_epochs=2", "scale.forget_val_tol=1.0")
+
+    class PlainLeNet(LeNet5):  # as a plugin's model: no trunk/head split
+        trunk = head = None
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+            x = torch.flatten(F.max_pool2d(F.relu(self.conv2(x)), 2), 1)
+            return self.fc3(F.relu(self.fc2(F.relu(self.fc1(x)))))
+
+    def plain(state: Any = None) -> torch.nn.Module:
+        model = PlainLeNet()
+        model.load_state_dict(state if state is not None else ctx.original_state())
+        return model
+
+    monkeypatch.setattr(ctx, "new_model", plain)
+    select, heal = split_selection_and_heal(ctx)
+    start = ctx.original_state()
+    new, info = calibrated_forget(ctx, start, select, heal)
+    assert info["kept_epoch"] >= 1
+    assert not torch.equal(new["conv1.weight"], start["conv1.weight"])
 
 
 @needs_fmnist

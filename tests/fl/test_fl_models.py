@@ -25,6 +25,24 @@ def test_forward_shapes(name: str, channels: int, size: int, classes: int) -> No
     assert out.shape == (2, classes)
 
 
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_head_of_trunk_is_the_model_and_holds_no_batchnorm(name: str) -> None:
+    # SCALE's forgetting step moves the head alone on trunk features computed once
+    model = build_model(name, 10, 1, 28).eval()
+    x = torch.randn(3, 1, 28, 28)
+    feats = model.trunk(x)
+    assert feats.dim() == 2 and torch.equal(model.head(feats), model(x))
+    model.head(feats.detach()).sum().backward()
+    reached = {n for n, p in model.named_parameters() if p.grad is not None}
+    head_modules = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert reached and all(any(n.startswith(h) for h in head_modules) for n in reached)
+    assert not any(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+        for n, m in model.named_modules()
+        if any(n.startswith(r.rsplit(".", 1)[0]) for r in reached)
+    )
+
+
 def test_unknown_model_is_clear() -> None:
     with pytest.raises(ValueError, match="unknown model 'vgg'.*lenet"):
         build_model("vgg", 10, 1, 28)

@@ -47,14 +47,21 @@ class LeNet5(nn.Module):
         self.fc2 = nn.Linear(120, 84)
         self.fc3 = nn.Linear(84, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for a batch of images."""
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolutional part: flat features for :meth:`head`."""
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        x = torch.flatten(x, 1)
+        return torch.flatten(x, 1)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The fully connected part: logits from :meth:`trunk`'s features."""
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
         return self.fc3(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch of images."""
+        return self.head(self.trunk(x))
 
 
 def _make_divisible(v: float, divisor: int = 8) -> int:
@@ -168,11 +175,17 @@ class MobileNetV3Small(nn.Module):
                 nn.init.normal_(m.weight, 0, 0.01)
                 nn.init.zeros_(m.bias)
 
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolutional part, pooled: flat features for :meth:`head`."""
+        return torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The classifier: logits from :meth:`trunk`'s features."""
+        return self.classifier(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch of images."""
-        x = self.features(x)
-        x = torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
-        return self.classifier(x)
+        return self.head(self.trunk(x))
 
 
 class _BasicBlock(nn.Module):
@@ -214,11 +227,19 @@ class ResNet18(nn.Module):
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.fc = nn.Linear(512, num_classes)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Logits for a batch of images."""
+    def trunk(self, x: torch.Tensor) -> torch.Tensor:
+        """The convolutional part, pooled: flat features for :meth:`head`."""
         x = self.pool(F.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+        return torch.flatten(F.adaptive_avg_pool2d(x, 1), 1)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The classifier: logits from :meth:`trunk`'s features."""
+        return self.fc(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch of images."""
+        return self.head(self.trunk(x))
 
 
 _BUILDERS: dict[str, type[nn.Module]] = {

@@ -22,12 +22,14 @@ without D_u:
    the ranks stay, the distribution becomes the never-seen one. Cells are measured again on the
    current model before every epoch, so a push that moves never-seen images too moves the
    target with them.
-3. **The step.** At most ``scale.forget_epochs`` epochs (Adam, ``scale.forget_lr``, null: 0.001) over the
-   selected samples still above their target, on ``mean relu(phi_i - t_i)`` plus
+3. **The step.** At most ``scale.forget_epochs`` epochs (Adam, ``scale.forget_lr``, null: 0.001)
+   over the selected samples still above their target, on ``mean relu(phi_i - t_i)`` plus
    ``scale.forget_anchor_weight`` times the squared distance of the logits of a batch of the
    server's validation images (sent with the model) from the logits of the model received:
-   what the model does on never-seen data stays, only the remembered samples move. BatchNorm
-   statistics stay frozen.
+   what the model does on never-seen data stays, only the remembered samples move. A model
+   split into ``trunk`` and ``head`` (the built-in ones, :mod:`scaleflu.fl.models`) moves its
+   head only, on trunk features computed once (an epoch then costs a few milliseconds); another
+   model moves every parameter. BatchNorm statistics stay frozen.
 4. **The bound.** After each epoch the server measures its selection accuracy; the result is
    the state after the last epoch whose accuracy is within ``scale.forget_val_tol`` of the
    model received (the model received when none is).
@@ -38,7 +40,7 @@ model comes back over the link.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -61,7 +63,7 @@ def margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return zy - torch.logsumexp(logits.masked_fill(hot, float("-inf")), dim=1)
 
 
-def _logits(model: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+def _logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return torch.cat([model(x[i : i + _BATCH]) for i in range(0, len(x), _BATCH)])
 
@@ -212,10 +214,25 @@ def calibrated_forget(
         info.update(epochs_run=0, kept_epoch=0, excess_after=info["excess_before"])
         return copy, info
     sel = torch.nonzero(chosen).flatten()
-    xs, ys, cs, qs = x[sel.to(dev)], y[sel.to(dev)], cls[sel], levels[sel]
+    # a model split into trunk and head (the built-in ones: fl/models.py) moves its head only,
+    # on trunk features computed once; another model moves every parameter
+    split = callable(getattr(model, "trunk", None)) and callable(getattr(model, "head", None))
+    net: Callable[[torch.Tensor], torch.Tensor] = model.head if split else model
+
+    def inputs(images: torch.Tensor) -> torch.Tensor:
+        if not split:
+            return images
+        with torch.no_grad():
+            return torch.cat(
+                [model.trunk(images[i : i + _BATCH]) for i in range(0, len(images), _BATCH)]
+            )
+
+    xs, ys, cs, qs = inputs(x[sel.to(dev)]), y[sel.to(dev)], cls[sel], levels[sel]
+    vx = inputs(vx)
     n_sel = len(select)  # the first images of the reference: one pass per epoch serves both
     ax = vx[n_sel:] if len(parts) == 2 else vx  # the anchor's images
-    a0 = _logits(model, ax)
+    a0 = _logits(net, ax)
+    # (a trunk parameter gets no gradient, and Adam leaves a parameter without one alone)
     opt = Adam([p for p in model.parameters() if p.requires_grad], lr=s["lr"])
     gen = torch.Generator().manual_seed(int(ctx.seed) * 1000 + 49)
     bs = int(ctx.cfg.fl.batch_size)
@@ -228,10 +245,10 @@ def calibrated_forget(
         if ep % _MEASURE_EVERY == 0 or ep == s["epochs"]:
             # measured on the model after ep epochs: the bound, and the targets on the current
             # model (a push that moves never-seen images moves the targets with them)
-            zv = _logits(model, vx)
+            zv = _logits(net, vx)
             trace.append(float((zv[:n_sel].argmax(1) == vy[:n_sel]).float().mean()))
             ts = cell_targets(cell_margins(zv, vy), qs, cs, ys.cpu())
-            phi_s = margins(_logits(model, xs).float().cpu(), ys.cpu())
+            phi_s = margins(_logits(net, xs).float().cpu(), ys.cpu())
             excess.append(float((phi_s - ts).mean()))
             measured.append(ep)
             if ep > 0 and trace[-1] >= trace[0] - s["tol"]:
@@ -246,10 +263,10 @@ def calibrated_forget(
         for i in range(0, len(order), bs):
             j = order[i : i + bs]
             opt.zero_grad()
-            loss = torch.relu(margins(model(xs[j]), ys[j]) - ts[j]).mean()
+            loss = torch.relu(margins(net(xs[j]), ys[j]) - ts[j]).mean()
             if s["anchor"] > 0:
                 a = torch.randint(len(ax), (min(bs, len(ax)),), generator=gen).to(dev)
-                loss = loss + s["anchor"] * ((model(ax[a]) - a0[a]) ** 2).sum(1).mean()
+                loss = loss + s["anchor"] * ((net(ax[a]) - a0[a]) ** 2).sum(1).mean()
             loss.backward()
             opt.step()
     info.update(
