@@ -100,18 +100,25 @@ def label_support(feats: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Te
     return share
 
 
+def all_margins(logits: torch.Tensor) -> torch.Tensor:
+    """``phi(x, l)`` for every row and every label ``l`` at once, shape (n, C)."""
+    C = logits.shape[1]
+    eye = torch.eye(C, dtype=torch.bool, device=logits.device)
+    rest = logits.unsqueeze(1).expand(-1, C, -1).masked_fill(eye, float("-inf"))
+    return logits - torch.logsumexp(rest, dim=2)
+
+
 def cell_margins(logits: torch.Tensor, y: torch.Tensor) -> dict[tuple[int, int], np.ndarray]:
     """Sorted wrong-label margins of never-seen images (``logits``, classes ``y``) per cell
     (image class, wrong label)."""
-    z = logits.double().cpu()
-    y = y.cpu()
+    phi = all_margins(logits.double().cpu()).numpy()
+    y = y.cpu().numpy()
     out: dict[tuple[int, int], np.ndarray] = {}
-    for c in torch.unique(y).tolist():
-        zc = z[y == c]
-        for lab in range(z.shape[1]):
+    for c in np.unique(y).tolist():
+        rows = np.sort(phi[y == c], axis=0)
+        for lab in range(phi.shape[1]):
             if lab != c:
-                yl = torch.full((len(zc),), lab, dtype=torch.long)
-                out[(int(c), lab)] = np.sort(margins(zc, yl).numpy())
+                out[(int(c), lab)] = rows[:, lab]
     return out
 
 
@@ -132,15 +139,17 @@ def cell_levels(
 def cell_targets(
     ref: Mapping[tuple[int, int], np.ndarray], q: torch.Tensor, cell: torch.Tensor, y: torch.Tensor
 ) -> torch.Tensor:
-    """The never-seen margin at quantile level ``q`` of each sample's cell (+inf: no reference)."""
-    t = torch.full((len(y),), float("inf"))
-    keys = cell * 1000 + y
-    for key in torch.unique(keys).tolist():
+    """The never-seen margin at quantile level ``q`` (linear interpolation, as ``np.quantile``)
+    of each sample's cell (+inf: no reference)."""
+    t = np.full(len(y), np.inf)
+    keys = (cell * 1000 + y).numpy()
+    qn = q.numpy()
+    for key in np.unique(keys).tolist():
         m = keys == key
         r = ref.get((key // 1000, key % 1000))
         if r is not None and len(r):
-            t[m] = torch.as_tensor(np.quantile(r, q[m].numpy()), dtype=torch.float32)
-    return t
+            t[m] = np.interp(qn[m] * (len(r) - 1), np.arange(len(r)), r)
+    return torch.as_tensor(t, dtype=torch.float32)
 
 
 def _settings(ctx: UnlearnContext) -> dict[str, Any]:
