@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from scaleflu.config import ConfigError, load_config
 from scaleflu.experiments.harness import make_context
 from scaleflu.fl.models import LeNet5
-from scaleflu.unlearn.audit import label_phi
+from scaleflu.unlearn.audit import label_margins, label_phi
 from scaleflu.unlearn.base import resolve_unlearn_config
 from scaleflu.unlearn.forget import (
     calibrated_forget,
@@ -27,7 +27,6 @@ from scaleflu.unlearn.forget import (
     cell_targets,
     embed,
     label_support,
-    margins,
 )
 from scaleflu.unlearn.heal import split_selection_and_heal
 from tiny_run_helpers import needs_fmnist, tiny_config
@@ -78,7 +77,7 @@ def test_the_margins_are_the_audits_and_the_cells_cover_every_wrong_label(tiny_r
     val = ctx.val_retain
     feats, z = embed(model, val.inputs())
     assert feats.shape == (len(val), 84) and z.shape == (len(val), 10)
-    phi = margins(z.double(), val.labels).numpy()
+    phi = label_margins(z.double(), val.labels).numpy()
     np.testing.assert_allclose(phi, label_phi(model, val), rtol=1e-5, atol=1e-4)
     cells = cell_margins(z, val.labels)
     classes = sorted(set(val.labels.tolist()))

@@ -140,6 +140,12 @@ def run_fingerprint(cfg: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def label_margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``z_y - logsumexp_{j != y} z_j`` of each row's label ``y`` (differentiable)."""
+    zy = logits.gather(1, y.view(-1, 1)).flatten()
+    return zy - torch.logsumexp(logits.scatter(1, y.view(-1, 1), float("-inf")), dim=1)
+
+
 @torch.no_grad()
 def label_phi(model: nn.Module, data: ImageData, batch_size: int = 1000) -> np.ndarray:
     """LiRA's statistic of each sample's label: ``z_y - logsumexp_{j != y} z_j`` (eval mode).
@@ -154,10 +160,7 @@ def label_phi(model: nn.Module, data: ImageData, batch_size: int = 1000) -> np.n
     for start in range(0, len(data), batch_size):
         sl = slice(start, start + batch_size)
         z = model(data.inputs(sl).to(dev)).double()
-        y = data.labels[sl].to(dev)
-        zy = z.gather(1, y.view(-1, 1)).flatten()
-        rest = z.scatter(1, y.view(-1, 1), float("-inf"))
-        out.append((zy - torch.logsumexp(rest, dim=1)).cpu())
+        out.append(label_margins(z, data.labels[sl].to(dev)).cpu())
     model.train(was)
     return torch.cat(out).numpy() if out else np.zeros(0)
 

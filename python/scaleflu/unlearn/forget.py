@@ -49,18 +49,11 @@ import torch
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
 from scaleflu.fl.optim import Adam
-from scaleflu.unlearn.audit import example_units
+from scaleflu.unlearn.audit import example_units, label_margins
 from scaleflu.unlearn.base import UnlearnContext
 
 _BATCH = 500
 _MEASURE_EVERY = 2  # epochs between two measurements (the bound and the targets)
-
-
-def margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """``phi = z_y - logsumexp_{j != y} z_j`` per row (the label's logit-scaled confidence)."""
-    hot = torch.nn.functional.one_hot(y, logits.shape[1]).bool()
-    zy = logits.gather(1, y.view(-1, 1)).flatten()
-    return zy - torch.logsumexp(logits.masked_fill(hot, float("-inf")), dim=1)
 
 
 def _logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
@@ -200,7 +193,7 @@ def calibrated_forget(
     feats, z = embed(model, x)
     support = label_support(feats.cpu(), y.cpu(), s["k"])
     z, yc = z.float().cpu(), y.cpu()
-    phi = margins(z, yc)
+    phi = label_margins(z, yc)
     # the image's class as the model sees it, its held label aside
     cls = z.scatter(1, yc.view(-1, 1), float("-inf")).argmax(1)
     forgotten = z.argmax(1) != yc  # the held label no longer predicted
@@ -257,7 +250,7 @@ def calibrated_forget(
             zv = _logits(net, vx)
             trace.append(float((zv[:n_sel].argmax(1) == vy[:n_sel]).float().mean()))
             ts = cell_targets(cell_margins(zv, vy), qs, cs, ys.cpu())
-            phi_s = margins(_logits(net, xs).float().cpu(), ys.cpu())
+            phi_s = label_margins(_logits(net, xs).float().cpu(), ys.cpu())
             excess.append(float((phi_s - ts).mean()))
             measured.append(ep)
             if ep > 0 and trace[-1] >= trace[0] - s["tol"]:
@@ -272,7 +265,7 @@ def calibrated_forget(
         for i in range(0, len(order), bs):
             j = order[i : i + bs]
             opt.zero_grad()
-            loss = torch.relu(margins(net(xs[j]), ys[j]) - ts[j]).mean()
+            loss = torch.relu(label_margins(net(xs[j]), ys[j]) - ts[j]).mean()
             if s["anchor"] > 0:
                 a = torch.randint(len(ax), (min(bs, len(ax)),), generator=gen).to(dev)
                 loss = loss + s["anchor"] * ((net(ax[a]) - a0[a]) ** 2).sum(1).mean()
