@@ -52,7 +52,9 @@ def test_support_is_the_share_of_neighbours_holding_the_label() -> None:
     assert share[30:].min() == 1.0  # the other cluster all agree
     assert share[:30][torch.arange(30) != 3].min() >= 0.9  # one wrong neighbour at most
     # k larger than the data: every other row; one row alone: fully supported
-    assert torch.allclose(label_support(feats[:3], torch.tensor([0, 0, 1]), k=50), torch.tensor([0.5, 0.5, 0.0]))
+    assert torch.allclose(
+        label_support(feats[:3], torch.tensor([0, 0, 1]), k=50), torch.tensor([0.5, 0.5, 0.0])
+    )
     assert label_support(feats[:1], torch.tensor([2]), k=5).tolist() == [1.0]
 
 

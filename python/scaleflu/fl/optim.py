@@ -84,7 +84,9 @@ class Adam:
         self.params = list(params)
         b1, b2 = (float(b) for b in betas)
         if not lr >= 0.0 or not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0) or not eps > 0.0:
-            raise ValueError(f"Adam needs lr >= 0, betas in [0, 1), eps > 0; got {lr}, {betas}, {eps}")
+            raise ValueError(
+                f"Adam needs lr >= 0, betas in [0, 1), eps > 0; got {lr}, {betas}, {eps}"
+            )
         self.lr, self.b1, self.b2, self.eps = float(lr), b1, b2, float(eps)
         self._state: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.params)
         self._steps = [0] * len(self.params)

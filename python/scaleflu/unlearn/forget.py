@@ -255,7 +255,9 @@ def calibrated_forget(
             measured.append(ep)
             if ep > 0 and trace[-1] >= trace[0] - s["tol"]:
                 kept = ep
-                kept_state = {k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()}
+                kept_state = {
+                    k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()
+                }
             active = torch.nonzero(phi_s > ts).flatten()
             ts = ts.to(dev)
         if ep == s["epochs"] or len(active) == 0:
