@@ -11,17 +11,18 @@ without D_u:
 1. **Which samples.** The client holding D_u embeds its distinct samples (one per copy set) with
    the model it was sent (the input of its last linear layer, cosine similarity) and gives each
    its *support*: the share of its ``scale.forget_support_k`` nearest D_u neighbours that hold
-   the same label. A sample with support at most ``scale.forget_support_max`` is one its
-   neighbourhood does not explain: it was remembered, not learned. (Labels only as held: no
-   true label is needed.)
+   the same label. A sample with support at most ``scale.forget_support_max`` whose held label
+   the model no longer predicts is one its neighbourhood does not explain: it was remembered,
+   not learned. (Labels only as held: no true label is needed.)
 2. **Their targets.** The server measures, on its retained validation images (never seen in
    training), the margin ``phi(x, y') = z_y' - logsumexp_{j != y'} z_j`` of every wrong label
-   ``y'`` of every image, per cell (the image's class, ``y'``). A selected sample with held label
-   ``y`` sits in cell (its neighbours' majority label, ``y``); the selected samples of one cell
-   are ranked by their margin and the one of rank r gets the cell's quantile at (r + 0.5) / n:
-   the ranks stay, the distribution becomes the never-seen one. Cells are measured again on the
-   current model before every epoch, so a push that moves never-seen images too moves the
-   target with them.
+   ``y'`` of every image, per cell (the image's class, ``y'``). A D_u sample with held label
+   ``y`` sits in cell (the model's class for it with ``y`` aside, ``y``); its level is its rank r
+   among the n samples of the cell whose held label is no longer predicted, (r + 0.5) / n, and
+   its target the cell's never-seen margin at that level: the ranks stay, the distribution
+   becomes the never-seen one. A sample is selected when it is also above its target. Cells
+   are measured again on the current model every second epoch, so a push that moves
+   never-seen images too moves the targets with them.
 3. **The step.** At most ``scale.forget_epochs`` epochs (Adam, ``scale.forget_lr``, null: 0.001)
    over the selected samples still above their target, on ``mean relu(phi_i - t_i)`` plus
    ``scale.forget_anchor_weight`` times the squared distance of the logits of a batch of the
@@ -30,9 +31,9 @@ without D_u:
    split into ``trunk`` and ``head`` (the built-in ones, :mod:`scaleflu.fl.models`) moves its
    head only, on trunk features computed once (an epoch then costs a few milliseconds); another
    model moves every parameter. BatchNorm statistics stay frozen.
-4. **The bound.** After each epoch the server measures its selection accuracy; the result is
-   the state after the last epoch whose accuracy is within ``scale.forget_val_tol`` of the
-   model received (the model received when none is).
+4. **The bound.** With the targets the server measures its selection accuracy; the result is
+   the state at the last measured epoch whose accuracy is within ``scale.forget_val_tol`` of
+   the model received's (the model received when none is).
 
 The client's compute counts in SCALE's CPU time; one model and the anchor images go down, one
 model comes back over the link.
