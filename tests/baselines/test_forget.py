@@ -90,14 +90,16 @@ def test_the_margins_are_the_audits_and_the_cells_cover_every_wrong_label(tiny_r
 
 @needs_fmnist
 def test_the_step_moves_the_selected_margins_down_within_its_bound(tiny_run: Any) -> None:
-    ctx = _ctx(tiny_run, *LOOSE, "scale.forget_epochs=4", "scale.forget_val_tol=0.05")
+    ctx = _ctx(tiny_run, *LOOSE, "scale.forget_epochs=4", "scale.forget_val_tol=0.15")
     select, heal = split_selection_and_heal(ctx)
     start = ctx.original_state()
     new, info = calibrated_forget(ctx, start, select, heal)
-    assert info["selected"] > 0 and info["epochs_run"] >= 1 and info["kept_epoch"] >= 1
+    # (the tiny run's selection set is 100 images, and LOOSE selects learned samples too: the
+    # bound is wide here; its own test is below)
+    assert info["selected"] > 0 and info["epochs_run"] >= 1 and info["kept_epoch"] >= 1, info
     trace = info["select_acc_trace"]  # at the measured epochs (every second one, and the last)
     assert info["measured_epochs"][0] == 0 and info["measured_epochs"][-1] == info["epochs_run"]
-    assert trace[info["measured_epochs"].index(info["kept_epoch"])] >= trace[0] - 0.05
+    assert trace[info["measured_epochs"].index(info["kept_epoch"])] >= trace[0] - 0.15
     assert info["excess_after"] < info["excess_before"] - 0.05
     # LeNet is split into trunk and head: only the head (fc1-fc3) moved
     assert all(torch.equal(new[k], start[k]) for k in start if k.startswith("conv"))
