@@ -132,10 +132,12 @@ def test_a_robot_cannot_draw_more_than_its_airtime_budget_per_minute(tmp_path, k
 @pytest.mark.parametrize("kind", ["register", "old"])
 def test_requests_beyond_the_budget_are_throttled_and_counted(tmp_path, kind):
     """Accepted and refused (another MCS table) REGISTERs alike are answered within the budget."""
-    report, server, sent, _ = _storm_run(tmp_path, kind, "testbed.airtime.bytes=20000")
+    report, server, sent, minutes = _storm_run(tmp_path, kind, "testbed.airtime.bytes=20000")
     air = report["airtime"]["robots"][2]
     assert air["throttled"] > 0 and air["by_request"]["REGISTER"] == air["throttled"]
-    assert air["charged_bytes"] <= 2 * 20000
+    # a full bucket, then its refill over the time the storm lasted (more than one window on a
+    # loaded machine: 40062 bytes once, the storm having run past its minute)
+    assert air["charged_bytes"] <= 20000 * (1.0 + max(minutes, 1.0))
     counts = [e["count"] for e in report["events"] if e["event"] == "throttled"]
     assert counts and counts == [2**i for i in range(len(counts))]  # logged sparsely
     # a throttled REGISTER registers nothing: only those answered count
