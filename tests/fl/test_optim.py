@@ -18,44 +18,34 @@ def _model(seed: int) -> torch.nn.Module:
     )
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_same_parameters_as_torch_optim_sgd_after_every_step(momentum: float) -> None:
-    ours, ref = _model(0), _model(0)
+@pytest.mark.parametrize(
+    ("ours", "theirs"),
+    [
+        (lambda p: MomentumSGD(p, lr=0.05), lambda p: torch.optim.SGD(p, lr=0.05)),
+        (
+            lambda p: MomentumSGD(p, lr=0.05, momentum=0.9),
+            lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+        ),
+        (lambda p: Adam(p, lr=0.01), lambda p: torch.optim.Adam(p, lr=0.01, foreach=False)),
+    ],
+    ids=["sgd", "sgd-momentum", "adam"],
+)
+def test_same_parameters_as_torch_optim_after_every_step(ours, theirs) -> None:
+    mine, ref = _model(0), _model(0)
     frozen = "3.bias"  # a parameter without a gradient is left alone by both
-    opt = MomentumSGD(ours.parameters(), lr=0.05, momentum=momentum)
-    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=momentum)
+    opt, ref_opt = ours(mine.parameters()), theirs(ref.parameters())
     gen = torch.Generator().manual_seed(1)
     for _ in range(6):
         x, y = torch.randn(8, 1, 6, 6, generator=gen), torch.randint(0, 4, (8,), generator=gen)
-        for model, o in ((ours, opt), (ref, ref_opt)):
+        for model, o in ((mine, opt), (ref, ref_opt)):
             o.zero_grad()
             torch.nn.functional.cross_entropy(model(x), y).backward()
             dict(model.named_parameters())[frozen].grad = None
             o.step()
-        for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        for (name, a), b in zip(mine.named_parameters(), ref.parameters(), strict=True):
             assert torch.equal(a, b), name
     assert torch.equal(
-        dict(ours.named_parameters())[frozen], dict(_model(0).named_parameters())[frozen]
-    )
-
-
-def test_adam_same_parameters_as_torch_optim_adam_after_every_step() -> None:
-    ours, ref = _model(0), _model(0)
-    frozen = "3.bias"
-    opt = Adam(ours.parameters(), lr=0.01)
-    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, foreach=False)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(6):
-        x, y = torch.randn(8, 1, 6, 6, generator=gen), torch.randint(0, 4, (8,), generator=gen)
-        for model, o in ((ours, opt), (ref, ref_opt)):
-            o.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            dict(model.named_parameters())[frozen].grad = None
-            o.step()
-        for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
-            assert torch.equal(a, b), name
-    assert torch.equal(
-        dict(ours.named_parameters())[frozen], dict(_model(0).named_parameters())[frozen]
+        dict(mine.named_parameters())[frozen], dict(_model(0).named_parameters())[frozen]
     )
 
 

@@ -17,7 +17,27 @@ from collections.abc import Iterable
 import torch
 
 
-class MomentumSGD:
+class _Update:
+    """The loop both optimisers share: ``zero_grad`` drops the gradients (``set_to_none``);
+    ``step`` calls :meth:`update` for every parameter that has one."""
+
+    params: list[torch.nn.Parameter]
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            if p.grad is not None:
+                self.update(i, p, p.grad)
+
+    def update(self, i: int, p: torch.nn.Parameter, g: torch.Tensor) -> None:
+        raise NotImplementedError
+
+
+class MomentumSGD(_Update):
     """``torch.optim.SGD(params, lr, momentum)``'s update for the parameters given.
 
     ``zero_grad`` drops the gradients (``set_to_none``); ``step`` updates every parameter that
@@ -33,24 +53,15 @@ class MomentumSGD:
         self.momentum = float(momentum)
         self._buf: list[torch.Tensor | None] = [None] * len(self.params)
 
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if g is None:
-                continue
-            if self.momentum != 0.0:
-                buf = self._buf[i]
-                if buf is None:
-                    buf = self._buf[i] = g.detach().clone()
-                else:
-                    buf.mul_(self.momentum).add_(g, alpha=1.0)
-                g = buf
-            p.add_(g, alpha=-self.lr)
+    def update(self, i: int, p: torch.nn.Parameter, g: torch.Tensor) -> None:
+        if self.momentum != 0.0:
+            buf = self._buf[i]
+            if buf is None:
+                buf = self._buf[i] = g.detach().clone()
+            else:
+                buf.mul_(self.momentum).add_(g, alpha=1.0)
+            g = buf
+        p.add_(g, alpha=-self.lr)
 
 
 _OPTIM_READY = False
@@ -69,7 +80,7 @@ def preload_torch_optim() -> float:
     return time.perf_counter() - t0
 
 
-class Adam:
+class Adam(_Update):
     """``torch.optim.Adam(params, lr, betas, eps)``'s update (no weight decay, no AMSGrad),
     without its first-call import of ``torch._dynamo``; the same operations in the same order
     as torch's single-tensor path (checked against it by the tests)."""
@@ -91,25 +102,16 @@ class Adam:
         self._state: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.params)
         self._steps = [0] * len(self.params)
 
-    def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for i, p in enumerate(self.params):
-            g = p.grad
-            if g is None:
-                continue
-            st = self._state[i]
-            if st is None:
-                st = self._state[i] = (torch.zeros_like(p), torch.zeros_like(p))
-            m, v = st
-            self._steps[i] += 1
-            t = self._steps[i]
-            m.lerp_(g, 1 - self.b1)
-            v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
-            bc1 = 1 - self.b1**t
-            bc2 = 1 - self.b2**t
-            denom = (v.sqrt() / (bc2**0.5)).add_(self.eps)
-            p.addcdiv_(m, denom, value=-(self.lr / bc1))
+    def update(self, i: int, p: torch.nn.Parameter, g: torch.Tensor) -> None:
+        st = self._state[i]
+        if st is None:
+            st = self._state[i] = (torch.zeros_like(p), torch.zeros_like(p))
+        m, v = st
+        self._steps[i] += 1
+        t = self._steps[i]
+        m.lerp_(g, 1 - self.b1)
+        v.mul_(self.b2).addcmul_(g, g, value=1 - self.b2)
+        bc1 = 1 - self.b1**t
+        bc2 = 1 - self.b2**t
+        denom = (v.sqrt() / (bc2**0.5)).add_(self.eps)
+        p.addcdiv_(m, denom, value=-(self.lr / bc1))
