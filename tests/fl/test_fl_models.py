@@ -12,6 +12,7 @@ from scaleflu.fl.models import (
     build_model,
     has_batchnorm,
     layer_groups,
+    max_pool2,
     parameter_groups,
     sensitivity_layers,
 )
@@ -41,6 +42,28 @@ def test_head_of_trunk_is_the_model_and_holds_no_batchnorm(name: str) -> None:
         for n, m in model.named_modules()
         if any(n.startswith(r.rsplit(".", 1)[0]) for r in reached)
     )
+
+
+@pytest.mark.parametrize("shape", [(3, 6, 28, 28), (2, 4, 11, 9), (1, 1, 2, 3)])
+def test_max_pool2_is_atens_pooling_bit_for_bit(shape: tuple[int, ...]) -> None:
+    x = torch.randn(shape)
+    x[0, 0, 0, :2] = float("nan")  # a NaN wins its window in both
+    x[-1, -1, -2:, :2] = 1.5  # a tie
+    with torch.no_grad():
+        fast = max_pool2(x)
+    ref = torch.nn.functional.max_pool2d(x, 2)
+    assert fast.shape == ref.shape
+    assert torch.equal(fast.isnan(), ref.isnan()) and torch.equal(
+        fast.nan_to_num(), ref.nan_to_num()
+    )
+    # recording a gradient, it is ATen's kernel (the gradient goes to the first maximum)
+    w = x.nan_to_num().requires_grad_()
+    max_pool2(w).sum().backward()
+    w2 = x.nan_to_num().requires_grad_()
+    torch.nn.functional.max_pool2d(w2, 2).sum().backward()
+    assert torch.equal(w.grad, w2.grad)
+    with pytest.raises(RuntimeError, match="too small"), torch.no_grad():
+        max_pool2(torch.randn(1, 1, 1, 4))
 
 
 def test_unknown_model_is_clear() -> None:
