@@ -62,35 +62,43 @@ def _logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> t
         return torch.cat([model(x[i : i + _BATCH]) for i in range(0, len(x), _BATCH)])
 
 
-def embed(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def embed(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    forward: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The input of ``model``'s last linear layer for ``x`` (its penultimate features), and the
-    logits (one pass)."""
+    logits (one pass of ``forward``, ``model`` itself by default: its head on trunk features)."""
     linear = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     if not linear:
         raise ConfigError("the forgetting step needs a model that ends in a linear layer")
     got: list[torch.Tensor] = []
     hook = linear[-1].register_forward_hook(lambda _m, inp, _o: got.append(inp[0].detach()))
     try:
-        z = _logits(model, x)
+        z = _logits(model if forward is None else forward, x)
     finally:
         hook.remove()
     return torch.cat(got).flatten(1), z
 
 
-def label_support(feats: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
-    """Per row: the share of its ``k`` nearest other rows (cosine similarity) holding its label."""
+def label_support(
+    feats: torch.Tensor, labels: torch.Tensor, k: int, rows: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per row (of ``rows``, default all): the share of its ``k`` nearest other rows (cosine
+    similarity) holding its label."""
     n = len(labels)
+    rows = torch.arange(n) if rows is None else rows.flatten()
     k = min(int(k), n - 1)
     if k < 1:
-        return torch.ones(n)
+        return torch.ones(len(rows))
     f = torch.nn.functional.normalize(feats.float(), dim=1)
-    share = torch.empty(n)
-    for i in range(0, n, _BATCH):
-        sim = f[i : i + _BATCH] @ f.T
-        rows = torch.arange(i, min(i + _BATCH, n))
-        sim[rows - i, rows] = float("-inf")  # not its own neighbour
+    share = torch.empty(len(rows))
+    for i in range(0, len(rows), _BATCH):
+        part = rows[i : i + _BATCH]
+        sim = f[part] @ f.T
+        sim[torch.arange(len(part)), part] = float("-inf")  # not its own neighbour
         nb = labels[sim.topk(k, dim=1).indices]
-        share[rows] = (nb == labels[rows, None]).float().mean(1)
+        share[i : i + len(part)] = (nb == labels[part, None]).float().mean(1)
     return share
 
 
@@ -191,8 +199,16 @@ def calibrated_forget(
     idx = np.unique(units[ctx.forget_idx])
     data = setup.train.subset(idx)
     x, y = data.inputs().to(dev), data.labels.to(dev)
-    feats, z = embed(model, x)
-    support = label_support(feats.cpu(), y.cpu(), s["k"])
+    # a model split into trunk and head (the built-in ones: fl/models.py) moves its head only,
+    # on trunk features computed once; another model moves every parameter
+    split = callable(getattr(model, "trunk", None)) and callable(getattr(model, "head", None))
+    net: Callable[[torch.Tensor], torch.Tensor] = model.head if split else model
+
+    def inputs(images: torch.Tensor) -> torch.Tensor:
+        return _logits(model.trunk, images) if split else images
+
+    xin = inputs(x)  # what ``net`` takes: trunk features (or the images)
+    feats, z = embed(model, xin, net)
     z, yc = z.float().cpu(), y.cpu()
     phi = label_margins(z, yc)
     # the image's class as the model sees it, its held label aside
@@ -201,14 +217,18 @@ def calibrated_forget(
     levels = cell_levels(phi, cls, yc, forgotten)  # ranks among those, per cell
     # the never-seen reference: the server's validation images (the bound's and the anchor's)
     parts = [select] if anchor is None or not len(anchor) else [select, anchor]
-    vx = torch.cat([d.inputs() for d in parts]).to(dev)
+    vx = inputs(torch.cat([d.inputs() for d in parts]).to(dev))
     vy = torch.cat([d.labels for d in parts]).to(dev)
-    t = cell_targets(cell_margins(_logits(model, vx), vy), levels, cls, yc)
-    chosen = (support <= s["support_max"]) & forgotten & (phi > t)
+    t = cell_targets(cell_margins(_logits(net, vx), vy), levels, cls, yc)
+    # the support of the candidates (measured among all of D_u): the others are not chosen
+    candidates = forgotten & (phi > t)
+    support = torch.ones(len(yc))
+    support[candidates] = label_support(feats.cpu(), yc, s["k"], torch.nonzero(candidates))
+    chosen = candidates & (support <= s["support_max"])
     info: dict[str, Any] = {
         "epochs": s["epochs"],
         "forget_samples": int(len(idx)),
-        "unsupported": int((support <= s["support_max"]).sum()),
+        "candidates": int(candidates.sum()),  # forgotten and above their target
         "selected": int(chosen.sum()),
         "excess_before": float((phi - t)[chosen].mean()) if bool(chosen.any()) else None,
     }
@@ -217,21 +237,7 @@ def calibrated_forget(
         info.update(epochs_run=0, kept_epoch=0, excess_after=info["excess_before"])
         return copy, info
     sel = torch.nonzero(chosen).flatten()
-    # a model split into trunk and head (the built-in ones: fl/models.py) moves its head only,
-    # on trunk features computed once; another model moves every parameter
-    split = callable(getattr(model, "trunk", None)) and callable(getattr(model, "head", None))
-    net: Callable[[torch.Tensor], torch.Tensor] = model.head if split else model
-
-    def inputs(images: torch.Tensor) -> torch.Tensor:
-        if not split:
-            return images
-        with torch.no_grad():
-            return torch.cat(
-                [model.trunk(images[i : i + _BATCH]) for i in range(0, len(images), _BATCH)]
-            )
-
-    xs, ys, cs, qs = inputs(x[sel.to(dev)]), y[sel.to(dev)], cls[sel], levels[sel]
-    vx = inputs(vx)
+    xs, ys, cs, qs = xin[sel.to(dev)], y[sel.to(dev)], cls[sel], levels[sel]
     n_sel = len(select)  # the first images of the reference: one pass per epoch serves both
     ax = vx[n_sel:] if len(parts) == 2 else vx  # the anchor's images
     a0 = _logits(net, ax)
@@ -268,10 +274,14 @@ def calibrated_forget(
         for i in range(0, len(order), bs):
             j = order[i : i + bs]
             opt.zero_grad()
-            loss = torch.relu(label_margins(net(xs[j]), ys[j]) - ts[j]).mean()
-            if s["anchor"] > 0:
+            if s["anchor"] > 0:  # one pass for both parts
                 a = torch.randint(len(ax), (min(bs, len(ax)),), generator=gen).to(dev)
-                loss = loss + s["anchor"] * ((net(ax[a]) - a0[a]) ** 2).sum(1).mean()
+                out = net(torch.cat([xs[j], ax[a]]))
+                pull = ((out[len(j) :] - a0[a]) ** 2).sum(1).mean()
+            else:
+                out, pull = net(xs[j]), 0.0
+            loss = torch.relu(label_margins(out[: len(j)], ys[j]) - ts[j]).mean()
+            loss = loss + s["anchor"] * pull
             loss.backward()
             opt.step()
     info.update(
