@@ -38,10 +38,12 @@ def _loader() -> type:
 
     PyYAML follows YAML 1.1, where an exponent needs a dot and a sign, so ``fl.lr=1e-3`` would
     silently become the string "1e-3". Built on first use: ``scaleflu --help`` imports no yaml.
+    On libyaml's parser where PyYAML has it (the same documents, about five times faster: a
+    ``scaleflu unlearn`` process parsed its two configs in 0.12 s with the pure-Python one).
     """
     import yaml
 
-    class _Loader(yaml.SafeLoader):
+    class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
         pass
 
     _Loader.add_implicit_resolver(

@@ -97,17 +97,26 @@ def _gzip_size(path: Path) -> int:
         return int.from_bytes(fh.read(4), "little")
 
 
-def _open_maybe_gz(path: Path) -> bytes:
+def _read_writable(path: Path) -> bytearray:
+    """A file's bytes in a buffer an array may keep and write (no copy to make one)."""
+    with open(path, "rb") as fh:
+        buf = bytearray(os.fstat(fh.fileno()).st_size)
+        got = fh.readinto(buf)
+        rest = fh.read()  # (a file that grew meanwhile)
+    return buf[:got] + rest if got < len(buf) or rest else buf
+
+
+def _open_maybe_gz(path: Path) -> bytes | bytearray:
     """A file's bytes, unpacked when it is a .gz; a large one from (and into) the unpack
     cache when the cached copy has the size the gzip trailer declares (a cache that cannot be
-    written is skipped)."""
+    written is skipped). Read from a file: a writable buffer."""
     try:
         if path.suffix != ".gz":
-            return path.read_bytes()
+            return _read_writable(path)
         copy = _unpacked_copy(path)
         if copy is not None:
             try:
-                raw = copy.read_bytes()
+                raw = _read_writable(copy)
                 if len(raw) % (1 << 32) == _gzip_size(path):
                     return raw
             except OSError:
@@ -152,6 +161,8 @@ def read_idx(path: str | Path) -> np.ndarray:
     if body != expected:
         raise DataError(f"{path}: IDX dims {dims} need {expected} data bytes, file holds {body}")
     arr = np.frombuffer(raw, dtype=dtype, offset=header).reshape(dims)
+    if isinstance(raw, bytearray) and dtype.isnative:
+        return arr  # a view of a buffer of its own: no copy of FashionMNIST's 47 MB
     return arr.astype(dtype.newbyteorder("="), copy=True)
 
 
