@@ -11,12 +11,15 @@ Train a run first (``scaleflu train --config table2_cpu --out runs/t2``), then
 ``PYTHONPATH=python .venv/bin/python benchmarks/unlearn_cli.py --run runs/t2
 [--request client:0] [--runs 3]``; writes ``benchmarks/results/unlearn_cli-<request>.json``.
 Outputs of the commands go to a temporary folder; the run is only read (and its
-``cache/`` folder left alone: neither command measures without ``--evaluate``).
+``cache/`` folder left alone: neither command measures without ``--evaluate``). The package is
+byte-compiled first, as an installed one is (where ``PYTHONDONTWRITEBYTECODE`` is set, as on
+the project's sandboxes, every process would otherwise compile each of its modules again).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import platform
@@ -56,6 +59,13 @@ def main() -> None:
     ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    package = subprocess.run(
+        [sys.executable, "-c", "import scaleflu; print(scaleflu.__file__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    compileall.compile_dir(Path(package).parent, quiet=1)  # the package the commands import
     rows: dict[str, list[dict[str, float]]] = {"scale": [], "retrain": []}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
