@@ -215,3 +215,23 @@ def test_testbed_subcommand_hands_every_option_to_the_launcher(monkeypatch):
         "--set",
         "a=1",
     ]
+
+
+def test_the_process_entry_sets_the_collector_and_main_in_process_does_not():
+    import gc
+
+    before = gc.get_threshold()
+    assert main(["config", "--set", "fl.rounds=3"]) == 0
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    code = (
+        "import atexit, gc, sys\n"
+        "from scaleflu.cli.main import GC_THRESHOLD, entry\n"
+        "atexit.register(lambda: print(gc.get_threshold() == GC_THRESHOLD,"
+        " gc.get_freeze_count() > 0))\n"
+        "sys.argv = ['scaleflu', 'config', '--set', 'fl.rounds=3']\n"
+        "sys.exit(entry())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    # the command's output, then what the interpreter's end saw: threshold set, objects frozen
+    assert out.stdout.strip().splitlines()[-1] == "True True"

@@ -2,6 +2,6 @@
 
 import sys
 
-from scaleflu.cli.main import main
+from scaleflu.cli.main import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -8,6 +8,6 @@ over any link kind). No module
 outside this package imports it: the domain packages know nothing of command lines.
 """
 
-from scaleflu.cli.main import build_parser, main
+from scaleflu.cli.main import build_parser, entry, main
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "entry", "main"]
