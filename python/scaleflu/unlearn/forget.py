@@ -256,6 +256,7 @@ def calibrated_forget(
     excess: list[float] = []  # mean margin above target of the selected samples, alike
     measured: list[int] = []
     kept, kept_state, run = 0, copy, 0
+    moving: list[tuple[str, torch.nn.Parameter]] = []
     ts = phi_s = active = None
     for ep in range(s["epochs"] + 1):
         if ep % _MEASURE_EVERY == 0 or ep == s["epochs"]:
@@ -268,10 +269,8 @@ def calibrated_forget(
             excess.append(float((phi_s - ts).mean()))
             measured.append(ep)
             if ep > 0 and trace[-1] >= trace[0] - s["tol"]:
-                kept = ep
-                kept_state = {
-                    k: v.detach().to("cpu").clone() for k, v in model.state_dict().items()
-                }
+                kept = ep  # what moves (the head's parameters) is kept; the rest is the copy
+                kept_state = {**copy, **{k: p.detach().to("cpu").clone() for k, p in moving}}
             active = torch.nonzero(phi_s > ts).flatten()
             ts = ts.to(dev)
         if ep == s["epochs"] or len(active) == 0:
@@ -290,6 +289,8 @@ def calibrated_forget(
             loss = torch.relu(label_margins(out[: len(j)], ys[j]) - ts[j]).mean()
             loss = loss + s["anchor"] * pull
             loss.backward()
+            if not moving:  # the parameters this loss reaches (the same graph every step)
+                moving = [(k, p) for k, p in model.named_parameters() if p.grad is not None]
             opt.step()
     info.update(
         epochs_run=run,
