@@ -3,7 +3,8 @@
 Its parts on hand-made tensors (support, cell levels and targets), then the step on the tiny
 run: it moves only the selected samples' margins down towards their never-seen targets, keeps
 the last epoch within its accuracy bound (the model received, bit-exact, when none is), holds
-the anchor images' logits, is seeded, and names a bad setting.
+the anchor's logits (the server's images and the client's samples it does not push), is
+seeded, and names a bad setting.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from scaleflu.config import ConfigError, load_config
 from scaleflu.experiments.harness import make_context
 from scaleflu.fl.models import LeNet5
-from scaleflu.unlearn.audit import label_margins, label_phi
+from scaleflu.unlearn.audit import example_units, label_margins, label_phi
 from scaleflu.unlearn.base import resolve_unlearn_config
 from scaleflu.unlearn.forget import (
     calibrated_forget,
@@ -148,8 +149,8 @@ def test_no_epoch_within_the_bound_gives_back_the_model_received(tiny_run: Any) 
 
 
 @needs_fmnist
-def test_the_anchor_holds_the_servers_images(tiny_run: Any) -> None:
-    moved = {}
+def test_the_anchor_holds_the_servers_images_and_the_clients_other_samples(tiny_run: Any) -> None:
+    moved: dict[float, tuple[float, float]] = {}
     for w in (0.0, 10.0):
         ctx = _ctx(
             tiny_run,
@@ -161,12 +162,27 @@ def test_the_anchor_holds_the_servers_images(tiny_run: Any) -> None:
         )
         select, heal = split_selection_and_heal(ctx)
         start = ctx.original_state()
-        new, _ = calibrated_forget(ctx, start, select, heal)
+        new, info = calibrated_forget(ctx, start, select, heal)
+        # with a single server image, what holds the client's samples is their own part
+        new1, _ = calibrated_forget(ctx, start, select, heal.subset(np.arange(1)))
+        setup = ctx.run.setup
+        du = setup.train.subset(
+            np.unique(example_units(len(setup.train), setup.poison)[ctx.forget_idx])
+        )
         with torch.no_grad():
-            before = ctx.new_model(start).eval()(heal.inputs())
-            after = ctx.new_model(new).eval()(heal.inputs())
-        moved[w] = float(((after - before) ** 2).sum(1).mean())
-    assert moved[10.0] < 0.5 * moved[0.0]
+            m0, m1, m2 = (ctx.new_model(st).eval() for st in (start, new, new1))
+            z0 = m0(du.inputs())
+            # D_u's samples whose held label the model received predicts: never selected
+            kept = z0.argmax(1) == du.labels
+            moved[w] = tuple(
+                float(((m(x) - m0(x)) ** 2).sum(1).mean())
+                for m, x in ((m1, heal.inputs()), (m2, du.inputs()[kept]))
+            )
+        assert info["anchor_images"] == len(heal) and info["anchor_samples"] >= int(kept.sum())
+    assert moved[10.0][0] < 0.5 * moved[0.0][0]  # the server's images
+    # the client's samples that are not pushed (without their part of the anchor, one server
+    # image held them to 0.39 of their unanchored movement; with it, 0.007)
+    assert moved[10.0][1] < 0.1 * moved[0.0][1]
 
 
 @needs_fmnist
