@@ -18,24 +18,13 @@ import torch
 
 
 class _Update:
-    """What both optimisers share: ``zero_grad`` drops the gradients (``set_to_none``); the
-    default ``step`` calls :meth:`update` for every parameter that has one (Adam's own ``step``
-    updates them together)."""
+    """What both optimisers share: ``zero_grad`` drops the gradients (``set_to_none``)."""
 
     params: list[torch.nn.Parameter]
 
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
-
-    @torch.no_grad()
-    def step(self) -> None:
-        for i, p in enumerate(self.params):
-            if p.grad is not None:
-                self.update(i, p, p.grad)
-
-    def update(self, i: int, p: torch.nn.Parameter, g: torch.Tensor) -> None:
-        raise NotImplementedError
 
 
 class MomentumSGD(_Update):
@@ -54,15 +43,20 @@ class MomentumSGD(_Update):
         self.momentum = float(momentum)
         self._buf: list[torch.Tensor | None] = [None] * len(self.params)
 
-    def update(self, i: int, p: torch.nn.Parameter, g: torch.Tensor) -> None:
-        if self.momentum != 0.0:
-            buf = self._buf[i]
-            if buf is None:
-                buf = self._buf[i] = g.detach().clone()
-            else:
-                buf.mul_(self.momentum).add_(g, alpha=1.0)
-            g = buf
-        p.add_(g, alpha=-self.lr)
+    @torch.no_grad()
+    def step(self) -> None:
+        for i, p in enumerate(self.params):
+            g = p.grad
+            if g is None:
+                continue
+            if self.momentum != 0.0:
+                buf = self._buf[i]
+                if buf is None:
+                    buf = self._buf[i] = g.detach().clone()
+                else:
+                    buf.mul_(self.momentum).add_(g, alpha=1.0)
+                g = buf
+            p.add_(g, alpha=-self.lr)
 
 
 _OPTIM_READY = False

@@ -59,7 +59,8 @@ _BATCH = 500
 _MEASURE_EVERY = 2  # epochs between two measurements (the bound and the targets)
 
 
-def _logits(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def _forward(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``model`` (a whole model, its trunk or its head) on ``x`` in batches, no gradient."""
     with torch.no_grad():
         return torch.cat([model(x[i : i + _BATCH]) for i in range(0, len(x), _BATCH)])
 
@@ -77,7 +78,7 @@ def embed(
     got: list[torch.Tensor] = []
     hook = linear[-1].register_forward_hook(lambda _m, inp, _o: got.append(inp[0].detach()))
     try:
-        z = _logits(model if forward is None else forward, x)
+        z = _forward(model if forward is None else forward, x)
     finally:
         hook.remove()
     return torch.cat(got).flatten(1), z
@@ -207,7 +208,7 @@ def calibrated_forget(
     net: Callable[[torch.Tensor], torch.Tensor] = model.head if split else model
 
     def inputs(images: torch.Tensor) -> torch.Tensor:
-        return _logits(model.trunk, images) if split else images
+        return _forward(model.trunk, images) if split else images
 
     xin = inputs(x)  # what ``net`` takes: trunk features (or the images)
     feats, z = embed(model, xin, net)
@@ -221,7 +222,7 @@ def calibrated_forget(
     parts = [select] if anchor is None or not len(anchor) else [select, anchor]
     vx = inputs(torch.cat([d.inputs() for d in parts]).to(dev))
     vy = torch.cat([d.labels for d in parts]).to(dev)
-    t = cell_targets(cell_margins(_logits(net, vx), vy), levels, cls, yc)
+    t = cell_targets(cell_margins(_forward(net, vx), vy), levels, cls, yc)
     # the support of the candidates (measured among all of D_u): the others are not chosen
     candidates = forgotten & (phi > t)
     support = torch.ones(len(yc))
@@ -247,7 +248,7 @@ def calibrated_forget(
     rest = torch.nonzero(~chosen).flatten().to(dev)
     n_server = len(vx) - n_sel if len(parts) == 2 else len(vx)
     ax = torch.cat([vx[n_sel:] if len(parts) == 2 else vx, xin[rest]])
-    a0 = _logits(net, ax)
+    a0 = _forward(net, ax)
     # (a trunk parameter gets no gradient, and Adam leaves a parameter without one alone)
     opt = Adam([p for p in model.parameters() if p.requires_grad], lr=s["lr"])
     gen = torch.Generator().manual_seed(int(ctx.seed) * 1000 + 49)
@@ -262,10 +263,10 @@ def calibrated_forget(
         if ep % _MEASURE_EVERY == 0 or ep == s["epochs"]:
             # measured on the model after ep epochs: the bound, and the targets on the current
             # model (a push that moves never-seen images moves the targets with them)
-            zv = _logits(net, vx)
+            zv = _forward(net, vx)
             trace.append(float((zv[:n_sel].argmax(1) == vy[:n_sel]).float().mean()))
             ts = cell_targets(cell_margins(zv, vy), qs, cs, ys.cpu())
-            phi_s = label_margins(_logits(net, xs).float().cpu(), ys.cpu())
+            phi_s = label_margins(_forward(net, xs).float().cpu(), ys.cpu())
             excess.append(float((phi_s - ts).mean()))
             measured.append(ep)
             if ep > 0 and trace[-1] >= trace[0] - s["tol"]:
