@@ -86,7 +86,15 @@ def test_robot_without_the_broadcast_gets_the_model_by_unicast_on_the_medium(tmp
     adapt = row["link"]["adaptation"]
     assert adapt["mode"] == "adaptive"
     assert set(adapt["server_bytes_by_mcs"]) - {"bpsk-1/2"}, adapt["server_bytes_by_mcs"]
-    assert all(set(a["bytes_up_by_mcs"]) - {"bpsk-1/2"} for a in adapt["robots"].values())
+    # each robot's upload is counted at its grants' MCS: above bpsk-1/2 at 25 dB. A grant whose
+    # REPORT misses its window (a robot's host slowed by a loaded machine while the medium's clock
+    # runs on) counts as lost and its bytes go uncounted (1 of 35 grants in the runs measured
+    # here, 6 runs side by side); three in a row fall back to bpsk-1/2. Once in CI (4 test workers
+    # on 2 cores) a robot had nothing counted above bpsk-1/2 (its numbers were not printed then;
+    # they are now), so every robot above bpsk-1/2 only where no grant timed out
+    ups = {r: set(a["bytes_up_by_mcs"]) - {"bpsk-1/2"} for r, a in adapt["robots"].items()}
+    assert any(ups.values()), adapt
+    assert all(ups.values()) or row["link"]["grant_timeouts"] > 0, (row["link"], adapt)
     shas = {o["rounds"][0]["model_sha256"] for o in outs.values()}
     assert len(shas) == 1 and None not in shas  # one global model, the same bytes at every robot
     # the MAC schedules the air: no more than stray overlaps (measured: 0 s in 4 of 6 runs,
