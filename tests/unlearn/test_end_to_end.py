@@ -87,7 +87,8 @@ def test_client_unlearning_removes_backdoor(client_results: dict) -> None:
     for res in (sc, client_results["scale_ppo"]):
         tm = res["details"]["timing"]
         parts = tm["phase1_s"] + tm["ppo_s"] + tm["select_s"] + tm["recovery_s"] + tm["heal_s"]
-        parts += tm["forget_s"]  # the calibrated forgetting step (off by default: about 0)
+        parts += tm["forget_s"]  # the calibrated forgetting step
+        parts += tm["escalation_s"]  # the class check's larger cuts (none here) and link cost
         assert parts == pytest.approx(res["cost"]["wall_s"], rel=1e-6)
         assert tm["wall_s"] == res["cost"]["wall_s"] and tm["startup_s"] >= 0.0
         assert 0.0 <= tm["ppo_utility_s"] <= tm["ppo_s"] and tm["torch_threads"] >= 1
@@ -441,3 +442,47 @@ def test_independent_retrain_seed(loaded_run: LoadedRun) -> None:
     assert res.metrics["ra"] > 0.5
     with pytest.raises(ConfigError, match="baselines.retrain.seed"):
         load_config(None, ["baselines.retrain.seed=-1"])
+
+
+def test_class_check_grows_the_cut_until_the_class_is_gone(loaded_run: LoadedRun) -> None:
+    """A class the healed model still shows on the server's validation images of it: the greedy
+    cut's budget grows by half until it does not (or up to scale.class_budget_max)."""
+    from scaleflu.config import ConfigError
+    from scaleflu.unlearn.scale import class_val_accuracy
+
+    def ctx(request: str, *extra: str) -> UnlearnContext:
+        over = [*FAST_SCALE, "scale.budget=0.002", "scale.forget_epochs=0", *extra]
+        return UnlearnContext.from_run_dir(
+            None, request, "default", None, over, progress=False, run=loaded_run
+        )
+
+    # without the check a cut of 0.2 % of the top-M layers leaves the class recognised
+    off_ctx = ctx("class:7", "scale.class_budget_max=null")
+    plain = ScaleUnlearner()
+    off = plain.run(off_ctx)
+    assert off.details["class_escalation"] is None
+    before = class_val_accuracy(off_ctx, plain.state)
+    assert before > 0.5, before
+    on_ctx = ctx("class:7")
+    on = ScaleUnlearner()
+    res = on.run(on_ctx)
+    esc = res.details["class_escalation"]
+    tries = esc["tries"]
+    assert esc["tol"] == 0.02 and esc["val_images"] == len(on_ctx.val_forget) > 0
+    # the first try is the cut without the check, bit for bit
+    assert tries[0] == {"budget": 0.002, "class_val_acc": pytest.approx(before)}
+    budgets = [t["budget"] for t in tries]
+    steps = zip(budgets, budgets[1:], strict=False)
+    assert all(b2 == pytest.approx(min(1.5 * b1, 0.2)) for b1, b2 in steps)
+    # it stops at the first try within the tolerance (or at the cap), and the result is that try
+    assert all(t["class_val_acc"] > 0.02 for t in tries[:-1])
+    assert tries[-1]["class_val_acc"] <= 0.02 or budgets[-1] == 0.2
+    assert class_val_accuracy(on_ctx, on.state) == pytest.approx(tries[-1]["class_val_acc"])
+    assert res.details["zeroed_share"] > off.details["zeroed_share"]
+    # the test images of the class (never seen by the server) go the same way
+    assert res.metrics["fa_class_test"] < off.metrics["fa_class_test"] - 0.3
+    assert res.cost["cpu_s"] >= res.details["timing"]["escalation_s"] * 0.5
+    # a class removed from one client only, and other requests: no check
+    assert ScaleUnlearner().run(ctx("class:7@1")).details["class_escalation"] is None
+    with pytest.raises(ConfigError, match="class_forget_tol"):
+        ScaleUnlearner().run(ctx("class:7", "scale.class_forget_tol=1.5"))

@@ -22,10 +22,13 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
+from scaleflu.config import ConfigError
+from scaleflu.fl.data import ImageData
 from scaleflu.fl.history import state_bytes
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
@@ -34,6 +37,7 @@ from scaleflu.unlearn.heal import heal_and_measure, split_selection_and_heal
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 from scaleflu.unlearn.search import (
     Found,
+    greedy_cut,
     saliency_needs_torch_func,
     sb3_startup,
     search,
@@ -44,6 +48,8 @@ from scaleflu.unlearn.sensitivity import SensitivityReport, phase_one
 log = logging.getLogger(__name__)
 
 NO_RECOVERY = {"rounds": 0, "bytes": 0, "link_s": 0.0, "wall_s": 0.0}
+# the class check grows the greedy cut's budget by this factor per try (up to class_budget_max)
+_BUDGET_STEP = 1.5
 
 
 def recover(
@@ -68,6 +74,110 @@ def recover(
         "wall_s": cost.wall_s,
     }
     return state, recovery, before
+
+
+@dataclass
+class _Outcome:
+    """Theta' after the cut, the recovery rounds and the healing, and what they cost."""
+
+    state: dict[str, torch.Tensor]
+    recovery: dict[str, Any]
+    pre_recovery_acc: float | None
+    healing: dict[str, Any] | None
+    recovery_s: float
+
+
+def _cut_recover_heal(
+    ctx: UnlearnContext,
+    default: bool,
+    report: SensitivityReport,
+    theta: dict[str, torch.Tensor],
+    found: Found,
+    heal_set: ImageData | None,
+    select: ImageData,
+) -> _Outcome:
+    """Theta with ``found``'s layers, then (default mode) recovery and healing."""
+    sc = ctx.scale_cfg
+    state = dict(theta)
+    for k, v in found.layers.items():
+        state[k] = v.clone()
+    t0 = time.perf_counter()
+    recovery, pre_recovery_acc = dict(NO_RECOVERY), None
+    if default and int(sc.recovery_rounds) > 0:
+        aoi = found.aoi.copy()  # the rounds' AoI on a copy: an escalation may recover again
+        state, recovery, pre_recovery_acc = recover(ctx, state, aoi)
+        found.aoi = aoi
+        found.sum_aoi_trace = [*found.sum_aoi_trace, float(aoi.total(report.top)["aoi_s"])]
+    t1 = time.perf_counter()
+    healing = None
+    if heal_set is not None:
+        # fine-pruning's healing on the server's own clean samples (no client, no link)
+        cut = {k: found.layers[k] != theta[k] for k in report.top}  # before any round
+        state, healing = heal_and_measure(ctx, state, heal_set, select, cut)
+    return _Outcome(state, recovery, pre_recovery_acc, healing, t1 - t0)
+
+
+def _escalates(ctx: UnlearnContext, mode: str) -> bool:
+    """Whether the class check applies: default mode's greedy cut, a class removed from the
+    whole federation (the server holds validation images of it), a positive budget below
+    ``scale.class_budget_max``."""
+    sc = ctx.scale_cfg
+    req = ctx.request.request
+    if mode != "default" or str(sc.search) != "greedy" or sc.budget is None:
+        return False
+    if req.kind != "class" or req.clients or not len(ctx.val_forget):
+        return False
+    cap = sc.get("class_budget_max")
+    return cap is not None and 0.0 < float(sc.budget) < float(cap)
+
+
+def class_val_accuracy(ctx: UnlearnContext, state: dict[str, torch.Tensor]) -> float:
+    """The share of the server's validation images of the forgotten class(es) that ``state``
+    still predicts as their class (a model that never saw the class: 0)."""
+    acc = accuracy_from_probs(predict(ctx.new_model(state), ctx.val_forget), ctx.val_forget.labels)
+    return float(acc or 0.0)
+
+
+def _escalate(
+    ctx: UnlearnContext,
+    report: SensitivityReport,
+    theta: dict[str, torch.Tensor],
+    found: Found,
+    out: _Outcome,
+    heal_set: ImageData | None,
+    select: ImageData,
+) -> tuple[Found, _Outcome, dict[str, Any]]:
+    """Grow the greedy cut's budget by half (up to ``scale.class_budget_max``) while the healed
+    model still predicts more than ``scale.class_forget_tol`` of the server's validation images
+    of the forgotten class as that class. Only the chosen cut goes over the link; every try
+    counts in SCALE's time (the server's computation)."""
+    sc = ctx.scale_cfg
+    tol = float(sc.class_forget_tol)
+    cap = float(sc.class_budget_max)
+    if not 0.0 <= tol < 1.0:
+        raise ConfigError(f"scale.class_forget_tol must be in [0, 1), got {tol}")
+    budget = float(sc.budget)
+    acc = class_val_accuracy(ctx, out.state)
+    tries = [{"budget": budget, "class_val_acc": acc}]
+    while acc > tol and budget < cap:
+        budget = min(_BUDGET_STEP * budget, cap)
+        spec = replace(found.env.spec, budget=budget)
+        layers, aoi, steps, zeroed = greedy_cut(spec)
+        trace = [float(aoi.total(report.top)["aoi_s"])]
+        found = replace(
+            found, layers=layers, aoi=aoi, sum_aoi_trace=trace, steps=steps, zeroed_share=zeroed
+        )
+        out = _cut_recover_heal(ctx, True, report, theta, found, heal_set, select)
+        acc = class_val_accuracy(ctx, out.state)
+        tries.append({"budget": budget, "class_val_acc": acc})
+    if len(tries) > 1:
+        log.info(
+            "class check: the server's validation images of the class at %s (tolerance %.3f)",
+            ", ".join(f"budget {t['budget']:.3f}: {t['class_val_acc']:.3f}" for t in tries),
+            tol,
+        )
+    info = {"tol": tol, "budget_max": cap, "val_images": len(ctx.val_forget), "tries": tries}
+    return found, out, info
 
 
 class ScaleUnlearner:
@@ -96,29 +206,22 @@ class ScaleUnlearner:
         theta = ctx.original_state()
         select, heal_set = split_selection_and_heal(ctx) if default else (ctx.val_retain, None)
         found = search(ctx, mode, report, theta, select)
-        new_state = dict(theta)
-        for k, v in found.layers.items():
-            new_state[k] = v.clone()
-        # the chosen episode's AoI state: each step's payload was charged to the link
+        t3 = time.perf_counter()
+        out = _cut_recover_heal(ctx, default, report, theta, found, heal_set, select)
+        t5 = time.perf_counter()
+        escalation = None
+        if _escalates(ctx, mode):
+            # a class removed from the whole federation whose own validation images the model
+            # still recognises: the cut was too small for this model, so cut more
+            found, out, escalation = _escalate(ctx, report, theta, found, out, heal_set, select)
+        new_state = out.state
+        # the chosen cut's changed groups go over the link (one broadcast step per layer)
         link_s = sum(s["link_s"] for s in found.steps)
         nbytes = sum(
             found.aoi.payload_bytes([(s["layer"], j) for j in s["changed_groups"]])
             for s in found.steps
         )
-        t3 = time.perf_counter()
-
-        recovery, pre_recovery_acc = dict(NO_RECOVERY), None
-        if default and int(sc.recovery_rounds) > 0:
-            new_state, recovery, pre_recovery_acc = recover(ctx, new_state, found.aoi)
-            found.sum_aoi_trace.append(float(found.aoi.total(report.top)["aoi_s"]))
-        t4 = time.perf_counter()
-
-        healing = None
-        if heal_set is not None:
-            # fine-pruning's healing on the server's own clean samples (no client, no link)
-            cut = {k: found.layers[k] != theta[k] for k in report.top}  # before any round
-            new_state, healing = heal_and_measure(ctx, new_state, heal_set, select, cut)
-        t5 = time.perf_counter()
+        t6 = time.perf_counter()
 
         forgetting = None
         if default and int(sc.forget_epochs or 0) > 0:
@@ -142,9 +245,11 @@ class ScaleUnlearner:
             "ppo_s": found.trained_at - t1,
             "ppo_utility_s": found.ppo_utility_s,  # validation passes inside PPO's steps
             "select_s": t3 - found.trained_at,  # rollout, exact re-check of the candidates
-            "recovery_s": t4 - t3,  # FedAvg recovery rounds (and the validation pass before)
-            "heal_s": t5 - t4,  # healing on the server's validation samples
-            "forget_s": wall - (t5 - t0),  # the calibrated forgetting step (the client's)
+            "recovery_s": out.recovery_s,  # FedAvg recovery rounds (and the validation pass before)
+            "heal_s": t5 - t3 - out.recovery_s,  # healing on the server's validation samples
+            # larger cuts (a class its validation images still show) and the cut's link cost
+            "escalation_s": t6 - t5,
+            "forget_s": wall - (t6 - t0),  # the calibrated forgetting step (the client's)
             "wall_s": wall,
             "cpu_s": cpu,
             "torch_threads": torch.get_num_threads(),
@@ -153,8 +258,10 @@ class ScaleUnlearner:
             "SCALE time: %s",
             ", ".join(f"{k} {v:.2f}" for k, v in timing.items() if isinstance(v, float)),
         )
-        details = _details(report, found, timing, recovery, healing, pre_recovery_acc)
+        recovery = out.recovery
+        details = _details(report, found, timing, recovery, out.healing, out.pre_recovery_acc)
         details["forgetting"] = forgetting
+        details["class_escalation"] = escalation
         res = ctx.make_result(
             f"scale-{mode}",
             new_state,
