@@ -6,11 +6,18 @@
 
 Works without a display (Qt's offscreen platform). The flowgraph class is the file's stem (the
 GRC id). Prints the link counters of ``rx_1``/``arq_0`` when the flowgraph has them.
+
+The process leaves with ``os._exit`` once the flowgraph has stopped and the screenshot is saved:
+the QT GUI sinks of GNU Radio before 3.10.10 (Debian 12 ships 3.10.5) dereference their widget in
+their destructor after Qt may already have deleted it (gnuradio/gnuradio#7050, fixed by #7065), so
+an ordinary interpreter exit segfaults now and then after all the work is done.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -46,6 +53,7 @@ def main(argv: list[str]) -> int:
             print("arq_0: " + ", ".join(f"{k} {v}" for k, v in arq.items()))
         tb.stop()
         tb.wait()
+        print("flowgraph stopped")
         app.quit()
 
     QtCore.QTimer.singleShot(int(secs * 1000), grab)
@@ -54,4 +62,8 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    faulthandler.enable()  # a crash inside Qt or a block prints where it happened
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip the QT GUI sinks' destructors (see the docstring)

@@ -174,3 +174,4 @@ def test_qt_loopback_runs_offscreen_and_counts_frames(grcc, tmp_path):
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     ok = [ln for ln in r.stdout.splitlines() if ln.startswith("rx_1.frames_ok()")]
     assert ok and int(ok[0].rsplit("=", 1)[1]) > 0, r.stdout
+    assert "flowgraph stopped" in r.stdout, r.stdout
