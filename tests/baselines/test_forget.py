@@ -171,9 +171,10 @@ def test_the_anchor_holds_the_servers_images_and_the_clients_other_samples(tiny_
         )
         with torch.no_grad():
             m0, m1, m2 = (ctx.new_model(st).eval() for st in (start, new, new1))
-            z0 = m0(du.inputs())
-            # D_u's samples whose held label the model received predicts: never selected
-            kept = z0.argmax(1) == du.labels
+            feats, z0 = embed(m0, du.inputs())
+            # D_u's samples whose held label the model received predicts and whose neighbours
+            # all hold it (above LOOSE's support bound: not remembered): never selected
+            kept = (z0.argmax(1) == du.labels) & (label_support(feats, du.labels, 20) == 1.0)
             moved[w] = tuple(
                 float(((m(x) - m0(x)) ** 2).sum(1).mean())
                 for m, x in ((m1, heal.inputs()), (m2, du.inputs()[kept]))
@@ -210,3 +211,50 @@ def test_a_setting_an_older_version_saved_is_left_out() -> None:
     assert "forget_quantiles" not in cfg["scale"] and cfg["scale"]["forget_lr"] is None
     with pytest.raises(ConfigError, match="unknown"):
         resolve_unlearn_config(run_cfg, overrides=["scale.forget_quantiles=3"])
+
+
+@needs_fmnist
+def test_a_remembered_sample_whose_held_label_is_still_predicted_is_pushed(tiny_run: Any) -> None:
+    # client 1 of the tiny run holds 30 % randomly flipped labels: the model is made to remember
+    # twelve of them (their wrong label predicted, as a duplicated canary's is after the cut);
+    # their neighbours hold other labels, so the step pushes them although they are predicted
+    ctx = make_context(
+        tiny_run,
+        "sample:1:poisoned",
+        tiny_config("scale.forget_epochs=120", "scale.forget_val_tol=1.0"),
+        progress=False,
+    )
+    setup = ctx.run.setup
+    du = setup.train.subset(
+        np.unique(example_units(len(setup.train), setup.poison)[ctx.forget_idx])
+    )
+    x, y = du.inputs(), du.labels
+    model = ctx.new_model(ctx.original_state()).eval()
+    with torch.no_grad():
+        feats, z = embed(model, x)
+    unsupported = (label_support(feats, y, 20) <= 0.2) & (z.argmax(1) != y)
+    memo = torch.nonzero(unsupported).flatten()[:12]
+    assert len(memo) == 12, int(unsupported.sum())
+    select, heal = split_selection_and_heal(ctx)
+    keep = setup.train.subset(np.setdiff1d(np.arange(len(setup.train)), ctx.forget_idx))
+    xk, yk = keep.inputs()[:1000], keep.labels[:1000]  # the rest of the data, learned as before
+    head = [p for k, p in model.named_parameters() if k.startswith("fc")]
+    opt = torch.optim.Adam(head, lr=0.003)
+    for _ in range(300):  # the head learns them by heart, just (as the cut may leave them)
+        opt.zero_grad()
+        out = model.head(model.trunk(x[memo]))
+        if bool((out.argmax(1) == y[memo]).all()):
+            break
+        (F.cross_entropy(out, y[memo]) + F.cross_entropy(model(xk), yk)).backward()
+        opt.step()
+    start = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        held0 = model(x).argmax(1) == y
+    assert bool(held0[memo].all())
+    new, info = calibrated_forget(ctx, start, select, heal)
+    with torch.no_grad():
+        held1 = ctx.new_model(new).eval()(x).argmax(1) == y
+    # they are selected (the step once moved only samples whose held label was no longer
+    # predicted) and most of them lose it (2 of 12 keep it here, on two CPU kernels)
+    assert info["selected_held"] >= 10, info
+    assert int(held1[memo].sum()) <= 4, int(held1[memo].sum())

@@ -11,14 +11,16 @@ without D_u:
 1. **Which samples.** The client holding D_u embeds its distinct samples (one per copy set) with
    the model it was sent (the input of its last linear layer, cosine similarity) and gives each
    its *support*: the share of its ``scale.forget_support_k`` nearest D_u neighbours that hold
-   the same label. A sample with support at most ``scale.forget_support_max`` whose held label
-   the model no longer predicts is one its neighbourhood does not explain: it was remembered,
-   not learned. (Labels only as held: no true label is needed.)
+   the same label. A sample with support at most ``scale.forget_support_max`` is one its
+   neighbourhood does not explain: it was remembered, not learned, whether the model still
+   predicts its held label (a duplicated canary the cut left) or not. (Labels only as held: no
+   true label is needed.)
 2. **Their targets.** The server measures, on its retained validation images (never seen in
    training), the margin ``phi(x, y') = z_y' - logsumexp_{j != y'} z_j`` of every wrong label
    ``y'`` of every image, per cell (the image's class, ``y'``). A D_u sample with held label
    ``y`` sits in cell (the model's class for it with ``y`` aside, ``y``); its level is its rank r
-   among the n samples of the cell whose held label is no longer predicted, (r + 0.5) / n, and
+   among the n samples of the cell whose held label is no longer predicted or that were
+   remembered (one still predicted ranks at the top), (r + 0.5) / n, and
    its target the cell's never-seen margin at that level: the ranks stay, the distribution
    becomes the never-seen one. A sample is selected when it is also above its target. Cells
    are measured again on the current model every second epoch, so a push that moves
@@ -217,22 +219,28 @@ def calibrated_forget(
     # the image's class as the model sees it, its held label aside
     cls = z.scatter(1, yc.view(-1, 1), float("-inf")).argmax(1)
     forgotten = z.argmax(1) != yc  # the held label no longer predicted
-    levels = cell_levels(phi, cls, yc, forgotten)  # ranks among those, per cell
+    # the support of every sample (among all of D_u): a sample its neighbourhood does not
+    # explain was remembered, whether the model still predicts its held label or not
+    support = label_support(feats.cpu(), yc, s["k"])
+    remembered = support <= s["support_max"]
+    # ranked per cell: the samples whose held label is no longer predicted and the remembered
+    # ones it still is (a duplicated canary with its wrong label, the cut and the healing left
+    # it): those sit at their cell's top ranks and get its top never-seen margins
+    ranked = forgotten | remembered
+    levels = cell_levels(phi, cls, yc, ranked)  # ranks among those, per cell
     # the never-seen reference: the server's validation images (the bound's and the anchor's)
     parts = [select] if anchor is None or not len(anchor) else [select, anchor]
     vx = inputs(torch.cat([d.inputs() for d in parts]).to(dev))
     vy = torch.cat([d.labels for d in parts]).to(dev)
     t = cell_targets(cell_margins(_forward(net, vx), vy), levels, cls, yc)
-    # the support of the candidates (measured among all of D_u): the others are not chosen
-    candidates = forgotten & (phi > t)
-    support = torch.ones(len(yc))
-    support[candidates] = label_support(feats.cpu(), yc, s["k"], torch.nonzero(candidates))
-    chosen = candidates & (support <= s["support_max"])
+    candidates = ranked & (phi > t)
+    chosen = candidates & remembered
     info: dict[str, Any] = {
         "epochs": s["epochs"],
         "forget_samples": int(len(idx)),
-        "candidates": int(candidates.sum()),  # forgotten and above their target
+        "candidates": int(candidates.sum()),  # ranked and above their target
         "selected": int(chosen.sum()),
+        "selected_held": int((chosen & ~forgotten).sum()),  # their held label still predicted
         "excess_before": float((phi - t)[chosen].mean()) if bool(chosen.any()) else None,
     }
     copy = {k: v.detach().to("cpu").clone() for k, v in state.items()}
