@@ -41,6 +41,14 @@ def _ctx(tiny_run: Any, *sets: str) -> Any:
     return make_context(tiny_run, "client:0", tiny_config(*sets), progress=False)
 
 
+def _distinct_forget(ctx: Any) -> Any:
+    """D_u's distinct samples (one per copy set), as the step sees them."""
+    setup = ctx.run.setup
+    return setup.train.subset(
+        np.unique(example_units(len(setup.train), setup.poison)[ctx.forget_idx])
+    )
+
+
 def test_support_is_the_share_of_neighbours_holding_the_label() -> None:
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(30, 8, generator=gen) * 0.05 + torch.tensor([5.0] + [0.0] * 7)
@@ -165,10 +173,7 @@ def test_the_anchor_holds_the_servers_images_and_the_clients_other_samples(tiny_
         new, info = calibrated_forget(ctx, start, select, heal)
         # with a single server image, what holds the client's samples is their own part
         new1, _ = calibrated_forget(ctx, start, select, heal.subset(np.arange(1)))
-        setup = ctx.run.setup
-        du = setup.train.subset(
-            np.unique(example_units(len(setup.train), setup.poison)[ctx.forget_idx])
-        )
+        du = _distinct_forget(ctx)
         with torch.no_grad():
             m0, m1, m2 = (ctx.new_model(st).eval() for st in (start, new, new1))
             feats, z0 = embed(m0, du.inputs())
@@ -225,9 +230,7 @@ def test_a_remembered_sample_whose_held_label_is_still_predicted_is_pushed(tiny_
         progress=False,
     )
     setup = ctx.run.setup
-    du = setup.train.subset(
-        np.unique(example_units(len(setup.train), setup.poison)[ctx.forget_idx])
-    )
+    du = _distinct_forget(ctx)
     x, y = du.inputs(), du.labels
     model = ctx.new_model(ctx.original_state()).eval()
     with torch.no_grad():

@@ -86,20 +86,17 @@ def embed(
     return torch.cat(got).flatten(1), z
 
 
-def label_support(
-    feats: torch.Tensor, labels: torch.Tensor, k: int, rows: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Per row (of ``rows``, default all): the share of its ``k`` nearest other rows (cosine
-    similarity) holding its label."""
+def label_support(feats: torch.Tensor, labels: torch.Tensor, k: int) -> torch.Tensor:
+    """Per row: the share of its ``k`` nearest other rows (cosine similarity) holding its
+    label."""
     n = len(labels)
-    rows = torch.arange(n) if rows is None else rows.flatten()
     k = min(int(k), n - 1)
     if k < 1:
-        return torch.ones(len(rows))
+        return torch.ones(n)
     f = torch.nn.functional.normalize(feats.float(), dim=1)
-    share = torch.empty(len(rows))
-    for i in range(0, len(rows), _BATCH):
-        part = rows[i : i + _BATCH]
+    share = torch.empty(n)
+    for i in range(0, n, _BATCH):
+        part = torch.arange(i, min(i + _BATCH, n))
         sim = f[part] @ f.T
         sim[torch.arange(len(part)), part] = float("-inf")  # not its own neighbour
         nb = labels[sim.topk(k, dim=1).indices]
