@@ -20,7 +20,10 @@ pytest.importorskip("gnuradio.zeromq")
 pytest.importorskip("scaleflu.radio.links")
 
 ROOT = Path(__file__).resolve().parents[2]
-DEADLINE = 30
+# robot 3 (the attacker) starts round 2 after its round-1 spill (three extra uploads and the
+# garbage): on a loaded 2-core CI machine its genuine round-2 upload once came after a 30 s
+# deadline (reproduced with three testbeds and two CPU hogs at once: it arrived, refused as late)
+DEADLINE = 40
 
 pytestmark = [pytest.mark.gnuradio, pytest.mark.slow, pytest.mark.timeout(560)]
 
@@ -60,7 +63,20 @@ def test_rounds_recorded_and_killed_robot_did_not_stall(run):
     rows = report["rounds"]
     assert [r["round"] for r in rows] == [1, 2]
     assert rows[0]["participants"] == [1, 2, 3]
-    assert rows[1]["missing"] == [2] and 2 not in rows[1]["participants"]
+    assert 2 in rows[1]["missing"] and 2 not in rows[1]["participants"]
+    assert 1 in rows[1]["participants"]
+    # robot 3 is counted, or its round-2 upload is accounted for: refused as late by the server
+    # or not delivered by the robot's link (a machine too loaded for the deadline), never lost
+    assert set(rows[1]["missing"]) <= {2, 3}
+    if 3 in rows[1]["missing"]:
+        _, robots, _ = run
+        up = next(x for x in robots[3]["rounds"] if x["round"] == 2)  # it trained round 2
+        late = [
+            x
+            for x in report["rejections"]
+            if x["robot"] == 3 and x["reason"] == "late" and x["message"] == "UPDATE r2"
+        ]
+        assert late or up["upload"] != "delivered", (up, report["rejections"])
     # closed at the deadline, not stalled: measured on the deadline's own clock (the round's
     # wall time adds the broadcast, aggregation and evaluation, which a loaded machine stretches)
     assert rows[1]["closed_by"] == "deadline" and rows[0]["closed_by"] == "all_in"
