@@ -261,3 +261,19 @@ def test_a_remembered_sample_whose_held_label_is_still_predicted_is_pushed(tiny_
     # predicted) and most of them lose it (2 of 12 keep it here, on two CPU kernels)
     assert info["selected_held"] >= 10, info
     assert int(held1[memo].sum()) <= 4, int(held1[memo].sum())
+
+
+@needs_fmnist
+def test_the_step_ends_when_the_selected_samples_sit_at_their_targets_on_average(
+    tiny_run: Any,
+) -> None:
+    # pushing on until the last selected sample is under its target drags the others below
+    # theirs (a member then looks less like one than a never-seen sample): the step ends at
+    # the first measurement where the mean margin above target is at most 0
+    ctx = _ctx(tiny_run, *LOOSE, "scale.forget_epochs=60", "scale.forget_val_tol=1.0")
+    select, heal = split_selection_and_heal(ctx)
+    _, info = calibrated_forget(ctx, ctx.original_state(), select, heal)
+    excess = info["excess_trace"]
+    assert info["epochs_run"] < 60, info
+    assert excess[-1] <= 0 and all(e > 0 for e in excess[:-1]), excess
+    assert info["kept_epoch"] == info["epochs_run"]  # the bound is wide here

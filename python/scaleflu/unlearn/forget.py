@@ -34,7 +34,10 @@ without D_u:
    the remembered samples move. A model
    split into ``trunk`` and ``head`` (the built-in ones, :mod:`scaleflu.fl.models`) moves its
    head only, on trunk features computed once (an epoch then costs a few milliseconds); another
-   model moves every parameter. BatchNorm statistics stay frozen.
+   model moves every parameter. BatchNorm statistics stay frozen. The step ends at the first
+   measurement where the selected samples' mean margin above target is at most 0 (they sit,
+   on average, at their never-seen level): pushing on until the last of them is under drags
+   the others below it, and a member then looks less like one than a never-seen sample does.
 4. **The bound.** With the targets the server measures its selection accuracy; the result is
    the state at the last measured epoch whose accuracy is within ``scale.forget_val_tol`` of
    the model received's (the model received when none is).
@@ -279,7 +282,9 @@ def calibrated_forget(
                 kept_state = {**copy, **{k: p.detach().to("cpu").clone() for k, p in moving}}
             active = torch.nonzero(phi_s > ts).flatten()
             ts = ts.to(dev)
-        if ep == s["epochs"] or len(active) == 0:
+        # the selected samples sit, on average, at their never-seen level: pushing on until the
+        # last one is under drags the others (one head moves them all) below it
+        if ep == s["epochs"] or len(active) == 0 or (ep > 0 and excess[-1] <= 0):
             break
         run = ep + 1
         order = active[torch.randperm(len(active), generator=gen)].to(dev)
