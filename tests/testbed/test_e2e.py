@@ -59,7 +59,7 @@ def run(tmp_path_factory):
 
 
 def test_rounds_recorded_and_killed_robot_did_not_stall(run):
-    report, _, _ = run
+    report, robots, _ = run
     rows = report["rounds"]
     assert [r["round"] for r in rows] == [1, 2]
     assert rows[0]["participants"] == [1, 2, 3]
@@ -69,7 +69,6 @@ def test_rounds_recorded_and_killed_robot_did_not_stall(run):
     # or not delivered by the robot's link (a machine too loaded for the deadline), never lost
     assert set(rows[1]["missing"]) <= {2, 3}
     if 3 in rows[1]["missing"]:
-        _, robots, _ = run
         up = next(x for x in robots[3]["rounds"] if x["round"] == 2)  # it trained round 2
         late = [
             x
