@@ -235,3 +235,52 @@ def test_the_process_entry_sets_the_collector_and_main_in_process_does_not():
     assert out.returncode == 0, out.stderr
     # the command's output, then what the interpreter's end saw: threshold set, objects frozen
     assert out.stdout.strip().splitlines()[-1] == "True True"
+
+
+def test_an_unlearn_process_ends_without_the_teardown_but_with_its_exit_handlers():
+    from scaleflu.cli.main import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["unlearn", "--run", "R", "--request", "client:0"]).end_at_once
+    assert not getattr(parser.parse_args(["config"]), "end_at_once", False)
+    code = (
+        "import atexit, sys\n"
+        "from scaleflu.cli.main import end_process\n"
+        "class Kept:\n"
+        "    def __del__(self):\n"
+        "        print('teardown', flush=True)\n"
+        "kept = Kept()\n"
+        "atexit.register(lambda: print('handler', flush=True))\n"
+        "sys.stdout.write('buffered ')\n"
+        "end_process(5)\n"
+        "print('still running')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # the exit code given, the buffered output and the handler kept, the module teardown skipped
+    assert out.returncode == 5, out.stderr
+    assert out.stdout.split() == ["buffered", "handler"]
+    # without end_process the same program's teardown runs (what the check above relies on)
+    out = subprocess.run(
+        [sys.executable, "-c", code.replace("end_process(5)", "pass")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.stdout.split() == ["buffered", "still", "running", "handler", "teardown"]
+
+
+def test_the_process_is_not_ended_at_once_while_another_thread_works():
+    code = (
+        "import sys, threading, time\n"
+        "from scaleflu.cli.main import end_process\n"
+        "def work():\n"
+        "    time.sleep(0.5)\n"
+        "    print('thread done', flush=True)\n"
+        "threading.Thread(target=work).start()\n"
+        "end_process(5)\n"
+        "print('went on', flush=True)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    # a normal end: it waited for the thread, and the exit status is the program's own
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["went", "on", "thread", "done"]

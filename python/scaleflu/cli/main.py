@@ -10,11 +10,14 @@ and a non-zero exit status.
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import importlib
 import logging
+import os
 import platform
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -115,13 +118,44 @@ GC_THRESHOLD = (50_000, 20, 10)
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The ``scaleflu`` command on ``argv`` (default: the process's arguments); its exit code."""
+    return _main(argv)[0]
+
+
+def _main(argv: Sequence[str] | None) -> tuple[int, argparse.Namespace]:
+    """:func:`main`, and the parsed arguments (what the process's end may depend on)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.log_level)
     if not getattr(args, "func", None):
         parser.print_help()
-        return 2
-    return run_one_line(args.func, args, logger=log)
+        return 2, args
+    return run_one_line(args.func, args, logger=log), args
+
+
+def end_process(code: int) -> None:
+    """End the process with ``code`` without the interpreter's teardown, when nothing is lost.
+
+    What a normal end does that matters is done here too: the atexit handlers run (logging's
+    shutdown flushes and closes its handlers; ``weakref.finalize`` objects, temporary folders,
+    multiprocessing's children), then standard output and error are flushed; only the teardown
+    of the modules and of the C++ libraries' static objects is skipped (0.15-0.3 s once torch
+    is loaded, docs/results/scale.md, "The command as a process"). Returns without doing
+    anything while another non-daemon thread is alive (a normal end would wait for it) or where
+    the interpreter does not offer its atexit runner.
+    """
+    main_thread = threading.main_thread()
+    if any(t is not main_thread and not t.daemon and t.is_alive() for t in threading.enumerate()):
+        return
+    run_exitfuncs = getattr(atexit, "_run_exitfuncs", None)
+    if run_exitfuncs is None:
+        return
+    run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or a broken pipe: nothing more can be written
+            pass
+    os._exit(code)
 
 
 def entry() -> int:
@@ -132,13 +166,18 @@ def entry() -> int:
     alive lives until the interpreter ends: frozen (``gc.freeze``), the collections of its
     shutdown pass over it (0.3 s of the 0.45 s a ``scaleflu unlearn`` process spent ending,
     walking torch's objects again and again); atexit handlers and finalisers still run, nothing
-    is skipped. (:func:`main` called in a process that goes on, as the tests do, changes
-    neither.)"""
+    is skipped. A sub-command that sets ``end_at_once`` (``unlearn``: every file it writes is
+    closed when it returns) then ends the process through :func:`end_process`, without the
+    rest of the interpreter's teardown. (:func:`main` called in a process that goes on, as the
+    tests do, changes neither.)"""
     gc.set_threshold(*GC_THRESHOLD)
     try:
-        return main()
+        code, args = _main(None)
     finally:
         gc.freeze()
+    if getattr(args, "end_at_once", False):
+        end_process(code)
+    return code
 
 
 if __name__ == "__main__":

@@ -218,4 +218,5 @@ def add_unlearn_parser(subparsers: Any) -> None:
         "a run whose history or model fails its authenticated digest; sign the output model",
     )
     add_config_args(p, example="scale.ppo.episodes=50")
-    p.set_defaults(func=_cmd_unlearn)
+    # every file the command writes is closed when it returns: the process may end at once
+    p.set_defaults(func=_cmd_unlearn, end_at_once=True)
