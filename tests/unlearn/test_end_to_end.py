@@ -446,12 +446,14 @@ def test_independent_retrain_seed(loaded_run: LoadedRun) -> None:
 
 def test_class_check_grows_the_cut_until_the_class_is_gone(loaded_run: LoadedRun) -> None:
     """A class the healed model still shows on the server's validation images of it: the greedy
-    cut's budget grows by half until it does not (or up to scale.class_budget_max)."""
+    cut's budget grows by half from scale.class_budget_start until it does not (or up to
+    scale.class_budget_max)."""
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.scale import class_val_accuracy
+    from scaleflu.unlearn.scale import class_first_budget, class_val_accuracy
 
     def ctx(request: str, *extra: str) -> UnlearnContext:
-        over = [*FAST_SCALE, "scale.budget=0.002", "scale.forget_epochs=0", *extra]
+        over = [*FAST_SCALE, "scale.budget=0.002", "scale.class_budget_start=0.002"]
+        over += ["scale.forget_epochs=0", *extra]
         return UnlearnContext.from_run_dir(
             None, request, "default", None, over, progress=False, run=loaded_run
         )
@@ -491,3 +493,11 @@ def test_class_check_grows_the_cut_until_the_class_is_gone(loaded_run: LoadedRun
     assert ScaleUnlearner().run(ctx("class:7@1")).details["class_escalation"] is None
     with pytest.raises(ConfigError, match="class_forget_tol"):
         ScaleUnlearner().run(ctx("class:7", "scale.class_forget_tol=1.5"))
+    # the first budget: scale.class_budget_start, its default below scale.budget; null: the budget
+    assert class_first_budget(ctx("class:7", "scale.class_budget_start=null")) == 0.002
+    default = UnlearnContext.from_run_dir(
+        None, "class:7", "default", None, list(FAST_SCALE), progress=False, run=loaded_run
+    )
+    assert class_first_budget(default) == 0.033 < float(default.scale_cfg.budget) == 0.05
+    with pytest.raises(ConfigError, match="class_budget_start"):
+        ScaleUnlearner().run(ctx("class:7", "scale.class_budget_start=0"))

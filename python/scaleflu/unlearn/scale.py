@@ -119,8 +119,8 @@ def _cut_recover_heal(
 
 def _escalates(ctx: UnlearnContext, mode: str) -> bool:
     """Whether the class check applies: default mode's greedy cut, a class removed from the
-    whole federation (the server holds validation images of it), a positive budget below
-    ``scale.class_budget_max``."""
+    whole federation (the server holds validation images of it), a positive first budget
+    (:func:`class_first_budget`) below ``scale.class_budget_max``."""
     sc = ctx.scale_cfg
     req = ctx.request.request
     if mode != "default" or str(sc.search) != "greedy" or sc.budget is None:
@@ -128,7 +128,19 @@ def _escalates(ctx: UnlearnContext, mode: str) -> bool:
     if req.kind != "class" or req.clients or not len(ctx.val_forget):
         return False
     cap = sc.get("class_budget_max")
-    return cap is not None and 0.0 < float(sc.budget) < float(cap)
+    return cap is not None and 0.0 < class_first_budget(ctx) < float(cap)
+
+
+def class_first_budget(ctx: UnlearnContext) -> float:
+    """The greedy cut's first budget where the class check applies: ``scale.class_budget_start``
+    (null: ``scale.budget``). The check grows it by half while the class is still recognised,
+    so a first budget below what the class needs costs a try, not the forgetting."""
+    sc = ctx.scale_cfg
+    start = sc.get("class_budget_start")
+    first = float(sc.budget if start is None else start)
+    if not first > 0.0:
+        raise ConfigError(f"scale.class_budget_start must be positive (or null), got {start}")
+    return first
 
 
 def class_val_accuracy(ctx: UnlearnContext, state: dict[str, torch.Tensor]) -> float:
@@ -156,7 +168,7 @@ def _escalate(
     cap = float(sc.class_budget_max)
     if not 0.0 <= tol < 1.0:
         raise ConfigError(f"scale.class_forget_tol must be in [0, 1), got {tol}")
-    budget = float(sc.budget)
+    budget = float(found.env.spec.budget)  # the first cut's (class_first_budget)
     acc = class_val_accuracy(ctx, out.state)
     tries = [{"budget": budget, "class_val_acc": acc}]
     while acc > tol and budget < cap:
@@ -205,7 +217,9 @@ class ScaleUnlearner:
 
         theta = ctx.original_state()
         select, heal_set = split_selection_and_heal(ctx) if default else (ctx.val_retain, None)
-        found = search(ctx, mode, report, theta, select)
+        # the class check's first cut may be smaller than scale.budget: it grows while needed
+        first = class_first_budget(ctx) if _escalates(ctx, mode) else None
+        found = search(ctx, mode, report, theta, select, first)
         t3 = time.perf_counter()
         out = _cut_recover_heal(ctx, default, report, theta, found, heal_set, select)
         t5 = time.perf_counter()

@@ -277,8 +277,12 @@ def sparsify_env(
     report: SensitivityReport,
     theta: Mapping[str, torch.Tensor],
     select: ImageData,
+    budget: float | None = None,
 ) -> tuple[SparsifyEnv, Utility | None]:
     """The request's environment over the top-M layers, and the exact utility (None: none).
+
+    ``budget`` (default mode): the cut's budget where the caller sets one (the class check's
+    first budget), else ``scale.budget``.
 
     The utility term (default mode, ``scale.w_u`` > 0) scores the selection part of the retained
     validation set, on a seeded subset of ``scale.utility_samples`` during the search.
@@ -296,7 +300,10 @@ def sparsify_env(
             raise ConfigError(f"scale.utility_samples must be positive, got {n_search}")
         # PPO's reward on a subset (cheaper); the best episodes are re-scored on all of it
         utility = Utility(ctx, theta, int(n_search), data=select)
-    budget = sc.budget if default else None
+    if not default:
+        budget = None
+    elif budget is None:
+        budget = sc.budget
     forget_u = None
     if sc.class_forget_reward not in ("measured", "attribution"):
         raise ConfigError(
@@ -350,10 +357,12 @@ def search(
     report: SensitivityReport,
     theta: Mapping[str, torch.Tensor],
     select: ImageData,
+    budget: float | None = None,
 ) -> Found:
-    """Phase II: Theta''s top-M layers by PPO (and its candidates) or by the greedy cut."""
+    """Phase II: Theta''s top-M layers by PPO (and its candidates) or by the greedy cut
+    (``budget``: see :func:`sparsify_env`)."""
     sc = ctx.scale_cfg
-    env, exact = sparsify_env(ctx, mode, report, theta, select)
+    env, exact = sparsify_env(ctx, mode, report, theta, select, budget)
     utility = env.spec.utility
     how = str(sc.search)
     if how not in ("ppo", "greedy"):
