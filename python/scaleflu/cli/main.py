@@ -138,8 +138,9 @@ def end_process(code: int) -> None:
     What a normal end does that matters is done here too: the atexit handlers run (logging's
     shutdown flushes and closes its handlers; ``weakref.finalize`` objects, temporary folders,
     multiprocessing's children), then standard output and error are flushed; only the teardown
-    of the modules and of the C++ libraries' static objects is skipped (0.15-0.3 s once torch
-    is loaded, docs/results/scale.md, "The command as a process"). Returns without doing
+    of the modules and of the C++ libraries' static objects is skipped (about 0.1-0.2 s of a
+    ``scaleflu unlearn`` process, docs/results/scale.md, "The command as a whole process").
+    Returns without doing
     anything while another non-daemon thread is alive (a normal end would wait for it) or where
     the interpreter does not offer its atexit runner.
     """
