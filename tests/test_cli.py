@@ -14,6 +14,11 @@ def run(*args):
     )
 
 
+def run_code(code):
+    """A fresh interpreter on the program ``code`` (what a process's start and end do)."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
 def test_help_lists_subcommands():
     out = run("--help")
     assert out.returncode == 0
@@ -50,7 +55,7 @@ def test_help_imports_neither_torch_nor_numpy():
         "import sys\nfrom scaleflu.cli import build_parser\nbuild_parser().format_help()\n"
         "print(sorted(m for m in ('torch', 'numpy', 'yaml', 'gnuradio') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_code(code)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
 
@@ -231,7 +236,7 @@ def test_the_process_entry_sets_the_collector_and_main_in_process_does_not():
         "sys.argv = ['scaleflu', 'config', '--set', 'fl.rounds=3']\n"
         "sys.exit(entry())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_code(code)
     assert out.returncode == 0, out.stderr
     # the command's output, then what the interpreter's end saw: threshold set, objects frozen
     assert out.stdout.strip().splitlines()[-1] == "True True"
@@ -255,17 +260,12 @@ def test_an_unlearn_process_ends_without_the_teardown_but_with_its_exit_handlers
         "end_process(5)\n"
         "print('still running')\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_code(code)
     # the exit code given, the buffered output and the handler kept, the module teardown skipped
     assert out.returncode == 5, out.stderr
     assert out.stdout.split() == ["buffered", "handler"]
     # without end_process the same program's teardown runs (what the check above relies on)
-    out = subprocess.run(
-        [sys.executable, "-c", code.replace("end_process(5)", "pass")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    out = run_code(code.replace("end_process(5)", "pass"))
     assert out.stdout.split() == ["buffered", "still", "running", "handler", "teardown"]
 
 
@@ -280,7 +280,7 @@ def test_the_process_is_not_ended_at_once_while_another_thread_works():
         "end_process(5)\n"
         "print('went on', flush=True)\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_code(code)
     # a normal end: it waited for the thread, and the exit status is the program's own
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["went", "on", "thread", "done"]

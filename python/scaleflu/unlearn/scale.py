@@ -117,18 +117,20 @@ def _cut_recover_heal(
     return _Outcome(state, recovery, pre_recovery_acc, healing, t1 - t0)
 
 
-def _escalates(ctx: UnlearnContext, mode: str) -> bool:
-    """Whether the class check applies: default mode's greedy cut, a class removed from the
-    whole federation (the server holds validation images of it), a positive first budget
-    (:func:`class_first_budget`) below ``scale.class_budget_max``."""
+def _class_check(ctx: UnlearnContext, mode: str) -> float | None:
+    """The class check's first budget (:func:`class_first_budget`) where the check applies,
+    else None. It applies to default mode's greedy cut of a class removed from the whole
+    federation (the server holds validation images of it), with a positive first budget below
+    ``scale.class_budget_max``."""
     sc = ctx.scale_cfg
     req = ctx.request.request
     if mode != "default" or str(sc.search) != "greedy" or sc.budget is None:
-        return False
+        return None
     if req.kind != "class" or req.clients or not len(ctx.val_forget):
-        return False
+        return None
     cap = sc.get("class_budget_max")
-    return cap is not None and 0.0 < class_first_budget(ctx) < float(cap)
+    first = class_first_budget(ctx)
+    return first if cap is not None and 0.0 < first < float(cap) else None
 
 
 def class_first_budget(ctx: UnlearnContext) -> float:
@@ -218,13 +220,13 @@ class ScaleUnlearner:
         theta = ctx.original_state()
         select, heal_set = split_selection_and_heal(ctx) if default else (ctx.val_retain, None)
         # the class check's first cut may be smaller than scale.budget: it grows while needed
-        first = class_first_budget(ctx) if _escalates(ctx, mode) else None
+        first = _class_check(ctx, mode)
         found = search(ctx, mode, report, theta, select, first)
         t3 = time.perf_counter()
         out = _cut_recover_heal(ctx, default, report, theta, found, heal_set, select)
         t5 = time.perf_counter()
         escalation = None
-        if _escalates(ctx, mode):
+        if first is not None:
             # a class removed from the whole federation whose own validation images the model
             # still recognises: the cut was too small for this model, so cut more
             found, out, escalation = _escalate(ctx, report, theta, found, out, heal_set, select)
