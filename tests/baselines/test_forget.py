@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from scaleflu.config import ConfigError, load_config
 from scaleflu.experiments.harness import make_context
-from scaleflu.fl.models import LeNet5
+from scaleflu.fl.models import LeNet5, ResNet18
 from scaleflu.unlearn.audit import example_units, label_margins, label_phi
 from scaleflu.unlearn.base import resolve_unlearn_config
 from scaleflu.unlearn.forget import (
@@ -27,7 +27,9 @@ from scaleflu.unlearn.forget import (
     cell_margins,
     cell_targets,
     embed,
+    head_layers,
     label_support,
+    step_gradients,
 )
 from scaleflu.unlearn.heal import split_selection_and_heal
 from tiny_run_helpers import needs_fmnist, tiny_config
@@ -116,6 +118,72 @@ def test_the_step_moves_the_selected_margins_down_within_its_bound(tiny_run: Any
     # seeded: the same request gives the same model
     again, _ = calibrated_forget(ctx, start, select, heal)
     assert all(torch.equal(new[k], again[k]) for k in new)
+
+
+def _autograd_step(layers: list[torch.nn.Linear], x, y, t, a0, anchor: float) -> list[Any]:
+    """The step's loss as the forgetting's autograd path writes it; the head's gradients."""
+    for m in layers:
+        m.weight.grad = m.bias.grad = None
+    out = x
+    for i, m in enumerate(layers):
+        out = m(out) if i == len(layers) - 1 else F.relu(m(out))
+    n = len(y)
+    pull = ((out[n:] - a0) ** 2).sum(1).mean() if len(a0) else 0.0
+    loss = torch.relu(label_margins(out[:n], y) - t).mean() + anchor * pull
+    loss.backward()
+    return [g for m in layers for g in (m.weight.grad, m.bias.grad)]
+
+
+@pytest.mark.parametrize("model", ["lenet", "resnet18"])
+@pytest.mark.parametrize("anchor", [2.0, 0.0])
+def test_the_heads_gradients_are_autograds_bit_for_bit(model: str, anchor: float) -> None:
+    torch.manual_seed(3)
+    net = LeNet5() if model == "lenet" else ResNet18(num_classes=10)
+    layers = head_layers(net)
+    assert layers is not None and layers[0].in_features in (400, 512)
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(64, layers[0].in_features, generator=gen).relu()  # trunk features
+    n = 32 if anchor else 64
+    y = torch.randint(0, 10, (n,), generator=gen)
+    with torch.no_grad():
+        phi = label_margins(net.head(x[:n]), y)
+    t = phi + torch.randn(n, generator=gen)  # some above their target, some below
+    a0 = torch.randn(64 - n, 10, generator=gen)
+    want = _autograd_step(layers, x, y, t, a0, anchor)
+    for m in layers:
+        m.weight.grad = m.bias.grad = None
+    step_gradients(layers, x, y, t, a0, anchor)
+    got = [g for m in layers for g in (m.weight.grad, m.bias.grad)]
+    assert any(bool(g.abs().sum() > 0) for g in got)
+    for a, b in zip(got, want, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)
+
+
+def test_a_head_that_is_not_only_linear_layers_uses_autograd() -> None:
+    class Other(torch.nn.Module):
+        def head_layers(self) -> list[Any]:
+            return [torch.nn.Linear(4, 3), torch.nn.Linear(3, 2, bias=False)]
+
+    assert head_layers(Other()) is None
+    assert head_layers(torch.nn.Linear(4, 2)) is None
+    assert head_layers(LeNet5()) is not None
+
+
+@needs_fmnist
+def test_the_step_gives_the_same_model_as_the_autograd_path(
+    tiny_run: Any, monkeypatch: Any
+) -> None:
+    ctx = _ctx(tiny_run, *LOOSE, "scale.forget_epochs=6", "scale.forget_val_tol=1.0")
+    select, heal = split_selection_and_heal(ctx)
+    start = ctx.original_state()
+    fast, info = calibrated_forget(ctx, start, select, heal)
+    assert info["kept_epoch"] >= 2
+    monkeypatch.setattr("scaleflu.unlearn.forget.head_layers", lambda model: None)
+    slow, info2 = calibrated_forget(ctx, start, select, heal)
+    assert info2["epochs_run"] == info["epochs_run"]
+    assert not torch.equal(fast["fc1.weight"], start["fc1.weight"])
+    for k in start:
+        assert torch.equal(fast[k], slow[k]), k
 
 
 @needs_fmnist

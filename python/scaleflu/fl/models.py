@@ -72,6 +72,11 @@ class LeNet5(nn.Module):
         x = F.relu(self.fc2(x))
         return self.fc3(x)
 
+    def head_layers(self) -> list[nn.Linear]:
+        """:meth:`head` as its linear layers: each but the last followed by a ReLU, nothing
+        else (what a step that computes the head's gradient itself may rely on)."""
+        return [self.fc1, self.fc2, self.fc3]
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch of images."""
         return self.head(self.trunk(x))
@@ -249,6 +254,10 @@ class ResNet18(nn.Module):
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The classifier: logits from :meth:`trunk`'s features."""
         return self.fc(x)
+
+    def head_layers(self) -> list[nn.Linear]:
+        """:meth:`head` as its linear layers (one)."""
+        return [self.fc]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch of images."""
