@@ -49,6 +49,28 @@ def test_same_parameters_as_torch_optim_after_every_step(ours, theirs) -> None:
     )
 
 
+def test_adam_with_parameters_that_join_late_is_torchs_bit_for_bit() -> None:
+    # the parameters of the first step share one flat state; one that gets its first gradient
+    # later has its own (and its own step count): both as torch.optim.Adam
+    mine, ref = _model(0), _model(0)
+    opt = Adam(mine.parameters(), lr=0.01)
+    ref_opt = torch.optim.Adam(ref.parameters(), lr=0.01, foreach=False)
+    gen = torch.Generator().manual_seed(2)
+    for step in range(6):
+        x, y = torch.randn(8, 1, 6, 6, generator=gen), torch.randint(0, 4, (8,), generator=gen)
+        for model, o in ((mine, opt), (ref, ref_opt)):
+            o.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            if step < 2:
+                dict(model.named_parameters())["0.bias"].grad = None
+            if step == 4:
+                dict(model.named_parameters())["3.weight"].grad = None
+            o.step()
+        for (name, a), b in zip(mine.named_parameters(), ref.parameters(), strict=True):
+            assert torch.equal(a, b), (step, name)
+    assert opt._flat is not None and len(opt._flat[0]) == 3  # the three of the first step
+
+
 def test_bad_settings_are_refused() -> None:
     with pytest.raises(ValueError, match="lr >= 0"):
         MomentumSGD(_model(0).parameters(), lr=-0.1)

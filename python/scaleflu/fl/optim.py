@@ -96,17 +96,44 @@ class Adam(_Update):
         self.lr, self.b1, self.b2, self.eps = float(lr), b1, b2, float(eps)
         self._state: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * len(self.params)
         self._steps = [0] * len(self.params)
+        # the parameters of the first step, when none had a state yet: their m and v live in
+        # one flat buffer each (the per-parameter states are views into them)
+        self._flat: tuple[list[int], torch.Tensor, torch.Tensor] | None = None
+
+    def _new_state(self, idx: list[int]) -> None:
+        """Zero m and v for the parameters ``idx``: one flat buffer each where they share a
+        dtype and a device and none has a state yet (the first step), else one per parameter."""
+        ps = [self.params[i] for i in idx]
+        if self._flat is None and len({(p.dtype, p.device) for p in ps}) == 1:
+            n = sum(p.numel() for p in ps)
+            m = torch.zeros(n, dtype=ps[0].dtype, device=ps[0].device)
+            v = torch.zeros_like(m)
+            off = 0
+            for i, p in zip(idx, ps, strict=True):
+                k = p.numel()
+                self._state[i] = (m[off : off + k].view(p.shape), v[off : off + k].view(p.shape))
+                off += k
+            self._flat = (list(idx), m, v)
+            return
+        for i, p in zip(idx, ps, strict=True):
+            self._state[i] = (torch.zeros_like(p), torch.zeros_like(p))
 
     @torch.no_grad()
     def step(self) -> None:
         """One update of every parameter with a gradient; the parameters at the same step count
         go through each operation together (``torch._foreach_*``: on the CPU the same kernel
-        per tensor, without a Python round per tensor and operation)."""
+        per tensor, without a Python round per tensor and operation). Where they are all the
+        parameters of the first step, m and v are updated as one flat tensor each (their
+        gradients concatenated): the same arithmetic per entry, bit for bit, in one call per
+        operation instead of one per tensor."""
+        fresh = [
+            i for i, p in enumerate(self.params) if p.grad is not None and self._state[i] is None
+        ]
+        if fresh:
+            self._new_state(fresh)
         groups: dict[int, list[int]] = {}
         for i, p in enumerate(self.params):
             if p.grad is not None:
-                if self._state[i] is None:
-                    self._state[i] = (torch.zeros_like(p), torch.zeros_like(p))
                 self._steps[i] += 1
                 groups.setdefault(self._steps[i], []).append(i)
         for t, idx in groups.items():
@@ -114,12 +141,24 @@ class Adam(_Update):
             gs = [p.grad for p in ps]
             ms = [self._state[i][0] for i in idx]  # type: ignore[index]
             vs = [self._state[i][1] for i in idx]  # type: ignore[index]
-            torch._foreach_lerp_(ms, gs, 1 - self.b1)
-            torch._foreach_mul_(vs, self.b2)
-            torch._foreach_addcmul_(vs, gs, gs, value=1 - self.b2)
             bc1 = 1 - self.b1**t
             bc2 = 1 - self.b2**t
-            denom = torch._foreach_sqrt(vs)
-            torch._foreach_div_(denom, bc2**0.5)
-            torch._foreach_add_(denom, self.eps)
+            if self._flat is not None and idx == self._flat[0]:
+                _, m, v = self._flat
+                g = torch.cat([x.reshape(-1) for x in gs])  # type: ignore[union-attr]
+                m.lerp_(g, 1 - self.b1)
+                v.mul_(self.b2)
+                v.addcmul_(g, g, value=1 - self.b2)
+                flat = v.sqrt()
+                flat.div_(bc2**0.5)
+                flat.add_(self.eps)
+                sizes = [p.numel() for p in ps]
+                denom = [d.view(p.shape) for d, p in zip(flat.split(sizes), ps, strict=True)]
+            else:
+                torch._foreach_lerp_(ms, gs, 1 - self.b1)
+                torch._foreach_mul_(vs, self.b2)
+                torch._foreach_addcmul_(vs, gs, gs, value=1 - self.b2)
+                denom = torch._foreach_sqrt(vs)
+                torch._foreach_div_(denom, bc2**0.5)
+                torch._foreach_add_(denom, self.eps)
             torch._foreach_addcdiv_(ps, ms, denom, value=-(self.lr / bc1))
