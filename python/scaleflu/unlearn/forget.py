@@ -351,17 +351,19 @@ def calibrated_forget(
         for i in range(0, len(order), bs):
             j = order[i : i + bs]
             opt.zero_grad()
+            # (index_select: the rows x[j] gives, without advanced indexing's cost per call)
+            xj, yj, tj = xs.index_select(0, j), ys.index_select(0, j), ts.index_select(0, j)
             if s["anchor"] > 0:  # one pass for both parts
                 a = torch.randint(len(ax), (min(bs, len(ax)),), generator=gen).to(dev)
-                xb, ab = torch.cat([xs[j], ax[a]]), a0[a]
+                xb, ab = torch.cat([xj, ax.index_select(0, a)]), a0.index_select(0, a)
             else:
-                xb, ab = xs[j], a0[:0]
+                xb, ab = xj, a0[:0]
             if layers is not None:
-                step_gradients(layers, xb, ys[j], ts[j], ab, s["anchor"])
+                step_gradients(layers, xb, yj, tj, ab, s["anchor"])
             else:
                 out = net(xb)
                 pull = ((out[len(j) :] - ab) ** 2).sum(1).mean() if len(ab) else 0.0
-                loss = torch.relu(label_margins(out[: len(j)], ys[j]) - ts[j]).mean()
+                loss = torch.relu(label_margins(out[: len(j)], yj) - tj).mean()
                 loss = loss + s["anchor"] * pull
                 loss.backward()
             if not moving:  # the parameters this loss reaches (the same graph every step)
