@@ -444,6 +444,37 @@ def test_independent_retrain_seed(loaded_run: LoadedRun) -> None:
         load_config(None, ["baselines.retrain.seed=-1"])
 
 
+def test_class_check_keeps_its_best_try_when_the_cap_comes_first(
+    loaded_run: LoadedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where larger cuts heal back more of the class (MobileNetV3, 2026-11-29: 0.15, 0.07, 0.13,
+    0.25, 0.30, 0.34 of its validation images up to the cap), the result is the try with the
+    fewest, not the last."""
+    import scaleflu.unlearn.scale as scale_mod
+
+    over = [*FAST_SCALE, "scale.budget=0.002", "scale.class_budget_start=0.002"]
+    over += ["scale.forget_epochs=0", "scale.class_budget_max=0.00675"]  # 4 tries
+    ctx = UnlearnContext.from_run_dir(
+        None, "class:7", "default", None, over, progress=False, run=loaded_run
+    )
+    seen: list[dict[str, torch.Tensor]] = []
+    scores = iter([0.15, 0.07, 0.13, 0.25])
+
+    def fake(_ctx: UnlearnContext, state: dict[str, torch.Tensor]) -> float:
+        seen.append({k: v.clone() for k, v in state.items()})
+        return next(scores)
+
+    monkeypatch.setattr(scale_mod, "class_val_accuracy", fake)
+    sc = ScaleUnlearner()
+    res = sc.run(ctx)
+    esc = res.details["class_escalation"]
+    assert [t["class_val_acc"] for t in esc["tries"]] == [0.15, 0.07, 0.13, 0.25]
+    assert esc["kept_budget"] == pytest.approx(0.003) == esc["tries"][1]["budget"]
+    assert len(seen) == 4 and not all(torch.equal(seen[1][k], seen[3][k]) for k in seen[1])
+    for k, v in seen[1].items():  # the second try's model is the result
+        assert torch.equal(sc.state[k], v), k
+
+
 def test_class_check_grows_the_cut_until_the_class_is_gone(loaded_run: LoadedRun) -> None:
     """A class the healed model still shows on the server's validation images of it: the greedy
     cut's budget grows by half from scale.class_budget_start until it does not (or up to
@@ -480,6 +511,7 @@ def test_class_check_grows_the_cut_until_the_class_is_gone(loaded_run: LoadedRun
     assert all(t["class_val_acc"] > 0.02 for t in tries[:-1])
     assert tries[-1]["class_val_acc"] <= 0.02 or budgets[-1] == 0.2
     assert class_val_accuracy(on_ctx, on.state) == pytest.approx(tries[-1]["class_val_acc"])
+    assert esc["kept_budget"] == budgets[-1]
     assert res.details["zeroed_share"] > off.details["zeroed_share"]
     # the test images of the class (never seen by the server) go the same way
     assert res.metrics["fa_class_test"] < off.metrics["fa_class_test"] - 0.3

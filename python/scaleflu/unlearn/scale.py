@@ -163,8 +163,10 @@ def _escalate(
 ) -> tuple[Found, _Outcome, dict[str, Any]]:
     """Grow the greedy cut's budget by half (up to ``scale.class_budget_max``) while the healed
     model still predicts more than ``scale.class_forget_tol`` of the server's validation images
-    of the forgotten class as that class. Only the chosen cut goes over the link; every try
-    counts in SCALE's time (the server's computation)."""
+    of the forgotten class as that class. The result is the try with the fewest of them (the
+    first such: the last try when it is within the tolerance; where the cap comes first, a
+    larger cut may have healed back more of the class than a smaller one). Only the chosen cut
+    goes over the link; every try counts in SCALE's time (the server's computation)."""
     sc = ctx.scale_cfg
     tol = float(sc.class_forget_tol)
     cap = float(sc.class_budget_max)
@@ -173,6 +175,7 @@ def _escalate(
     budget = float(found.env.spec.budget)  # the first cut's (class_first_budget)
     acc = class_val_accuracy(ctx, out.state)
     tries = [{"budget": budget, "class_val_acc": acc}]
+    best = (acc, found, out, budget)
     while acc > tol and budget < cap:
         budget = min(_BUDGET_STEP * budget, cap)
         spec = replace(found.env.spec, budget=budget)
@@ -184,13 +187,24 @@ def _escalate(
         out = _cut_recover_heal(ctx, True, report, theta, found, heal_set, select)
         acc = class_val_accuracy(ctx, out.state)
         tries.append({"budget": budget, "class_val_acc": acc})
+        if acc < best[0]:
+            best = (acc, found, out, budget)
+    _, found, out, kept = best
     if len(tries) > 1:
         log.info(
-            "class check: the server's validation images of the class at %s (tolerance %.3f)",
+            "class check: the server's validation images of the class at %s (tolerance %.3f); "
+            "kept budget %.3f",
             ", ".join(f"budget {t['budget']:.3f}: {t['class_val_acc']:.3f}" for t in tries),
             tol,
+            kept,
         )
-    info = {"tol": tol, "budget_max": cap, "val_images": len(ctx.val_forget), "tries": tries}
+    info = {
+        "tol": tol,
+        "budget_max": cap,
+        "val_images": len(ctx.val_forget),
+        "tries": tries,
+        "kept_budget": kept,
+    }
     return found, out, info
 
 
