@@ -341,6 +341,48 @@ def test_forget_saliency_and_healing(loaded_run: LoadedRun) -> None:
             split_selection_and_heal(x)
 
 
+def test_healing_with_dropout_does_not_depend_on_the_process_history(
+    loaded_run: LoadedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A model whose training draws from torch's global generator (dropout, as MobileNetV3's
+    classifier) heals the same whatever the process drew before, and the caller's generator
+    is left as it was (a MobileNetV3 class request once gave another class check in a table's
+    process than alone)."""
+    import torch.nn.functional as F
+
+    from scaleflu.fl.models import LeNet5
+    from scaleflu.unlearn.heal import heal
+
+    class DropLeNet(LeNet5):
+        def head(self, x: torch.Tensor) -> torch.Tensor:
+            x = F.dropout(F.relu(self.fc1(x)), 0.5, self.training)
+            return self.fc3(F.relu(self.fc2(x)))
+
+    over = [*FAST_SCALE, "scale.heal_loss=ce", "scale.heal_epochs=2"]
+    ctx = UnlearnContext.from_run_dir(
+        None, "client:2", "default", None, over, progress=False, run=loaded_run
+    )
+
+    def new_model(state: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+        with torch.random.fork_rng(devices=[]):  # its initial weights are replaced anyway
+            model = DropLeNet()
+        model.load_state_dict(state if state is not None else ctx.original_state())
+        return model
+
+    monkeypatch.setattr(ctx, "new_model", new_model)
+    theta = ctx.original_state()
+    runs = []
+    for history in (1, 2):
+        torch.manual_seed(history)
+        torch.rand(history * 7)  # whatever the process drew before
+        before = torch.get_rng_state()
+        runs.append(heal(ctx, theta, ctx.val_retain)[0])
+        assert torch.equal(torch.get_rng_state(), before)
+    assert any(not torch.equal(runs[0][k], theta[k]) for k in theta)
+    for k in theta:
+        assert torch.equal(runs[0][k], runs[1][k]), k
+
+
 def test_distillation_healing(loaded_run: LoadedRun) -> None:
     """Healing by distillation from the model before unlearning on the server's samples."""
     from scaleflu.config import ConfigError

@@ -18,6 +18,7 @@ import torch
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
+from scaleflu.fl.fedavg import derive_seed
 from scaleflu.fl.optim import MomentumSGD
 from scaleflu.unlearn.base import UnlearnContext
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
@@ -69,6 +70,14 @@ def _shift_mix(x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     lam = torch.rand(n, 1, 1, 1, generator=gen).to(x.device)
     other = torch.randperm(n, generator=gen).to(x.device)
     return lam * xs + (1.0 - lam) * xs[other]
+
+
+def _cuda_devices(device: torch.device | str) -> list[int]:
+    """The CUDA device ``device`` is, as ``torch.random.fork_rng`` takes it (none on the CPU)."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return []
+    return [dev.index if dev.index is not None else torch.cuda.current_device()]
 
 
 def heal(
@@ -157,47 +166,52 @@ def heal(
     best_epoch, bs, since = 0, int(fl.batch_size), 0
     gen = torch.Generator().manual_seed(int(ctx.seed) * 1000 + 48)
     epochs = int(sc.heal_epochs)
-    for ep in range(1, epochs + 1):
-        model.train()
-        perm = torch.randperm(len(y), generator=gen).to(ctx.device)
-        for i in range(0, len(y), bs):
-            idx = perm[i : i + bs]
-            opt.zero_grad()
-            if augment == "mix":
-                # more inputs than samples for the teacher to label: each image shifted by up
-                # to 2 pixels, then mixed with another of the batch (mixup); no trigger appears
-                xb = _shift_mix(x[idx], gen)
-                out = model(xb)
-                logp = torch.log_softmax(out / temp, dim=1)
-                loss = torch.nn.functional.kl_div(logp, targets(xb), reduction="batchmean")
-                loss = loss * temp * temp
-            elif soft is None:
-                out = model(x[idx])
-                loss = torch.nn.functional.cross_entropy(out, y[idx])
+    # train-mode layers that draw from torch's global generator (MobileNetV3's dropout) draw
+    # from one seeded for the healing, so that its result does not depend on what the process
+    # ran before (the caller's generator stays as it was)
+    with torch.random.fork_rng(devices=_cuda_devices(ctx.device)):
+        torch.manual_seed(derive_seed(int(ctx.seed), 48))
+        for ep in range(1, epochs + 1):
+            model.train()
+            perm = torch.randperm(len(y), generator=gen).to(ctx.device)
+            for i in range(0, len(y), bs):
+                idx = perm[i : i + bs]
+                opt.zero_grad()
+                if augment == "mix":
+                    # more inputs than samples for the teacher to label: each image shifted by up
+                    # to 2 pixels, then mixed with another of the batch (mixup); no trigger appears
+                    xb = _shift_mix(x[idx], gen)
+                    out = model(xb)
+                    logp = torch.log_softmax(out / temp, dim=1)
+                    loss = torch.nn.functional.kl_div(logp, targets(xb), reduction="batchmean")
+                    loss = loss * temp * temp
+                elif soft is None:
+                    out = model(x[idx])
+                    loss = torch.nn.functional.cross_entropy(out, y[idx])
+                else:
+                    out = model(x[idx])
+                    # KL(teacher || student) at temperature T (Hinton et al.), scaled by T^2
+                    logp = torch.log_softmax(out / temp, dim=1)
+                    loss = torch.nn.functional.kl_div(logp, soft[idx], reduction="batchmean")
+                    loss = loss * temp * temp
+                loss.backward()
+                for k, m in grad_mask.items():
+                    g = params[k].grad
+                    if m is not None and g is not None:
+                        g.mul_(m)
+                opt.step()
+            if sx is None:
+                best_epoch = ep
+                continue
+            acc = score()
+            trace.append(acc)
+            if acc > best:
+                best, best_epoch, since = acc, ep, 0
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
             else:
-                out = model(x[idx])
-                # KL(teacher || student) at temperature T (Hinton et al.), scaled by T^2
-                logp = torch.log_softmax(out / temp, dim=1)
-                loss = torch.nn.functional.kl_div(logp, soft[idx], reduction="batchmean")
-                loss = loss * temp * temp
-            loss.backward()
-            for k, m in grad_mask.items():
-                g = params[k].grad
-                if m is not None and g is not None:
-                    g.mul_(m)
-            opt.step()
-        if sx is None:
-            best_epoch = ep
-            continue
-        acc = score()
-        trace.append(acc)
-        if acc > best:
-            best, best_epoch, since = acc, ep, 0
-            best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        else:
-            since += 1
-            if patience and since >= patience:
-                break
+                since += 1
+                if patience and since >= patience:
+                    break
     if sx is None:
         best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     out = {k: v.to("cpu") for k, v in best_state.items()}
