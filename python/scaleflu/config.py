@@ -315,6 +315,7 @@ NULL_DEFAULT_TYPES: dict[str, type | tuple[type, ...]] = {
     "data.test_subset": int,
     "fl.ray_address": str,
     "fl.ray_num_cpus": int,
+    "fl.eval_batch_size": int,
     "history.keep_rounds": int,
     "scale.recovery_local_epochs": int,
     "scale.heal_lr": (int, float),

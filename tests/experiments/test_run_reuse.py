@@ -10,6 +10,9 @@ def test_training_view_ignores_unlearning_settings():
         overrides=["scale.ppo.episodes=5", "scale.lambda=0.9", "baselines.fused.rank=4"]
     )
     assert training_view(unlearn_only) == base
+    # where and in what passes a run is evaluated (a run saved with the old default of 1000)
+    for change in ("fl.eval_batch_size=1000", "fl.device=cpu"):
+        assert training_view(load_config(overrides=[change])) == base, change
 
 
 def test_training_view_sees_what_shapes_the_run():

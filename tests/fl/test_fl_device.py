@@ -11,7 +11,16 @@ from fl_helpers import toy_data
 
 from scaleflu.config import ConfigError, load_config
 from scaleflu.fl.data import partition_dirichlet
-from scaleflu.fl.device import config_device, cpu_state, resolve_device
+from scaleflu.fl.device import (
+    CPU_INFER_BATCH,
+    GPU_INFER_BATCH,
+    config_device,
+    cpu_state,
+    infer,
+    infer_batch,
+    infer_slices,
+    resolve_device,
+)
 from scaleflu.fl.fedavg import (
     LocalConfig,
     SequentialTrainer,
@@ -111,3 +120,55 @@ def test_cuda_trainer_matches_cpu(kind: str) -> None:
     ev_gpu = evaluate(model, data)
     ev_cpu = evaluate(build_model("lenet", 10, 1, 28).eval().requires_grad_(False), data)
     assert 0.0 <= ev_gpu["acc"] <= 1.0 and ev_cpu["loss"] > 0
+
+
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 127, 129, 500, 1000, 10000])
+@pytest.mark.parametrize("b", [1, 7, 64, 1024])
+def test_infer_slices_cover_the_set_in_near_equal_passes(n: int, b: int) -> None:
+    """Consecutive, covering [0, n) once, ceil(n / b) passes of at most b whose lengths differ
+    by at most one: no short last pass."""
+    sl = infer_slices(n, b)
+    assert len(sl) == -(-n // b)
+    assert [i for s in sl for i in range(s.start, s.stop)] == list(range(n))
+    lengths = [s.stop - s.start for s in sl]
+    assert all(0 < k <= b for k in lengths)
+    assert not lengths or max(lengths) - min(lengths) <= 1
+
+
+def test_infer_batch_by_device_and_refuses_an_empty_pass() -> None:
+    assert infer_batch("cpu") == CPU_INFER_BATCH == 64
+    assert infer_batch(torch.device("cuda:0")) == GPU_INFER_BATCH
+    assert infer_batch("cpu", 1000) == 1000
+    with pytest.raises(ValueError, match="at least 1 image"):
+        infer_batch("cpu", 0)
+
+
+@pytest.mark.parametrize("name", ["lenet", "mobilenetv3"])
+def test_infer_gives_the_whole_batchs_logits(name: str) -> None:
+    """The model in passes gives what one pass over the set gives, row for row (the order kept;
+    equal within float rounding: the kernels a pass size picks may differ on other CPUs), and
+    an empty set gives an empty result of the model's width."""
+    torch.manual_seed(0)
+    model = build_model(name, 10, 1, 28).eval()
+    x = torch.randn(150, 1, 28, 28)
+    with torch.no_grad():
+        whole = model(x)
+    got = infer(model, x)
+    assert got.shape == whole.shape and not got.requires_grad
+    assert torch.allclose(got, whole, rtol=1e-5, atol=1e-6)
+    assert torch.equal(infer(model, x, 7).argmax(1), whole.argmax(1))
+    assert infer(model, x[:0]).shape == (0, 10)
+
+
+def test_evaluation_passes_default_to_the_devices_and_a_config_may_set_them() -> None:
+    """evaluate() in the CPU's passes scores as one pass does; fl.eval_batch_size is null by
+    default (the device's) and refuses 0."""
+    data = toy_data(n=130)
+    torch.manual_seed(1)
+    model = build_model("lenet", 10, 1, 28)
+    a, b = evaluate(model, data), evaluate(model, data, 1000)
+    assert a["acc"] == b["acc"] and a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    assert load_config()["fl"]["eval_batch_size"] is None
+    validate_config(load_config(None, ["fl.eval_batch_size=128"]))
+    with pytest.raises(ConfigError, match="eval_batch_size"):
+        validate_config(load_config(None, ["fl.eval_batch_size=0"]))

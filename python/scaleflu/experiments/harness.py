@@ -77,8 +77,9 @@ def training_view(cfg: Mapping[str, Any]) -> dict[str, Any]:
     a run was trained without invalidating it.
     """
     view = {k: v for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED and k != "scale"}
-    if isinstance(view.get("fl"), Mapping):  # where a run computed does not define it
-        view["fl"] = {k: v for k, v in view["fl"].items() if k != "device"}
+    if isinstance(view.get("fl"), Mapping):  # where a run computed, and in what passes it was
+        # evaluated, do not define it
+        view["fl"] = {k: v for k, v in view["fl"].items() if k not in ("device", "eval_batch_size")}
     view["scale.groups_per_layer"] = (cfg.get("scale") or {}).get("groups_per_layer")
     # keys added later that are off by default: a run saved before they existed still matches
     if not view.get("plugins"):

@@ -53,7 +53,7 @@ from torch.func import functional_call, grad, vmap
 
 from scaleflu.config import config_section
 from scaleflu.fl.data import ImageData
-from scaleflu.fl.device import cpu_state, model_device, resolve_device
+from scaleflu.fl.device import cpu_state, infer_batch, infer_slices, model_device, resolve_device
 from scaleflu.fl.models import has_batchnorm
 
 log = logging.getLogger(__name__)
@@ -467,14 +467,14 @@ class BNRecalibrator:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, data: ImageData, batch_size: int = 1000) -> dict[str, float]:
-    """Accuracy and mean cross-entropy of ``model`` on ``data`` (eval mode)."""
+def evaluate(model: nn.Module, data: ImageData, batch_size: int | None = None) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``model`` on ``data`` (eval mode; passes of
+    ``batch_size`` images, None: the device's, :func:`scaleflu.fl.device.infer_batch`)."""
     was_training = model.training
     model.eval()
     dev = model_device(model)
     correct, loss_sum = 0, 0.0
-    for start in range(0, len(data), batch_size):
-        sl = slice(start, start + batch_size)
+    for sl in infer_slices(len(data), infer_batch(dev, batch_size)):
         out = model(data.inputs(sl).to(dev))
         y = data.labels[sl].to(dev)
         loss_sum += float(F.cross_entropy(out, y, reduction="sum"))
@@ -490,7 +490,7 @@ def attack_success_rate(model: nn.Module, triggered: ImageData, target_label: in
     model.eval()
     dev = model_device(model)
     hits = 0
-    for start in range(0, len(triggered), 1000):
-        out = model(triggered.inputs(slice(start, start + 1000)).to(dev))
+    for sl in infer_slices(len(triggered), infer_batch(dev)):
+        out = model(triggered.inputs(sl).to(dev))
         hits += int((out.argmax(1) == target_label).sum())
     return hits / max(len(triggered), 1)

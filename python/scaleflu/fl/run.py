@@ -121,9 +121,9 @@ class FLSetup:
         model.load_state_dict(self.model.state_dict())
         return model
 
-    def evaluator(self, model: nn.Module, batch_size: int) -> CentralEvaluator:
+    def evaluator(self, model: nn.Module, batch_size: int | None = None) -> CentralEvaluator:
         """The server's evaluation of a global model on this run's test (and triggered) set,
-        computed on ``model``."""
+        computed on ``model`` in passes of ``batch_size`` images (None: the device's)."""
         target = self.poison.target_label if self.triggered_test is not None else None
         return CentralEvaluator(model, self.test, batch_size, self.triggered_test, target)
 
@@ -316,7 +316,7 @@ def train(
         cfg,
         setup.data_sizes,
         recalibrate=bn_recal,
-        evaluator=setup.evaluator(eval_model, int(fl.eval_batch_size)),
+        evaluator=setup.evaluator(eval_model, fl.eval_batch_size),
     )
     T = int(fl.rounds)
     bar = tqdm(

@@ -173,12 +173,12 @@ class ValidationCheck:
     """
 
     def __init__(
-        self, model: nn.Module, data: ImageData, margin: float, batch_size: int = 1000
+        self, model: nn.Module, data: ImageData, margin: float, batch_size: int | None = None
     ) -> None:
         if margin < 0:
             raise ValueError(f"acceptance margin must be >= 0, got {margin}")
         self.model, self.data, self.margin = model, data, float(margin)
-        self.batch_size = int(batch_size)
+        self.batch_size = batch_size  # None: the device's (scaleflu.fl.device.infer_batch)
 
     @classmethod
     def from_config(
@@ -223,11 +223,11 @@ class CentralEvaluator:
         self,
         model: nn.Module,
         test: ImageData,
-        batch_size: int = 1000,
+        batch_size: int | None = None,
         triggered: ImageData | None = None,
         target_label: int | None = None,
     ) -> None:
-        self.model, self.test, self.batch_size = model, test, int(batch_size)
+        self.model, self.test, self.batch_size = model, test, batch_size  # None: the device's
         self.triggered, self.target_label = triggered, target_label
 
     def __call__(self, state: Mapping[str, torch.Tensor]) -> dict[str, Any]:

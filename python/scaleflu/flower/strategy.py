@@ -272,7 +272,7 @@ class UnlearningStrategy(Strategy):
             self.rounds = FedAvg.from_config(self.cfg, self.sizes)
             if self.evaluate_rounds:
                 eval_model = setup.new_model()
-                self.evaluator = setup.evaluator(eval_model, int(self.cfg.fl.eval_batch_size))
+                self.evaluator = setup.evaluator(eval_model, self.cfg.fl.eval_batch_size)
         else:
             assert self.model is not None
             model = self.model

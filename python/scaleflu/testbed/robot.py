@@ -29,6 +29,7 @@ import torch
 
 from scaleflu.config import as_config
 from scaleflu.fl.data import ImageData, add_trigger
+from scaleflu.fl.device import infer
 from scaleflu.fl.fedavg import LocalConfig, derive_seed, evaluate, train_client
 from scaleflu.fl.models import build_model
 from scaleflu.fl.run import build_data
@@ -114,7 +115,7 @@ def _acc(model: torch.nn.Module, data: ImageData, idx: np.ndarray, labels: torch
         return float("nan")
     model.eval()
     sel = torch.as_tensor(idx, dtype=torch.int64)
-    out = model(data.inputs(sel))
+    out = infer(model, data.inputs(sel))
     return float((out.argmax(1) == labels[sel]).float().mean())
 
 
@@ -153,8 +154,7 @@ def robot_metrics(
             out["fa"] = _acc(model, data.train, allpos[forget], data.train.labels)
     out["test_acc"] = evaluate(model, data.test)["acc"]
     model.eval()
-    with torch.no_grad():
-        pred = model(data.triggered.inputs()).argmax(1)
+    pred = infer(model, data.triggered.inputs()).argmax(1)
     out["asr"] = float((pred == data.target_label).float().mean()) if len(data.triggered) else None
     return {k: (None if isinstance(v, float) and not np.isfinite(v) else v) for k, v in out.items()}
 

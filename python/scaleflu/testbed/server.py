@@ -208,7 +208,7 @@ class EdgeServer:
             None,
             screening=agg_cfg,
             recalibrate=self.bn_recal,
-            evaluator=self.setup.evaluator(self.model, int(self.cfg.fl.eval_batch_size)),
+            evaluator=self.setup.evaluator(self.model, self.cfg.fl.eval_batch_size),
             norm_prior=trusted,
             reference=trusted.reference_update,
             checks=[check] if check is not None else [],

@@ -57,7 +57,7 @@ from tqdm import tqdm
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData, PoisonInfo
-from scaleflu.fl.device import config_device
+from scaleflu.fl.device import config_device, infer_batch, infer_slices
 from scaleflu.fl.fedavg import BNRecalibrator, LocalConfig, derive_seed, make_trainer
 from scaleflu.fl.integrity import key_for, load_model, save_model
 from scaleflu.fl.models import build_model
@@ -147,7 +147,7 @@ def label_margins(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def label_phi(model: nn.Module, data: ImageData, batch_size: int = 1000) -> np.ndarray:
+def label_phi(model: nn.Module, data: ImageData, batch_size: int | None = None) -> np.ndarray:
     """LiRA's statistic of each sample's label: ``z_y - logsumexp_{j != y} z_j`` (eval mode).
 
     The same as ``log p_y - log(1 - p_y)`` of the softmax, computed from the logits so that a
@@ -157,8 +157,7 @@ def label_phi(model: nn.Module, data: ImageData, batch_size: int = 1000) -> np.n
     model.eval()
     dev = next(model.parameters()).device
     out = []
-    for start in range(0, len(data), batch_size):
-        sl = slice(start, start + batch_size)
+    for sl in infer_slices(len(data), infer_batch(dev, batch_size)):
         z = model(data.inputs(sl).to(dev)).double()
         out.append(label_margins(z, data.labels[sl].to(dev)).cpu())
     model.train(was)

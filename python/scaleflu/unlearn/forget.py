@@ -56,18 +56,20 @@ import torch
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
+from scaleflu.fl.device import infer
 from scaleflu.fl.optim import Adam
 from scaleflu.unlearn.audit import example_units, label_margins
 from scaleflu.unlearn.base import UnlearnContext
 
-_BATCH = 500
+_BATCH = 500  # rows per pass of a head on features, and of the similarity search
 _MEASURE_EVERY = 2  # epochs between two measurements (the bound and the targets)
 
 
 def _forward(model: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-    """``model`` (a whole model, its trunk or its head) on ``x`` in batches, no gradient."""
-    with torch.no_grad():
-        return torch.cat([model(x[i : i + _BATCH]) for i in range(0, len(x), _BATCH)])
+    """``model`` (a whole model, its trunk or its head) on ``x``, no gradient: images in the
+    device's passes (:func:`scaleflu.fl.device.infer`), feature rows in passes of 500 (a head's
+    matrix products gain nothing from smaller ones)."""
+    return infer(model, x, None if x.dim() > 2 else _BATCH)
 
 
 def embed(

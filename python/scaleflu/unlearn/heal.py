@@ -18,6 +18,7 @@ import torch
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
+from scaleflu.fl.device import infer
 from scaleflu.fl.fedavg import derive_seed
 from scaleflu.fl.optim import MomentumSGD
 from scaleflu.unlearn.base import UnlearnContext
@@ -54,8 +55,7 @@ def distill_targets(
     is the task, not the backdoor. A class removed from the whole federation gets probability
     0 (its logits masked before the softmax; its samples are already out of the retained set).
     """
-    with torch.no_grad():
-        logits = teacher(x) / temp
+    logits = infer(teacher, x) / temp
     req = ctx.request.request
     if req.kind == "class" and not req.clients:
         logits[:, sorted(req.classes)] = float("-inf")
@@ -157,8 +157,7 @@ def heal(
 
     def score() -> float:
         model.eval()
-        with torch.no_grad():
-            return float((model(sx).argmax(1) == sy).float().mean())
+        return float((infer(model, sx).argmax(1) == sy).float().mean())
 
     best = score() if sx is not None else -1.0
     trace = [best] if sx is not None else []

@@ -45,21 +45,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from scaleflu.fl.data import ImageData, PoisonInfo, poisoned_like
+from scaleflu.fl.device import infer_batch, infer_slices
 from scaleflu.fl.fedavg import LocalConfig, train_client
 
 log = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def predict(model: nn.Module, data: ImageData, batch_size: int = 1000) -> torch.Tensor:
-    """Softmax probabilities of ``model`` on every sample of ``data`` (eval mode)."""
+def predict(model: nn.Module, data: ImageData, batch_size: int | None = None) -> torch.Tensor:
+    """Softmax probabilities of ``model`` on every sample of ``data`` (eval mode; passes of
+    ``batch_size`` images, None: the device's, :func:`scaleflu.fl.device.infer_batch`)."""
     was = model.training
     model.eval()
     dev = next(model.parameters()).device  # fl.device: computed there, returned on the CPU
     out = []
-    for start in range(0, len(data), batch_size):
-        x = data.inputs(slice(start, start + batch_size)).to(dev)
-        out.append(F.softmax(model(x), dim=1).cpu())
+    for sl in infer_slices(len(data), infer_batch(dev, batch_size)):
+        out.append(F.softmax(model(data.inputs(sl).to(dev)), dim=1).cpu())
     model.train(was)
     if not out:
         return torch.empty(0, data.num_classes)

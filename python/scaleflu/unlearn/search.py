@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 from scaleflu.config import ConfigError
 from scaleflu.fl.data import ImageData
+from scaleflu.fl.device import infer
 from scaleflu.fl.models import sensitivity_layers
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.base import UnlearnContext
@@ -173,7 +174,7 @@ class Utility:
     def __call__(self, layers: Mapping[str, torch.Tensor]) -> float:
         for k, v in layers.items():
             self.params[k].copy_(v)
-        return float((self.model(self.x).argmax(1) == self.y).float().mean())
+        return float((infer(self.model, self.x).argmax(1) == self.y).float().mean())
 
 
 def ppo_device(ctx: UnlearnContext) -> str:
