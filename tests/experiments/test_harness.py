@@ -75,3 +75,28 @@ def test_variants_get_their_params_and_settings_and_cells_go_where_asked(
         match_cost_of = "retrain-b"
 
     assert matched_budget(cell_dir, cells[0], Matched()) == 2.5  # retrain-b's, through cell_dir
+
+
+def test_a_models_scale_settings_reach_its_cells_and_variants_still_win(
+    tmp_path: Path, tiny_run_path: Path
+) -> None:
+    """experiment.model_settings.<model> may set scale.*: the model's cells run with it (its
+    trained run is still reused: scale.* does not shape a run), a variant's own setting on top."""
+    cfg = tiny_config()
+    cfg["experiment"]["scenarios"] = {"client": "client:0"}
+    cfg["experiment"]["model_settings"]["lenet"] = ["scale.w_u=0.25"]
+    key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
+    out = tmp_path / "out"
+    shutil.copytree(tiny_run_path, out / "runs" / key.slug)
+    calls: list[str] = []
+    seen: list[dict[str, Any]] = []
+
+    def factory(name: str, cfg: Any, **params: Any) -> Any:
+        return Recorder(name, calls, seen, **params)
+
+    variants = {"no-utility": Variant("scale", ("scale.w_u=0",))}
+    cells = [Cell(key, "client", m) for m in ("scale", "no-utility")]
+    status = run_cells(cfg, out, cells, factory, False, variants=variants)
+    assert [s["status"] for s in status.values()] == ["done"] * 2
+    assert float(cfg["scale"]["w_u"]) != 0.25
+    assert [s["w_u"] for s in seen] == [0.25, 0.0]

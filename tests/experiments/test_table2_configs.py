@@ -8,7 +8,7 @@ import pytest
 
 from scaleflu.config import ConfigError, load_config, resolve_config_path
 from scaleflu.experiments.cells import RunKey, plan_cells
-from scaleflu.experiments.harness import run_config
+from scaleflu.experiments.harness import model_config, run_config
 from scaleflu.experiments.table2 import run_table2
 from scaleflu.fl.run import validate_config
 from scaleflu.unlearn.registry import method_names
@@ -49,15 +49,24 @@ def test_cpu_config_adds_a_reduced_mobilenetv3() -> None:
     # its SGD steps, FedAvg's averaged BatchNorm statistics (chosen on validation)
     assert mnv3["data"] == lenet["data"]
     assert mnv3["fl"] == {**lenet["fl"], "rounds": 10, "local_epochs": 1}
+    # its forgetting step's own settings (chosen on a tuning run), LeNet's the defaults
+    step = ("forget_anchor_weight", "forget_lr")
+    assert [model_config(cfg, "mobilenetv3")["scale"][k] for k in step] == [1.0, 0.006]
+    assert [model_config(cfg, "lenet")["scale"][k] for k in step] == [2.0, None]
     _, sweep = plan_cells(cfg)
     assert {c.run.model for c in sweep} == {"lenet"}
 
 
 def test_model_settings_are_checked() -> None:
-    """Per-model settings may touch data/fl/model only, and unknown keys are refused."""
-    cfg = load_config(None, ['experiment.model_settings.resnet18=["scale.top_m=2"]'])
+    """Per-model settings may touch data/fl/model (the runs) and scale (the cells, saved with
+    the runs) only, and unknown keys are refused."""
+    cfg = load_config(None, ['experiment.model_settings.resnet18=["baselines.pga.lr=2"]'])
     with pytest.raises(ConfigError, match="may set data"):
         run_config(cfg, RunKey("fashion_mnist", "resnet18", 0.3, 0))
+    cfg = load_config(None, ['experiment.model_settings.resnet18=["scale.top_m=2"]'])
+    assert run_config(cfg, RunKey("fashion_mnist", "resnet18", 0.3, 0))["scale"]["top_m"] == 2
+    assert model_config(cfg, "resnet18")["scale"]["top_m"] == 2
+    assert model_config(cfg, "lenet")["scale"]["top_m"] == cfg["scale"]["top_m"] != 2
     cfg = load_config(None, ['experiment.model_settings.resnet18=["fl.roundz=2"]'])
     with pytest.raises(ConfigError, match="unknown config key"):
         run_config(cfg, RunKey("fashion_mnist", "resnet18", 0.3, 0))

@@ -47,6 +47,36 @@ CellDir = Callable[[Cell], Path]  # where a cell's folder is
 RUN_SECTIONS_DROPPED = ("experiment", "baselines", "testbed")
 
 
+MODEL_SETTING_SECTIONS = ("data", "fl", "model", "scale")
+
+
+def model_settings(cfg: Config, model: str) -> list[dict[str, Any]]:
+    """``experiment.model_settings.<model>``, each item parsed (``data.*``, ``fl.*``, ``model.*``
+    shape the model's runs; ``scale.*`` its SCALE cells, and is saved with its runs so that
+    ``scaleflu unlearn`` on one of them uses it too)."""
+    out = []
+    for item in cfg.experiment.model_settings.get(model) or []:
+        upd = parse_override(str(item))
+        if set(upd) - set(MODEL_SETTING_SECTIONS):
+            raise ConfigError(
+                f"experiment.model_settings.{model}: {item!r} may set data.*, fl.*, model.*, "
+                "scale.*"
+            )
+        out.append(upd)
+    return out
+
+
+def model_config(cfg: Mapping[str, Any], model: str) -> Config:
+    """The experiment config of ``model``'s cells: ``cfg`` with the model's ``scale.*`` settings
+    (:func:`model_settings`) on top."""
+    cfg = as_config(cfg)
+    out: Mapping[str, Any] = cfg
+    for upd in model_settings(cfg, model):
+        if "scale" in upd:
+            out = merge(out, {"scale": upd["scale"]})
+    return as_config(out)
+
+
 def run_config(cfg: Mapping[str, Any], key: RunKey) -> Config:
     """The FL config of one run: the experiment config with the run's data set, model, alpha, seed.
 
@@ -56,12 +86,7 @@ def run_config(cfg: Mapping[str, Any], key: RunKey) -> Config:
     cfg = as_config(cfg)
     out = {k: copy.deepcopy(v) for k, v in cfg.items() if k not in RUN_SECTIONS_DROPPED}
     # e.g. a smaller run for MobileNetV3 on the CPU
-    for item in cfg.experiment.model_settings.get(key.model) or []:
-        upd = parse_override(str(item))
-        if set(upd) - {"data", "fl", "model"}:
-            raise ConfigError(
-                f"experiment.model_settings.{key.model}: {item!r} may set data.*, fl.*, model.*"
-            )
+    for upd in model_settings(cfg, key.model):
         out = merge(out, upd)
     out["seed"] = key.seed
     out["data"]["dataset"] = key.dataset
@@ -250,6 +275,7 @@ def run_cells(
             by_scenario: dict[str, list[Cell]] = {}
             for c in group:
                 by_scenario.setdefault(c.scenario, []).append(c)
+            mcfg = model_config(cfg, key.model)  # the model's own scale.* settings
             for sc, sc_cells in by_scenario.items():
                 contexts: dict[tuple[str, ...], Any] = {}  # one per variant config
                 # cost-matched controls after the method whose time they match
@@ -258,7 +284,7 @@ def run_cells(
                     bar.set_postfix_str(f"{key.model} s{key.seed} {sc} {c.method}", refresh=True)
                     variant = variants.get(c.method, Variant(c.method))
                     status[_rel(where(c), out)] = _run_cell(
-                        c, variant, run, scenarios[sc], cfg, contexts, factory, where, progress
+                        c, variant, run, scenarios[sc], mcfg, contexts, factory, where, progress
                     )
                     bar.update(1)
             run.history.close()
