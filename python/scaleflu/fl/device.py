@@ -18,11 +18,11 @@ from scaleflu.config import ConfigError
 
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 
-#: Images per inference pass (no gradient) on a CPU. A large batch's activations leave the
-#: caches: one thread, images per ms at 1024 / 64 per pass, MobileNetV3-Small 3.8 / 0.95 ms,
-#: LeNet-5 0.059 / 0.023 ms, ResNet18 15.8 / 11.3 ms (``benchmarks/infer_batch.py``). The
-#: logits are the same bit for bit at any pass size from 16 up (checked for the three models,
-#: ``tests/fl/test_device.py``); :func:`infer_slices` keeps every pass of a set above 32.
+#: Images per inference pass (no gradient) on a CPU. A large pass's activations leave the
+#: caches: one thread, milliseconds per image in passes of 1024 / 64, MobileNetV3-Small 3.14 /
+#: 0.91, LeNet-5 0.061 / 0.022, ResNet18 14.6 / 10.7 (``benchmarks/infer_batch.py``, which also
+#: reports that the logits were the same bit for bit at every pass size from 16 up on the
+#: machine that measured it); :func:`infer_slices` keeps every pass of a set above 32 images.
 CPU_INFER_BATCH = 64
 #: Images per inference pass on a GPU, where a large batch is what it wants.
 GPU_INFER_BATCH = 1024
