@@ -438,7 +438,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "fl.trainer": ("auto", "vmap", "sequential"),
     "fl.lr_schedule": ("constant", "exponential", "cosine"),
     "scale.mode": ("default", "paper"),
-    "scale.heal_loss": ("ce", "distill"),
+    "scale.heal_loss": ("ce", "distill", "distill_class"),
     "scale.heal_augment": ("none", "mix"),
     "scale.forget_saliency_stat": ("loss", "margin"),
     "scale.heal_params": ("all", "layers", "cut", "uncut"),

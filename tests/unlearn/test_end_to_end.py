@@ -386,7 +386,7 @@ def test_healing_with_dropout_does_not_depend_on_the_process_history(
 def test_distillation_healing(loaded_run: LoadedRun) -> None:
     """Healing by distillation from the model before unlearning on the server's samples."""
     from scaleflu.config import ConfigError
-    from scaleflu.unlearn.heal import distill_targets, heal
+    from scaleflu.unlearn.heal import distill_targets, heal, heal_loss_kind
 
     def ctx(request: str, *extra: str) -> UnlearnContext:
         over = [*FAST_SCALE, "scale.heal_loss=distill", *extra]
@@ -418,6 +418,13 @@ def test_distillation_healing(loaded_run: LoadedRun) -> None:
     ce = ctx("client:2", "scale.heal_loss=ce", "scale.heal_epochs=2")
     moved, _ = heal(ce, theta, ce.val_retain)
     assert any(not torch.allclose(moved[k], v, atol=1e-4) for k, v in theta.items())
+    # distill_class: a class removed from the whole federation distils (its class masked), any
+    # other request heals with the labels (a teacher that learned D_u would pass it on)
+    dc = ctx("client:2", "scale.heal_loss=distill_class", "scale.heal_epochs=2")
+    moved_dc, info_dc = heal(dc, theta, dc.val_retain)
+    assert info_dc["loss"] == "ce" and all(torch.equal(moved_dc[k], moved[k]) for k in moved)
+    assert heal_loss_kind(ctx("class:7", "scale.heal_loss=distill_class")) == "distill"
+    assert heal_loss_kind(ctx("sample:2:0.5", "scale.heal_loss=distill_class")) == "ce"
     # end to end without the recovery round: no client trains, healing restores validation
     # accuracy that the cut took, and the class is still forgotten
     res = ScaleUnlearner().run(cls)
@@ -434,9 +441,10 @@ def test_distillation_healing(loaded_run: LoadedRun) -> None:
         with pytest.raises(ConfigError, match=key):
             c = ctx("client:2", bad)
             heal(c, theta, c.val_retain)
-    with pytest.raises(ConfigError, match="heal_augment"):
-        c = ctx("client:2", "scale.heal_loss=ce", "scale.heal_augment=mix")
-        heal(c, theta, c.val_retain)
+    for loss in ("ce", "distill_class"):  # a client request heals with ce under both
+        with pytest.raises(ConfigError, match="heal_augment"):
+            c = ctx("client:2", f"scale.heal_loss={loss}", "scale.heal_augment=mix")
+            heal(c, theta, c.val_retain)
     # heal_params: only the cut's entries (or layers) train, everything else stays bit-exact
     c = ctx("client:2", "scale.heal_params=cut", "scale.heal_loss=ce", "scale.heal_epochs=2")
     k = next(iter(theta))
