@@ -77,6 +77,38 @@ def test_variants_get_their_params_and_settings_and_cells_go_where_asked(
     assert matched_budget(cell_dir, cells[0], Matched()) == 2.5  # retrain-b's, through cell_dir
 
 
+def test_a_reused_scale_cell_computed_with_other_settings_is_named(
+    tmp_path: Path, tiny_run_path: Path, caplog: Any
+) -> None:
+    """A finished cell is reused whatever the config says now; where SCALE's settings changed
+    since, the run says which cells and settings, once."""
+    cfg = tiny_config()
+    cfg["experiment"]["scenarios"] = {"client": "client:0"}
+    cfg["experiment"]["model_settings"]["lenet"] = ["scale.w_u=0.25"]
+    key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
+    out = tmp_path / "out"
+    shutil.copytree(tiny_run_path, out / "runs" / key.slug)
+    calls: list[str] = []
+
+    def factory(name: str, cfg: Any, **params: Any) -> Any:
+        return Recorder(name, calls, [], **params)
+
+    cells = [Cell(key, "client", m) for m in ("retrain", "scale")]
+    run_cells(cfg, out, cells, factory, False)
+    assert calls == ["retrain:client:0", "scale:client:0"]
+    calls.clear()
+    with caplog.at_level("WARNING", logger="scaleflu.experiments.harness"):
+        run_cells(cfg, out, cells, factory, False)  # the same settings: reused, nothing said
+        assert calls == [] and not caplog.records
+        cfg["experiment"]["model_settings"]["lenet"] = ["scale.w_u=0.5"]
+        cfg["baselines"]["retrain"]["rounds"] = 3  # not saved with a cell: not checked
+        run_cells(cfg, out, cells, factory, False)
+    assert calls == []  # still reused
+    [rec] = caplog.records
+    msg = rec.getMessage()
+    assert "1 finished SCALE cell" in msg and "w_u: 0.25 -> 0.5" in msg and "client/scale" in msg
+
+
 def test_a_models_scale_settings_reach_its_cells_and_variants_still_win(
     tmp_path: Path, tiny_run_path: Path
 ) -> None:

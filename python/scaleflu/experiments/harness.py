@@ -248,12 +248,28 @@ def run_cells(
     cells = list(dict.fromkeys(cells))  # main table first, then the sweep
     status: dict[str, dict[str, Any]] = {}
     todo: dict[RunKey, list[Cell]] = {}
+    stale: list[tuple[str, list[str]]] = []  # reused SCALE cells computed with other settings
     for c in cells:
         cdir = where(c)
-        if read_result(cdir / "result.json") is not None:
+        done = read_result(cdir / "result.json")
+        if done is not None:
             status[_rel(cdir, out)] = {"status": "done", "reused": True}
+            diff = scale_settings_changed(cfg, c, variants.get(c.method), done)
+            if diff:
+                stale.append((_rel(cdir, out), diff))
         else:
             todo.setdefault(c.run, []).append(c)
+    if stale:
+        keys = sorted({d.split(":")[0] for _, ds in stale for d in ds})
+        log.warning(
+            "%d finished SCALE cell(s) are reused although they were computed with other scale "
+            "settings than the config's now (%s; e.g. %s: %s); remove their folders or write to "
+            "another --out to recompute them",
+            len(stale),
+            ", ".join(keys),
+            stale[0][0],
+            "; ".join(stale[0][1]),
+        )
     n_todo = sum(len(v) for v in todo.values())
     log.info("%d cells: %d finished, %d to run", len(cells), len(cells) - n_todo, n_todo)
     threads = int(cfg.fl.threads or 0)
@@ -291,6 +307,37 @@ def run_cells(
     finally:
         bar.close()
     return status
+
+
+def scale_settings_changed(
+    cfg: Mapping[str, Any], c: Cell, variant: Variant | None, result: Mapping[str, Any]
+) -> list[str]:
+    """For a finished cell of SCALE (or of a variant of it): each ``scale.*`` setting (top level)
+    whose value in ``result``'s saved config differs from what ``cfg`` would give the cell now,
+    as ``"key: saved -> now"``. A setting the saved config lacks (an older version's) is left
+    out; other methods' cells give none (their settings are not saved with them)."""
+    variant = variant or Variant(c.method)
+    if canonical_name(variant.method) != "scale":
+        return []
+    saved = (result.get("config") or {}).get("scale")
+    if not isinstance(saved, Mapping):
+        return []
+    mcfg = model_config(cfg, c.run.model)
+    now = dict((variant.config(mcfg) if variant.overrides else mcfg).scale)
+    return [
+        f"{k}: {saved[k]!r} -> {now[k]!r}"
+        for k in sorted(now)
+        if k in saved and k != "eval" and _plain(saved[k]) != _plain(now[k])
+    ]
+
+
+def _plain(v: Any) -> Any:
+    """A config value as plain data (nested configs as dicts, tuples as lists) for comparing."""
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_plain(x) for x in v]
+    return v
 
 
 def _rel(path: Path, out: Path) -> str:
