@@ -91,3 +91,10 @@ def test_class_not_present() -> None:
         resolve_request(parse_request("class:2"), PARTS, labels, 3)
     with pytest.raises(RequestError, match="not present"):
         resolve_request(parse_request("class:2@0"), PARTS, labels, 3)
+
+
+def test_whole_class_is_a_class_removed_from_every_client() -> None:
+    assert parse_request("class:3").whole_class and parse_request("class:3,5").whole_class
+    assert not parse_request("class:3@7").whole_class
+    assert not parse_request("client:7").whole_class
+    assert not parse_request("sample:7:0.1").whole_class

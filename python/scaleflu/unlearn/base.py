@@ -324,7 +324,7 @@ class UnlearnContext:
         # observable there
         req = request.request
         gone = np.zeros(len(self.val), dtype=bool)
-        if req.kind == "class" and not req.clients:
+        if req.whole_class:
             gone = np.isin(self.val.labels.numpy(), list(req.classes))
         self.val_retain: ImageData = self.val.subset(np.flatnonzero(~gone))
         self.val_forget: ImageData = self.val.subset(np.flatnonzero(gone))

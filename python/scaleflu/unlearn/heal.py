@@ -57,7 +57,7 @@ def distill_targets(
     """
     logits = infer(teacher, x) / temp
     req = ctx.request.request
-    if req.kind == "class" and not req.clients:
+    if req.whole_class:
         logits[:, sorted(req.classes)] = float("-inf")
     return torch.softmax(logits, dim=1)
 
@@ -91,7 +91,7 @@ def heal_loss_kind(ctx: UnlearnContext) -> str:
         raise ConfigError(f"scale.heal_loss must be ce, distill or distill_class, got {kind!r}")
     if kind == "distill_class":
         req = ctx.request.request
-        return "distill" if req.kind == "class" and not req.clients else "ce"
+        return "distill" if req.whole_class else "ce"
     return kind
 
 

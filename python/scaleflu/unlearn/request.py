@@ -78,6 +78,11 @@ class UnlearnRequest:
         if not self.text:
             object.__setattr__(self, "text", self.canonical())
 
+    @property
+    def whole_class(self) -> bool:
+        """A class removed from the whole federation (``class:c`` without ``@clients``)."""
+        return self.kind == "class" and not self.clients
+
     def canonical(self) -> str:
         """The text form: ``client:3,7``, ``class:3[@7]``, ``sample:7:0.1`` or ``:poisoned``."""
         clients = ",".join(map(str, self.clients))

@@ -126,7 +126,7 @@ def _class_check(ctx: UnlearnContext, mode: str) -> float | None:
     req = ctx.request.request
     if mode != "default" or str(sc.search) != "greedy" or sc.budget is None:
         return None
-    if req.kind != "class" or req.clients or not len(ctx.val_forget):
+    if not req.whole_class or not len(ctx.val_forget):
         return None
     cap = sc.get("class_budget_max")
     first = class_first_budget(ctx)

@@ -51,7 +51,7 @@ def uses_saliency(ctx: UnlearnContext) -> bool:
     """Whether Phase I computes a saliency (per-sample gradients) for the request: a class
     removed from the whole federation, or the attribution chosen for its kind."""
     req, sc = ctx.request.request, ctx.scale_cfg
-    if req.kind == "class" and not req.clients:
+    if req.whole_class:
         return str(sc.class_attribution) == "saliency"
     chosen = sc.client_attribution if req.kind == "client" else sc.sample_attribution
     return str(chosen) == "saliency"

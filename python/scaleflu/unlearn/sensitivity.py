@@ -606,7 +606,7 @@ def phase_one(
         raise ConfigError(
             f"scale.class_attribution must be saliency or contribution, got {attribution!r}"
         )
-    if req.kind == "class" and not req.clients and attribution == "saliency":
+    if req.whole_class and attribution == "saliency":
         # a class removed from the whole federation: every client holds it, so the clients'
         # contribution C_l is nearly the whole model and not class-specific. Sparsify by a
         # class-specific saliency on the server's validation set instead.
