@@ -77,17 +77,24 @@ def test_variants_get_their_params_and_settings_and_cells_go_where_asked(
     assert matched_budget(cell_dir, cells[0], Matched()) == 2.5  # retrain-b's, through cell_dir
 
 
-def test_a_reused_scale_cell_computed_with_other_settings_is_named(
-    tmp_path: Path, tiny_run_path: Path, caplog: Any
-) -> None:
-    """A finished cell is reused whatever the config says now; where SCALE's settings changed
-    since, the run says which cells and settings, once."""
+def _lenet_at_w_u_025(tmp_path: Path, tiny_run_path: Path) -> tuple[Any, RunKey, Path]:
+    """The tiny config with one client scenario and LeNet's model setting scale.w_u=0.25, its
+    key and an output folder holding the session's trained run."""
     cfg = tiny_config()
     cfg["experiment"]["scenarios"] = {"client": "client:0"}
     cfg["experiment"]["model_settings"]["lenet"] = ["scale.w_u=0.25"]
     key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
     out = tmp_path / "out"
     shutil.copytree(tiny_run_path, out / "runs" / key.slug)
+    return cfg, key, out
+
+
+def test_a_reused_scale_cell_computed_with_other_settings_is_named(
+    tmp_path: Path, tiny_run_path: Path, caplog: Any
+) -> None:
+    """A finished cell is reused whatever the config says now; where SCALE's settings changed
+    since, the run says which cells and settings, once."""
+    cfg, key, out = _lenet_at_w_u_025(tmp_path, tiny_run_path)
     calls: list[str] = []
 
     def factory(name: str, cfg: Any, **params: Any) -> Any:
@@ -114,12 +121,7 @@ def test_a_models_scale_settings_reach_its_cells_and_variants_still_win(
 ) -> None:
     """experiment.model_settings.<model> may set scale.*: the model's cells run with it (its
     trained run is still reused: scale.* does not shape a run), a variant's own setting on top."""
-    cfg = tiny_config()
-    cfg["experiment"]["scenarios"] = {"client": "client:0"}
-    cfg["experiment"]["model_settings"]["lenet"] = ["scale.w_u=0.25"]
-    key = RunKey("fashion_mnist", "lenet", float(cfg["data"]["alpha"]), 0)
-    out = tmp_path / "out"
-    shutil.copytree(tiny_run_path, out / "runs" / key.slug)
+    cfg, key, out = _lenet_at_w_u_025(tmp_path, tiny_run_path)
     calls: list[str] = []
     seen: list[dict[str, Any]] = []
 

@@ -323,21 +323,12 @@ def scale_settings_changed(
     if not isinstance(saved, Mapping):
         return []
     mcfg = model_config(cfg, c.run.model)
-    now = dict((variant.config(mcfg) if variant.overrides else mcfg).scale)
+    now = (variant.config(mcfg) if variant.overrides else mcfg).scale.to_dict()
     return [
         f"{k}: {saved[k]!r} -> {now[k]!r}"
         for k in sorted(now)
-        if k in saved and k != "eval" and _plain(saved[k]) != _plain(now[k])
+        if k in saved and k != "eval" and saved[k] != now[k]
     ]
-
-
-def _plain(v: Any) -> Any:
-    """A config value as plain data (nested configs as dicts, tuples as lists) for comparing."""
-    if isinstance(v, Mapping):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, list | tuple):
-        return [_plain(x) for x in v]
-    return v
 
 
 def _rel(path: Path, out: Path) -> str:
