@@ -89,31 +89,43 @@ def _lenet_at_w_u_025(tmp_path: Path, tiny_run_path: Path) -> tuple[Any, RunKey,
     return cfg, key, out
 
 
-def test_a_reused_scale_cell_computed_with_other_settings_is_named(
+def test_a_reused_cell_computed_with_other_settings_is_named(
     tmp_path: Path, tiny_run_path: Path, caplog: Any
 ) -> None:
-    """A finished cell is reused whatever the config says now; where SCALE's settings changed
-    since, the run says which cells and settings, once."""
+    """A finished cell is reused whatever the config says now; where its method's settings
+    (``baselines.<section>``; SCALE's ``scale.*`` too) changed since, the run says which cells
+    and settings, once."""
     cfg, key, out = _lenet_at_w_u_025(tmp_path, tiny_run_path)
     calls: list[str] = []
 
     def factory(name: str, cfg: Any, **params: Any) -> Any:
         return Recorder(name, calls, [], **params)
 
-    cells = [Cell(key, "client", m) for m in ("retrain", "scale")]
-    run_cells(cfg, out, cells, factory, False)
-    assert calls == ["retrain:client:0", "scale:client:0"]
+    variants = {"retrain-b": Variant("retrain", params=(("seed", 7),))}
+    cells = [Cell(key, "client", m) for m in ("retrain", "retrain-b", "scale", "pga")]
+    run_cells(cfg, out, cells, factory, False, variants=variants)
+    assert calls == ["retrain:client:0", "retrain:client:0", "scale:client:0", "pga:client:0"]
+    saved = read_result(cells[1].dir(out) / "result.json")
+    assert saved is not None
+    assert saved["config"]["method"]["section"] == "retrain"
+    assert saved["config"]["method"]["settings"]["seed"] == 7  # the variant's param
     calls.clear()
     with caplog.at_level("WARNING", logger="scaleflu.experiments.harness"):
-        run_cells(cfg, out, cells, factory, False)  # the same settings: reused, nothing said
+        run_cells(cfg, out, cells, factory, False, variants=variants)  # same settings: silent
         assert calls == [] and not caplog.records
         cfg["experiment"]["model_settings"]["lenet"] = ["scale.w_u=0.5"]
-        cfg["baselines"]["retrain"]["rounds"] = 3  # not saved with a cell: not checked
-        run_cells(cfg, out, cells, factory, False)
+        run_cells(cfg, out, cells, factory, False, variants=variants)
+        cfg["experiment"]["model_settings"]["lenet"] = ["scale.w_u=0.25"]
+        cfg["baselines"]["retrain"]["rounds"] = 3
+        cfg["baselines"]["retrain"]["seed"] = 5  # retrain-b's own seed still wins
+        run_cells(cfg, out, cells, factory, False, variants=variants)
     assert calls == []  # still reused
-    [rec] = caplog.records
-    msg = rec.getMessage()
-    assert "1 finished SCALE cell" in msg and "w_u: 0.25 -> 0.5" in msg and "client/scale" in msg
+    first, second = (r.getMessage() for r in caplog.records)
+    assert "1 finished cell" in first and "scale.w_u: 0.25 -> 0.5" in first
+    assert "client/scale" in first
+    assert "2 finished cell" in second and "baselines.retrain.rounds: None -> 3" in second
+    assert "baselines.retrain.seed" in second and "client/retrain:" in second
+    assert "scale.w_u" not in second and "pga" not in second
 
 
 def test_a_models_scale_settings_reach_its_cells_and_variants_still_win(

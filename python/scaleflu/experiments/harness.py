@@ -38,7 +38,7 @@ from scaleflu.experiments.cells import Cell, RunKey, read_result
 from scaleflu.fl.run import load_run, train
 from scaleflu.unlearn.base import UnlearnContext, Unlearner, resolve_unlearn_config
 from scaleflu.unlearn.baselines.aoi_trace import annotate, replay_scale_trace
-from scaleflu.unlearn.registry import canonical_name, make_method
+from scaleflu.unlearn.registry import canonical_name, hyper_parameters, make_method, method_spec
 
 log = logging.getLogger(__name__)
 
@@ -248,13 +248,13 @@ def run_cells(
     cells = list(dict.fromkeys(cells))  # main table first, then the sweep
     status: dict[str, dict[str, Any]] = {}
     todo: dict[RunKey, list[Cell]] = {}
-    stale: list[tuple[str, list[str]]] = []  # reused SCALE cells computed with other settings
+    stale: list[tuple[str, list[str]]] = []  # reused cells computed with other settings
     for c in cells:
         cdir = where(c)
         done = read_result(cdir / "result.json")
         if done is not None:
             status[_rel(cdir, out)] = {"status": "done", "reused": True}
-            diff = scale_settings_changed(cfg, c, variants.get(c.method), done)
+            diff = settings_changed(cfg, c, variants.get(c.method), done)
             if diff:
                 stale.append((_rel(cdir, out), diff))
         else:
@@ -262,8 +262,8 @@ def run_cells(
     if stale:
         keys = sorted({d.split(":")[0] for _, ds in stale for d in ds})
         log.warning(
-            "%d finished SCALE cell(s) are reused although they were computed with other scale "
-            "settings than the config's now (%s; e.g. %s: %s); remove their folders or write to "
+            "%d finished cell(s) are reused although they were computed with other settings "
+            "than the config's now (%s; e.g. %s: %s); remove their folders or write to "
             "another --out to recompute them",
             len(stale),
             ", ".join(keys),
@@ -309,26 +309,51 @@ def run_cells(
     return status
 
 
-def scale_settings_changed(
+def method_settings(variant: Variant, cfg: Config) -> dict[str, Any]:
+    """What a cell of ``variant`` runs with by its config (``cfg``, the variant's overrides
+    applied): ``baselines.<section>`` merged with the variant's params, as
+    :func:`scaleflu.unlearn.registry.hyper_parameters` gives it to the method. Saved with each
+    cell (its result's ``config.method``); a setting the harness fills in per cell at run time
+    (the cost-matched control's ``budget_cpu_s``) keeps the config's value here."""
+    spec = method_spec(variant.method)
+    return {
+        "name": spec.name,
+        "section": spec.section or spec.name,
+        "settings": hyper_parameters(spec.name, cfg, dict(variant.params)),
+    }
+
+
+def settings_changed(
     cfg: Mapping[str, Any], c: Cell, variant: Variant | None, result: Mapping[str, Any]
 ) -> list[str]:
-    """For a finished cell of SCALE (or of a variant of it): each ``scale.*`` setting (top level)
-    whose value in ``result``'s saved config differs from what ``cfg`` would give the cell now,
-    as ``"key: saved -> now"``. A setting the saved config lacks (an older version's) is left
-    out; other methods' cells give none (their settings are not saved with them)."""
+    """For a finished cell: each setting whose value in ``result``'s saved config differs from
+    what ``cfg`` would give the cell now, as ``"key: saved -> now"``: its method's settings
+    (``baselines.<section>.<key>``, saved as :func:`method_settings` gives them) and, for SCALE
+    and its variants, every top-level ``scale.*`` setting. A setting the saved config lacks (an
+    older version's: cells before the method's settings were saved) is left out."""
     variant = variant or Variant(c.method)
-    if canonical_name(variant.method) != "scale":
-        return []
-    saved = (result.get("config") or {}).get("scale")
-    if not isinstance(saved, Mapping):
-        return []
+    saved_cfg = result.get("config") or {}
     mcfg = model_config(cfg, c.run.model)
-    now = (variant.config(mcfg) if variant.overrides else mcfg).scale.to_dict()
-    return [
-        f"{k}: {saved[k]!r} -> {now[k]!r}"
-        for k in sorted(now)
-        if k in saved and k != "eval" and saved[k] != now[k]
-    ]
+    vcfg = variant.config(mcfg) if variant.overrides else mcfg
+    out: list[str] = []
+    saved_m = saved_cfg.get("method")
+    if isinstance(saved_m, Mapping) and isinstance(saved_m.get("settings"), Mapping):
+        now_m = method_settings(variant, vcfg)
+        old = saved_m["settings"]
+        out += [
+            f"baselines.{now_m['section']}.{k}: {old[k]!r} -> {v!r}"
+            for k, v in sorted(now_m["settings"].items())
+            if k in old and old[k] != v
+        ]
+    saved = saved_cfg.get("scale")
+    if canonical_name(variant.method) == "scale" and isinstance(saved, Mapping):
+        now = vcfg.scale.to_dict()
+        out += [
+            f"scale.{k}: {saved[k]!r} -> {now[k]!r}"
+            for k in sorted(now)
+            if k in saved and k != "eval" and saved[k] != now[k]
+        ]
+    return out
 
 
 def _rel(path: Path, out: Path) -> str:
@@ -380,6 +405,7 @@ def _run_cell(
             save_file({k: v.contiguous() for k, v in unlearner.state.items()}, mp)
             result.model_path = str(mp)
         result.details.setdefault("cell", rel)
+        result.config["method"] = method_settings(variant, vcfg)
         tmp = cdir / "result.json.tmp"
         result.save(tmp)
         tmp.replace(cdir / "result.json")
