@@ -22,7 +22,6 @@ from scaleflu.fl.device import infer
 from scaleflu.fl.fedavg import derive_seed
 from scaleflu.fl.optim import MomentumSGD
 from scaleflu.unlearn.base import UnlearnContext
-from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 
 
 def split_selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
@@ -245,15 +244,16 @@ def heal_and_measure(
     select: ImageData,
     cut: Mapping[str, torch.Tensor],
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """:func:`heal` ``state`` on ``data``; the summary adds the selection accuracy before/after."""
-    # validation accuracy before and after, measured on the selection part
-    val_sel = accuracy_from_probs(predict(ctx.new_model(state), select), select.labels)
+    """:func:`heal` ``state`` on ``data``; the summary adds the selection accuracy before/after
+    (the selection trace's epoch 0 and its kept epoch: measured once, during the healing)."""
     healed, info = heal(ctx, state, data, select, cut)
+    trace = info["select_acc_trace"]  # empty without selection images: no accuracy
+    before, after = (trace[0], trace[info["best_epoch"]]) if trace else (None, None)
     return healed, {
         **info,
         "epochs": int(ctx.scale_cfg.heal_epochs),
         "samples": len(data),
         "selection_samples": len(select),
-        "val_acc_before": val_sel,
-        "val_acc_after": accuracy_from_probs(predict(ctx.new_model(healed), select), select.labels),
+        "val_acc_before": before,
+        "val_acc_after": after,
     }
