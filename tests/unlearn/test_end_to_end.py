@@ -465,6 +465,56 @@ def test_distillation_healing(loaded_run: LoadedRun) -> None:
         heal(c, cut_state, c.val_retain)
 
 
+def test_the_class_images_that_heal(loaded_run: LoadedRun) -> None:
+    """scale.heal_class_images: part of the server's validation images of a class removed from
+    the whole federation heals, taught the teacher's other classes; the class check measures
+    only the rest."""
+    from scaleflu.config import ConfigError
+    from scaleflu.unlearn.heal import heal, split_class_images
+
+    def ctx(request: str, *extra: str) -> UnlearnContext:
+        over = [*FAST_SCALE, "scale.heal_loss=distill", "scale.recovery_rounds=0", *extra]
+        return UnlearnContext.from_run_dir(
+            None, request, "default", None, over, progress=False, run=loaded_run
+        )
+
+    off = ctx("class:7")
+    assert split_class_images(off) == (off.val_forget, None)
+    on = ctx("class:7", "scale.heal_class_images=true")
+    check, part = split_class_images(on)
+    assert part is not None and len(check) and len(part)
+    # a seeded split of the class's images: disjoint, together all of them
+    n = len(on.val_forget)
+    assert len(check) + len(part) == n and len(part) == round(0.5 * n)
+    key = lambda d: {tuple(x.flatten().tolist()) for x in d.inputs()}  # noqa: E731
+    assert key(check) | key(part) == key(on.val_forget) and not key(check) & key(part)
+    assert all(int(c) == 7 for c in on.val_forget.labels)
+    # from Theta (its own distillation's fixed point) only the class's images move it: the
+    # probability it gives them for their class falls
+    theta = on.original_state()
+
+    def p7(state: dict) -> float:
+        m = on.new_model(state).eval()
+        with torch.no_grad():
+            return float(torch.softmax(m(part.inputs()), 1)[:, 7].mean())
+
+    healed, info = heal(on, theta, on.val_retain)
+    assert info["class_images"] == len(part)
+    before, after = p7(theta), p7(healed)
+    assert before > 0.5 and after < 0.5 * before, (before, after)
+    assert heal(off, theta, off.val_retain)[1]["class_images"] == 0
+    # end to end: the check is scored on the other images only, and the class stays forgotten
+    res = ScaleUnlearner().run(on)
+    assert res.details["healing"]["class_images"] == len(part)
+    assert res.details["class_escalation"]["val_images"] == len(check)
+    assert res.metrics["fa_class_test"] <= 0.15
+    # no label of the class may be taught, and a request without a whole class has no images
+    with pytest.raises(ConfigError, match="heal_class_images"):
+        split_class_images(ctx("class:7", "scale.heal_class_images=true", "scale.heal_loss=ce"))
+    cli = ctx("client:2", "scale.heal_class_images=true")
+    assert split_class_images(cli)[1] is None and not len(cli.val_forget)
+
+
 def test_independent_retrain_seed(loaded_run: LoadedRun) -> None:
     """``baselines.retrain.seed``: a second, equally valid Retrain (the sweep's noise floor)."""
     from scaleflu.config import ConfigError, load_config

@@ -45,6 +45,38 @@ def split_selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData 
     return data.subset(np.sort(perm[n_heal:])), data.subset(np.sort(perm[:n_heal]))
 
 
+def split_class_images(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
+    """The server's validation images of a class removed from the whole federation
+    (``ctx.val_forget``; empty for any other request) as the part that measures the class (the
+    class check, the search's measured R_f) and the part that heals.
+
+    Without ``scale.heal_class_images`` (or without healing) every image measures and none
+    heals. With it a seeded ``scale.heal_share`` of them joins the healing, labelled by the
+    teacher with the class masked (:func:`distill_targets`: the other classes' share of what
+    the model before unlearning gives them), and only the rest measures, so the check is not
+    scored on images the healing trained on. It needs the distillation loss (no label of the
+    class may be taught).
+    """
+    sc = ctx.scale_cfg
+    data = ctx.val_forget
+    if not bool(sc.get("heal_class_images")) or int(sc.heal_epochs or 0) <= 0 or len(data) < 2:
+        return data, None
+    kind = heal_loss_kind(ctx)
+    if kind != "distill":
+        raise ConfigError(
+            f"scale.heal_class_images needs the distillation loss (the class's images get the "
+            f"teacher's other classes); this request heals with {kind} "
+            f"(scale.heal_loss: {sc.heal_loss})"
+        )
+    share = float(sc.heal_share)
+    if not 0.0 < share < 1.0:
+        raise ConfigError(f"scale.heal_share must be in (0, 1), got {share}")
+    rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 53]))
+    perm = rng.permutation(len(data))
+    n_heal = max(1, min(len(data) - 1, int(round(share * len(data)))))
+    return data.subset(np.sort(perm[n_heal:])), data.subset(np.sort(perm[:n_heal]))
+
+
 def distill_targets(
     ctx: UnlearnContext, teacher: torch.nn.Module, x: torch.Tensor, temp: float = 1.0
 ) -> torch.Tensor:
@@ -165,6 +197,13 @@ def heal(
         assert teacher is not None
         return distill_targets(ctx, teacher, inp, temp)
 
+    _, class_heal = split_class_images(ctx)
+    n_class = 0 if class_heal is None else len(class_heal)
+    if n_class:
+        # the class's own images, taught the teacher's other classes (its class masked)
+        assert class_heal is not None
+        x = torch.cat([x, class_heal.inputs().to(ctx.device)])
+        y = torch.cat([y, class_heal.labels.to(ctx.device)])  # (unused: no label is taught)
     soft = targets(x) if teacher is not None and augment == "none" else None
     sx = sy = None
     if select is not None and len(select):
@@ -234,6 +273,7 @@ def heal(
         "best_epoch": best_epoch,
         "select_acc_trace": trace,
         "loss": loss_kind,
+        "class_images": n_class,
     }
 
 

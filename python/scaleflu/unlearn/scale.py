@@ -33,7 +33,7 @@ from scaleflu.fl.history import state_bytes
 from scaleflu.unlearn.aoi import AoITracker
 from scaleflu.unlearn.base import UnlearnContext, UnlearnResult
 from scaleflu.unlearn.forget import calibrated_forget
-from scaleflu.unlearn.heal import heal_and_measure, split_selection_and_heal
+from scaleflu.unlearn.heal import heal_and_measure, split_class_images, split_selection_and_heal
 from scaleflu.unlearn.metrics import accuracy_from_probs, predict
 from scaleflu.unlearn.search import (
     Found,
@@ -147,8 +147,10 @@ def class_first_budget(ctx: UnlearnContext) -> float:
 
 def class_val_accuracy(ctx: UnlearnContext, state: dict[str, torch.Tensor]) -> float:
     """The share of the server's validation images of the forgotten class(es) that ``state``
-    still predicts as their class (a model that never saw the class: 0)."""
-    acc = accuracy_from_probs(predict(ctx.new_model(state), ctx.val_forget), ctx.val_forget.labels)
+    still predicts as their class (a model that never saw the class: 0); those that healed
+    (``scale.heal_class_images``) are not counted."""
+    images, _ = split_class_images(ctx)
+    acc = accuracy_from_probs(predict(ctx.new_model(state), images), images.labels)
     return float(acc or 0.0)
 
 
@@ -201,7 +203,7 @@ def _escalate(
     info = {
         "tol": tol,
         "budget_max": cap,
-        "val_images": len(ctx.val_forget),
+        "val_images": len(split_class_images(ctx)[0]),
         "tries": tries,
         "kept_budget": kept,
     }

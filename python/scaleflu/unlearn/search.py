@@ -36,6 +36,7 @@ from scaleflu.fl.models import sensitivity_layers
 from scaleflu.unlearn.aoi import AoITracker, changed_groups
 from scaleflu.unlearn.base import UnlearnContext
 from scaleflu.unlearn.env import EnvSpec, EpisodeRecord, SparsifyEnv
+from scaleflu.unlearn.heal import split_class_images
 from scaleflu.unlearn.sensitivity import forget_saliency, hookable_layers
 
 if TYPE_CHECKING:
@@ -311,10 +312,11 @@ def sparsify_env(
             "scale.class_forget_reward must be measured or attribution, "
             f"got {sc['class_forget_reward']!r}"
         )
-    if default and len(ctx.val_forget) and sc.class_forget_reward == "measured":
+    measured, _ = split_class_images(ctx)  # (without the ones that heal, if any do)
+    if default and len(measured) and sc.class_forget_reward == "measured":
         # a class removed from the whole federation: the server sees its validation samples,
         # so R_f measures the forgetting instead of a proxy for it
-        forget_u = Utility(ctx, theta, data=ctx.val_forget)
+        forget_u = Utility(ctx, theta, data=measured)
     if str(sc.measure_every) not in ("step", "episode"):
         raise ConfigError(
             f"scale.measure_every must be step or episode, got {sc['measure_every']!r}"
