@@ -466,9 +466,9 @@ def test_distillation_healing(loaded_run: LoadedRun) -> None:
 
 
 def test_the_class_images_that_heal(loaded_run: LoadedRun) -> None:
-    """scale.heal_class_images: part of the server's validation images of a class removed from
-    the whole federation heals, taught the teacher's other classes; the class check measures
-    only the rest."""
+    """scale.heal_class_images (the default): part of the server's validation images of a class
+    removed from the whole federation heals, taught the teacher's other classes; the class check
+    measures only the rest."""
     from scaleflu.config import ConfigError
     from scaleflu.unlearn.heal import heal, split_class_images
 
@@ -478,9 +478,10 @@ def test_the_class_images_that_heal(loaded_run: LoadedRun) -> None:
             None, request, "default", None, over, progress=False, run=loaded_run
         )
 
-    off = ctx("class:7")
+    off = ctx("class:7", "scale.heal_class_images=false")
     assert split_class_images(off) == (off.val_forget, None)
-    on = ctx("class:7", "scale.heal_class_images=true")
+    on = ctx("class:7")  # the default
+    assert bool(on.scale_cfg.heal_class_images)
     check, part = split_class_images(on)
     assert part is not None and len(check) and len(part)
     # a seeded split of the class's images: disjoint, together all of them
@@ -508,9 +509,12 @@ def test_the_class_images_that_heal(loaded_run: LoadedRun) -> None:
     assert res.details["healing"]["class_images"] == len(part)
     assert res.details["class_escalation"]["val_images"] == len(check)
     assert res.metrics["fa_class_test"] <= 0.15
-    # no label of the class may be taught, and a request without a whole class has no images
-    with pytest.raises(ConfigError, match="heal_class_images"):
-        split_class_images(ctx("class:7", "scale.heal_class_images=true", "scale.heal_loss=ce"))
+    # no label of the class may be taught (healing on the labels: none heals), and a request
+    # without a whole class has no images
+    ce = ctx("class:7", "scale.heal_loss=ce")
+    assert split_class_images(ce) == (ce.val_forget, None) and len(ce.val_forget)
+    with pytest.raises(ConfigError, match="heal_share"):
+        split_class_images(ctx("class:7", "scale.heal_share=1.5"))
     cli = ctx("client:2", "scale.heal_class_images=true")
     assert split_class_images(cli)[1] is None and not len(cli.val_forget)
 
@@ -584,7 +588,8 @@ def test_class_check_grows_the_cut_until_the_class_is_gone(loaded_run: LoadedRun
 
     def ctx(request: str, *extra: str) -> UnlearnContext:
         over = [*FAST_SCALE, "scale.budget=0.002", "scale.class_budget_start=0.002"]
-        over += ["scale.forget_epochs=0", *extra]
+        # (the class's own images not healing: they forget it at the first cut)
+        over += ["scale.forget_epochs=0", "scale.heal_class_images=false", *extra]
         return UnlearnContext.from_run_dir(
             None, request, "default", None, over, progress=False, run=loaded_run
         )

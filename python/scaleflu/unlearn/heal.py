@@ -50,24 +50,19 @@ def split_class_images(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None
     (``ctx.val_forget``; empty for any other request) as the part that measures the class (the
     class check, the search's measured R_f) and the part that heals.
 
-    Without ``scale.heal_class_images`` (or without healing) every image measures and none
-    heals. With it a seeded ``scale.heal_share`` of them joins the healing, labelled by the
-    teacher with the class masked (:func:`distill_targets`: the other classes' share of what
-    the model before unlearning gives them), and only the rest measures, so the check is not
-    scored on images the healing trained on. It needs the distillation loss (no label of the
-    class may be taught).
+    With ``scale.heal_class_images`` (the default) and healing by distillation, a seeded
+    ``scale.heal_share`` of them joins the healing, labelled by the teacher with the class
+    masked (:func:`distill_targets`: the other classes' share of what the model before
+    unlearning gives them), and only the rest measures, so the check is not scored on images
+    the healing trained on. Otherwise (the option off, no healing, or healing on the labels: no
+    label of the class may be taught) every image measures and none heals.
     """
     sc = ctx.scale_cfg
     data = ctx.val_forget
     if not bool(sc.get("heal_class_images")) or int(sc.heal_epochs or 0) <= 0 or len(data) < 2:
         return data, None
-    kind = heal_loss_kind(ctx)
-    if kind != "distill":
-        raise ConfigError(
-            f"scale.heal_class_images needs the distillation loss (the class's images get the "
-            f"teacher's other classes); this request heals with {kind} "
-            f"(scale.heal_loss: {sc.heal_loss})"
-        )
+    if heal_loss_kind(ctx) != "distill":
+        return data, None
     share = float(sc.heal_share)
     if not 0.0 < share < 1.0:
         raise ConfigError(f"scale.heal_share must be in (0, 1), got {share}")

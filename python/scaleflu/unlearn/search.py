@@ -312,7 +312,8 @@ def sparsify_env(
             "scale.class_forget_reward must be measured or attribution, "
             f"got {sc['class_forget_reward']!r}"
         )
-    measured, _ = split_class_images(ctx)  # (without the ones that heal, if any do)
+    # (default mode heals: without the class's images that heal, if any do)
+    measured = split_class_images(ctx)[0] if default else ctx.val_forget
     if default and len(measured) and sc.class_forget_reward == "measured":
         # a class removed from the whole federation: the server sees its validation samples,
         # so R_f measures the forgetting instead of a proxy for it
