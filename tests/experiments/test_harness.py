@@ -126,6 +126,10 @@ def test_a_reused_cell_computed_with_other_settings_is_named(
     assert "2 finished cell" in second and "baselines.retrain.rounds: None -> 3" in second
     assert "baselines.retrain.seed" in second and "client/retrain:" in second
     assert "scale.w_u" not in second and "pga" not in second
+    # a setting the method would refuse does not stop the reuse check (a cell that runs says so)
+    cfg["baselines"]["retrain"]["bogus"] = 1
+    run_cells(cfg, out, cells, factory, False, variants=variants)
+    assert calls == []
 
 
 def test_a_models_scale_settings_reach_its_cells_and_variants_still_win(

@@ -337,8 +337,13 @@ def settings_changed(
     vcfg = variant.config(mcfg) if variant.overrides else mcfg
     out: list[str] = []
     saved_m = saved_cfg.get("method")
+    now_m = None
     if isinstance(saved_m, Mapping) and isinstance(saved_m.get("settings"), Mapping):
-        now_m = method_settings(variant, vcfg)
+        try:
+            now_m = method_settings(variant, vcfg)
+        except (ConfigError, ValueError):
+            now_m = None  # a setting the method refuses: its cells say so when they run
+    if now_m is not None:
         old = saved_m["settings"]
         out += [
             f"baselines.{now_m['section']}.{k}: {old[k]!r} -> {v!r}"
