@@ -24,6 +24,18 @@ from scaleflu.fl.optim import MomentumSGD
 from scaleflu.unlearn.base import UnlearnContext
 
 
+def _heal_split(ctx: UnlearnContext, data: ImageData, salt: int) -> tuple[ImageData, ImageData]:
+    """``data`` (at least 2 samples) as the rest and a disjoint healing part: a seeded
+    (``ctx.seed``, ``salt``) ``scale.heal_share`` of it, at least one sample each."""
+    share = float(ctx.scale_cfg.heal_share)
+    if not 0.0 < share < 1.0:
+        raise ConfigError(f"scale.heal_share must be in (0, 1), got {share}")
+    rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, salt]))
+    perm = rng.permutation(len(data))
+    n_heal = max(1, min(len(data) - 1, int(round(share * len(data)))))
+    return data.subset(np.sort(perm[n_heal:])), data.subset(np.sort(perm[:n_heal]))
+
+
 def split_selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
     """The retained validation set split into a selection part and a disjoint healing part.
 
@@ -36,13 +48,7 @@ def split_selection_and_heal(ctx: UnlearnContext) -> tuple[ImageData, ImageData 
     data = ctx.val_retain
     if epochs <= 0 or len(data) < 2:
         return data, None
-    share = float(sc.heal_share)
-    if not 0.0 < share < 1.0:
-        raise ConfigError(f"scale.heal_share must be in (0, 1), got {share}")
-    rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 47]))
-    perm = rng.permutation(len(data))
-    n_heal = max(1, min(len(data) - 1, int(round(share * len(data)))))
-    return data.subset(np.sort(perm[n_heal:])), data.subset(np.sort(perm[:n_heal]))
+    return _heal_split(ctx, data, 47)
 
 
 def split_class_images(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None]:
@@ -63,13 +69,7 @@ def split_class_images(ctx: UnlearnContext) -> tuple[ImageData, ImageData | None
         return data, None
     if heal_loss_kind(ctx) != "distill":
         return data, None
-    share = float(sc.heal_share)
-    if not 0.0 < share < 1.0:
-        raise ConfigError(f"scale.heal_share must be in (0, 1), got {share}")
-    rng = np.random.default_rng(np.random.SeedSequence([ctx.seed, 53]))
-    perm = rng.permutation(len(data))
-    n_heal = max(1, min(len(data) - 1, int(round(share * len(data)))))
-    return data.subset(np.sort(perm[n_heal:])), data.subset(np.sort(perm[:n_heal]))
+    return _heal_split(ctx, data, 53)
 
 
 def distill_targets(
