@@ -25,6 +25,27 @@ def _cmd_table2(args: argparse.Namespace) -> int:
     return 1 if summary["failed"] else 0
 
 
+def _cmd_parity(args: argparse.Namespace) -> int:
+    import json
+
+    from scaleflu.experiments.parity import load_cells, parity_rows, parity_table
+    from scaleflu.experiments.report import METHOD_LABELS
+
+    try:
+        rows = parity_rows(load_cells(args.outs))
+    except FileNotFoundError as e:
+        log.error("%s", e)
+        return 2
+    if not rows:
+        log.error("no cell with a Retrain cell of the same run and request and an audit score")
+        return 1
+    print(parity_table(rows, METHOD_LABELS))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1, default=str)
+    return 0
+
+
 def add_experiment_parser(subparsers: Any) -> None:
     """Register ``experiment`` (with ``table2``) on the main CLI's sub-parsers."""
     p = subparsers.add_parser("experiment", help="reproduce the paper's tables and figures")
@@ -51,6 +72,18 @@ def add_experiment_parser(subparsers: Any) -> None:
     )
     add_config_args(t, example="experiment.seeds=[0]")
     t.set_defaults(func=_cmd_table2)
+    q = sub.add_parser(
+        "parity",
+        help="every method against Retrain's level over the runs of Table II outputs",
+        description=(
+            "Pool the cells of one or more Table II outputs (a cell in several: the last one "
+            "given) and score each against the Retrain cell of its run and request: per run "
+            "and at the mean, with 95 %% confidence intervals (docs/reproducing.md)."
+        ),
+    )
+    q.add_argument("outs", nargs="+", metavar="OUT", help="Table II output folders")
+    q.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    q.set_defaults(func=_cmd_parity)
 
     def _no_sub(args: argparse.Namespace) -> int:
         p.print_help()

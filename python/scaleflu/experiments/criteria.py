@@ -35,7 +35,7 @@ def sweep_row(
     m, rm = res["metrics"], ref["metrics"]
     c, rc = res["cost"], ref["cost"]
     row = {
-        "method": res["variant"],
+        "method": res.get("variant", res.get("method")),
         "test_acc": m.get("test_acc"),
         "ra": m.get("ra"),
         "fa": m.get("fa_protocol") if m.get("fa_protocol") is not None else m.get("fa"),

@@ -15,6 +15,7 @@ import numpy as np
 from scaleflu.config import Config, as_config
 from scaleflu.experiments.cells import Cell, plan_cells, read_result
 from scaleflu.experiments.paper import paper_value
+from scaleflu.experiments.parity import parity_rows, parity_table
 
 log = logging.getLogger(__name__)
 
@@ -841,6 +842,9 @@ def write_report(cfg: Config | Config, out: str | Path) -> dict[str, Path]:
         cost = audit_cost(out)
         if cost:
             md += [cost, ""]
+    parity = parity_table(parity_rows(results), METHOD_LABELS)
+    if parity:
+        md += [parity, ""]
     verdicts = control_verdicts(cfg, rows)
     if verdicts:
         md += [verdict_table(verdicts), ""]
