@@ -105,6 +105,16 @@ def test_what_the_mean_misses_is_named(tmp_path: Path) -> None:
     assert not s["at_the_mean"]
     md = parity_table([s, rows[("client", "pga")]])
     assert "| no (cost) |" in md and "| no (RA) |" in md
+    # one-sided where the wording is: an RA above Retrain's or a TPR below it is no fault
+    # (an AUC below Retrain's by more than 0.05 is: a model less member-like is told apart too)
+    above = tmp_path / "above"
+    for seed in range(5):
+        _write(above, 0.3, seed, "client", _result("retrain", 0.6, 0.2, 0.7, 0.0, 100.0))
+        _write(above, 0.3, seed, "client", _result("scale", 0.6, 0.0, 0.9, 0.0, 2.0))
+        _write(above, 0.3, seed, "client", _result("pga", 0.5, 0.2, 0.7, 0.0, 2.0))
+    rows = _rows(above)
+    assert rows[("client", "scale")]["runs_all"] == 5 and rows[("client", "scale")]["at_the_mean"]
+    assert rows[("client", "pga")]["runs_audit"] == 0 and not rows[("client", "pga")]["at_the_mean"]
 
 
 def test_two_runs_give_an_interval_too_wide_to_show_it(tmp_path: Path) -> None:

@@ -14,8 +14,10 @@ SWEEP_FORGET_TOL = 0.05
 SWEEP_RA_TOL = 0.02
 SWEEP_TIME = 0.05
 # the membership targets (per request, against the reference Retrain): the audit's AUC within
-# 0.05 and its TPR at 1 % FPR within 0.03 of Retrain's, RA on true labels within 0.02 and the
-# protocol's forgetting no more than Retrain's + 0.02
+# 0.05 of Retrain's either way (a model less member-like than Retrain is told apart too), its TPR
+# at 1 % FPR at most 0.03 above Retrain's, RA on true labels at most 0.02 below Retrain's and the
+# protocol's forgetting no more than Retrain's + 0.02 (a lower TPR or a higher RA than Retrain's
+# is no fault: on MobileNetV3's reduced row Retrain's RA stands well below the trained model's)
 AUDIT_AUC_TOL = 0.05
 AUDIT_TPR_TOL = 0.03
 MEMBERSHIP_FORGET_TOL = 0.02
@@ -77,12 +79,14 @@ def sweep_row(
         ok["audit"] = (
             abs(row["d_audit_auc"]) <= AUDIT_AUC_TOL
             and row["d_audit_tpr"] is not None
-            and abs(row["d_audit_tpr"]) <= AUDIT_TPR_TOL
+            and row["d_audit_tpr"] <= AUDIT_TPR_TOL
         )
-        # ... with RA on true labels within 0.02 and forgetting within Retrain's + 0.02
+        # ... with RA on true labels at most 0.02 below Retrain's and forgetting within
+        # Retrain's + 0.02
         ok["membership"] = (
             ok["audit"]
-            and ok["ra_clean"]
+            and row["d_ra_clean"] is not None
+            and row["d_ra_clean"] >= -SWEEP_RA_TOL
             and row["d_forget"] is not None
             and row["d_forget"] <= MEMBERSHIP_FORGET_TOL
         )

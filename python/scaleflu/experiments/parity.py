@@ -1,11 +1,12 @@
 """Every method against Retrain's level, over the runs of one or more Table II outputs.
 
 A method is at Retrain's level on a request when the per-example membership audit cannot tell
-it from Retrain (AUC within 0.05, TPR at 1 % FPR within 0.03), RA on clean images with true
-labels stays within 0.02 and the forgetting within Retrain's + 0.02, at a CPU time of at most
-5 % of Retrain's (:mod:`scaleflu.experiments.criteria`; issue 26's item 2). Each cell is scored
-against the Retrain cell of the same run and request (:func:`~.criteria.sweep_row`); this module
-pools those pairs per model, request and method and reads them two ways:
+it from Retrain (AUC within 0.05 either way, TPR at 1 % FPR at most 0.03 above), RA on clean
+images with true labels stays within 0.02 (at most that much below) and the forgetting within
+Retrain's + 0.02, at a CPU time of at most 5 % of Retrain's
+(:mod:`scaleflu.experiments.criteria`; issue 26's item 2). Each cell is scored against the
+Retrain cell of the same run and request (:func:`~.criteria.sweep_row`); this module pools
+those pairs per model, request and method and reads them two ways:
 
 * **per run**: how many runs meet each target, and all at once. A second, independently seeded
   Retrain meets the per-run targets against the first on only some runs (Retrain's own spread;
@@ -44,8 +45,8 @@ REFERENCE = "retrain"
 # the mean differences read, the tolerance band each must lie in: (low, high)
 BANDS = {
     "d_audit_auc": (-AUDIT_AUC_TOL, AUDIT_AUC_TOL),
-    "d_audit_tpr": (-AUDIT_TPR_TOL, AUDIT_TPR_TOL),
-    "d_ra_clean": (-SWEEP_RA_TOL, SWEEP_RA_TOL),
+    "d_audit_tpr": (-math.inf, AUDIT_TPR_TOL),
+    "d_ra_clean": (-SWEEP_RA_TOL, math.inf),
     "d_forget": (-math.inf, MEMBERSHIP_FORGET_TOL),
 }
 
@@ -214,8 +215,8 @@ def parity_table(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | 
     lines += [
         "",
         f"Each cell against the Retrain cell of its run and request. Targets: the audit's AUC "
-        f"within {AUDIT_AUC_TOL} and TPR at 1 % FPR within {AUDIT_TPR_TOL} of Retrain's "
-        f"(audit); with RA on clean images and true labels within {SWEEP_RA_TOL} and the "
+        f"within {AUDIT_AUC_TOL} of Retrain's and TPR at 1 % FPR at most {AUDIT_TPR_TOL} above "
+        f"(audit); with RA on clean images and true labels at most {SWEEP_RA_TOL} below and the "
         f"forgetting (backdoor ASR, else FA) at most Retrain's + {MEMBERSHIP_FORGET_TOL} "
         f"(membership); CPU at most {SWEEP_TIME:.0%} of Retrain's (cost). Per run: runs meeting "
         "each, and all at once. At the mean: every 95 % interval (Student's t over the runs) "
