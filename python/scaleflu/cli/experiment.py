@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 from typing import Any
 
@@ -26,8 +27,6 @@ def _cmd_table2(args: argparse.Namespace) -> int:
 
 
 def _cmd_parity(args: argparse.Namespace) -> int:
-    import json
-
     from scaleflu.experiments.parity import load_cells, parity_rows, parity_table
     from scaleflu.experiments.report import METHOD_LABELS
 

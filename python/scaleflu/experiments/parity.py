@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from scaleflu.experiments.cells import Cell, RunKey, read_result
 from scaleflu.experiments.criteria import (
@@ -78,8 +79,6 @@ def _ci(values: Sequence[float]) -> tuple[float, float, float]:
     mean = float(v.mean())
     if len(v) < 2:
         return mean, -math.inf, math.inf
-    from scipy.stats import t as student_t
-
     half = float(student_t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
     return mean, mean - half, mean + half
 
