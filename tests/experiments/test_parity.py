@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from scaleflu.experiments.cells import Cell, RunKey
-from scaleflu.experiments.parity import load_cells, parity_rows, parity_table
+from scaleflu.experiments.parity import load_cells, parity_rows, parity_table, plot_parity
 from scaleflu.unlearn.base import SCHEMA_VERSION
 
 
@@ -150,10 +150,13 @@ def test_outputs_pool_and_the_last_given_wins(tmp_path: Path, capsys: Any) -> No
     assert s["n"] == 4 and s["runs_audit"] == 2 and s["alphas"] == [0.1, 0.5]
     assert parity_rows(load_cells([b, a]))[0]["runs_audit"] == 1
     # the command: the table on stdout, the rows as JSON; a folder that is not an output, named
-    js = tmp_path / "rows.json"
-    assert main(["experiment", "parity", str(a), str(b), "--json", str(js)]) == 0
+    js, png = tmp_path / "rows.json", tmp_path / "fig" / "parity.png"
+    args = ["experiment", "parity", str(a), str(b), "--json", str(js), "--plot", str(png)]
+    assert main(args) == 0
     assert "### Against Retrain's level" in capsys.readouterr().out
     assert json.loads(js.read_text())[0]["n"] == 4
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert plot_parity([], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
     assert main(["experiment", "parity", str(tmp_path)]) == 2
     empty = tmp_path / "empty"
     (empty / "cells").mkdir(parents=True)
@@ -178,6 +181,9 @@ def test_the_table2_report_has_the_section(tmp_path: Path) -> None:
             "experiment.alpha_sweep.alphas=[]",
         ],
     )
-    md = write_report(cfg, out)["markdown"].read_text()
+    paths = write_report(cfg, out)
+    md = paths["markdown"].read_text()
     section = md[md.index("### Against Retrain's level") :]
     assert "| lenet | sample | SCALE | 3 (0.3) | 3/3 / 3/3 / 3/3 / 3/3 |" in section
+    assert "(figures/parity.png)" in section and paths["parity"] == out / "figures" / "parity.png"
+    assert paths["parity"].stat().st_size > 1000

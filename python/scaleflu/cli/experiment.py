@@ -27,7 +27,7 @@ def _cmd_table2(args: argparse.Namespace) -> int:
 
 
 def _cmd_parity(args: argparse.Namespace) -> int:
-    from scaleflu.experiments.parity import load_cells, parity_rows, parity_table
+    from scaleflu.experiments.parity import load_cells, parity_rows, parity_table, plot_parity
     from scaleflu.experiments.report import METHOD_LABELS
 
     try:
@@ -42,6 +42,8 @@ def _cmd_parity(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1, default=str)
+    if args.plot:
+        log.info("figure written: %s", plot_parity(rows, args.plot, METHOD_LABELS))
     return 0
 
 
@@ -82,6 +84,9 @@ def add_experiment_parser(subparsers: Any) -> None:
     )
     q.add_argument("outs", nargs="+", metavar="OUT", help="Table II output folders")
     q.add_argument("--json", metavar="FILE", help="also write the rows as JSON")
+    q.add_argument(
+        "--plot", metavar="FILE", help="also draw the mean differences and intervals (PNG)"
+    )
     q.set_defaults(func=_cmd_parity)
 
     def _no_sub(args: argparse.Namespace) -> int:

@@ -39,8 +39,9 @@ from scaleflu.experiments.criteria import (
     SWEEP_TIME,
     sweep_row,
 )
+from scaleflu.plots import pyplot
 
-__all__ = ["load_cells", "parity_rows", "parity_table"]
+__all__ = ["load_cells", "parity_rows", "parity_table", "plot_parity"]
 
 REFERENCE = "retrain"
 # the mean differences read, the tolerance band each must lie in: (low, high)
@@ -225,3 +226,66 @@ def parity_table(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | 
         "own spread. The control failing the audit is the audit's power.",
     ]
     return "\n".join(lines)
+
+
+def plot_parity(
+    rows: Sequence[Mapping[str, Any]], path: str | Path, labels: Mapping[str, str] | None = None
+) -> Path | None:
+    """A forest plot of :func:`parity_rows`: per difference a panel, per (model, request,
+    method) a line with the mean and its 95 % interval, the target shaded. None: no row."""
+    if not rows:
+        return None
+    plt = pyplot()
+    labels = labels or {}
+    rows = sorted(rows, key=lambda r: (r["dataset"], r["model"], r["scenario"], r["method"]))
+    names = [
+        f"{r['model']} {r['scenario']} {labels.get(r['method'], r['method'])} (n={r['n']})"
+        for r in rows
+    ]
+    panels = [
+        ("d_audit_auc", "ΔAUC (audit)"),
+        ("d_audit_tpr", "ΔTPR @ 1 % FPR"),
+        ("d_ra_clean", "ΔRA (clean, true labels)"),
+        ("d_forget", "ΔFA (or backdoor ASR)"),
+    ]
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(3.6 * len(panels), 1.0 + 0.32 * len(rows)), sharey=True
+    )
+    ys = np.arange(len(rows))[::-1]
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        lo_tol, hi_tol = BANDS[key]
+        means, lo, hi = [], [], []
+        for r in rows:
+            d = r[key]
+            m = math.nan if d is None else d["mean"]
+            means.append(m)
+            lo.append(0.0 if d is None or not math.isfinite(d["lo"]) else m - d["lo"])
+            hi.append(0.0 if d is None or not math.isfinite(d["hi"]) else d["hi"] - m)
+        finite = [
+            abs(v)
+            for m, a, b in zip(means, lo, hi, strict=True)
+            for v in (m - a, m + b)
+            if math.isfinite(v)
+        ]
+        span = max([0.1, *finite]) * 1.3
+        ax.axvspan(max(lo_tol, -span), min(hi_tol, span), color="tab:green", alpha=0.15)
+        ax.axvline(0.0, color="0.4", lw=0.8)
+        colors = ["tab:blue" if r["at_the_mean"] else "tab:red" for r in rows]
+        for y, m, a, b, c in zip(ys, means, lo, hi, colors, strict=True):
+            if math.isfinite(m):
+                ax.errorbar(m, y, xerr=[[a], [b]], fmt="o", color=c, ms=4, capsize=2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlim(-span, span)
+    axes[0].set_yticks(ys)
+    axes[0].set_yticklabels(names, fontsize=7)
+    fig.suptitle(
+        "Against Retrain's level: mean paired difference and 95 % interval "
+        "(green: the target; blue: at Retrain's level at the mean)",
+        fontsize=9,
+    )
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -15,7 +15,7 @@ import numpy as np
 from scaleflu.config import Config, as_config
 from scaleflu.experiments.cells import Cell, plan_cells, read_result
 from scaleflu.experiments.paper import paper_value
-from scaleflu.experiments.parity import parity_rows, parity_table
+from scaleflu.experiments.parity import parity_rows, parity_table, plot_parity
 
 log = logging.getLogger(__name__)
 
@@ -842,9 +842,10 @@ def write_report(cfg: Config | Config, out: str | Path) -> dict[str, Path]:
         cost = audit_cost(out)
         if cost:
             md += [cost, ""]
-    parity = parity_table(parity_rows(results), METHOD_LABELS)
+    par_rows = parity_rows(results)
+    parity = parity_table(par_rows, METHOD_LABELS)
     if parity:
-        md += [parity, ""]
+        md += [parity, "", "![against Retrain's level](figures/parity.png)", ""]
     verdicts = control_verdicts(cfg, rows)
     if verdicts:
         md += [verdict_table(verdicts), ""]
@@ -860,6 +861,9 @@ def write_report(cfg: Config | Config, out: str | Path) -> dict[str, Path]:
     paths["csv"] = write_csv(rows, out / "table2.csv")
     figs = out / "figures"
     figs.mkdir(exist_ok=True)
+    par_fig = plot_parity(par_rows, figs / "parity.png", METHOD_LABELS)
+    if par_fig is not None:
+        paths["parity"] = par_fig
     for p in (
         plot_table2_ppo(cfg, results, alpha, figs)
         + plot_table2_sensitivity(cfg, results, alpha, figs)
