@@ -133,6 +133,7 @@ def test_two_runs_give_an_interval_too_wide_to_show_it(tmp_path: Path) -> None:
     s1 = _rows(one)[("class", "scale")]
     assert math.isinf(s1["d_audit_auc"]["hi"]) and not s1["at_the_mean"]
     assert "+0.000 [-inf, inf]" in parity_table([s1])
+    assert "| no (one run: no interval) |" in parity_table([s1])
 
 
 def test_outputs_pool_and_the_last_given_wins(tmp_path: Path, capsys: Any) -> None:

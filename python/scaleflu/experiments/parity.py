@@ -191,7 +191,12 @@ def parity_table(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | 
     ]
     for e in sorted(rows, key=lambda r: (r["dataset"], r["model"], r["scenario"], r["method"])):
         n = e["n"]
-        verdict = "yes" if e["at_the_mean"] else f"no ({_why_not(e)})"
+        if e["at_the_mean"]:
+            verdict = "yes"
+        elif n < 2:
+            verdict = "no (one run: no interval)"
+        else:
+            verdict = f"no ({_why_not(e)})"
         lines.append(
             "| "
             + " | ".join(
