@@ -112,7 +112,13 @@ def test_what_the_mean_misses_is_named(tmp_path: Path) -> None:
         _write(above, 0.3, seed, "client", _result("retrain", 0.6, 0.2, 0.7, 0.0, 100.0))
         _write(above, 0.3, seed, "client", _result("scale", 0.6, 0.0, 0.9, 0.0, 2.0))
         _write(above, 0.3, seed, "client", _result("pga", 0.5, 0.2, 0.7, 0.0, 2.0))
+    # a cell without its CPU time recorded does not pass the cost
+    no_cpu = _result("fused", 0.6, 0.2, 0.7, 0.0, 1.0)
+    no_cpu["cost"] = {"wall_s": 1.0}
+    _write(above, 0.3, 0, "client", no_cpu)
     rows = _rows(above)
+    fused = rows[("client", "fused")]
+    assert fused["runs_audit"] == 1 and fused["runs_cpu"] == 0 and not fused["at_the_mean"]
     assert rows[("client", "scale")]["runs_all"] == 5 and rows[("client", "scale")]["at_the_mean"]
     assert rows[("client", "pga")]["runs_audit"] == 0 and not rows[("client", "pga")]["at_the_mean"]
 

@@ -102,6 +102,9 @@ def parity_rows(results: Mapping[Cell, Mapping[str, Any]]) -> list[dict[str, Any
         row = sweep_row(res, ref)
         if row["d_audit_auc"] is None:
             continue
+        if not (res["cost"].get("cpu_s") and ref["cost"].get("cpu_s")):
+            # a CPU time not recorded (a cell from before it was) is no pass of the cost
+            row["ok"]["cpu"], row["cpu_ratio"] = False, float("nan")
         key = (cell.run.dataset, cell.run.model, cell.scenario, cell.method)
         groups.setdefault(key, []).append(row)
         runs.setdefault(key, []).append(cell.run)
@@ -132,8 +135,11 @@ def parity_rows(results: Mapping[Cell, Mapping[str, Any]]) -> list[dict[str, Any
             mean, lo, hi = _ci(vals)
             entry[name] = {"mean": mean, "lo": lo, "hi": hi, "n": len(vals)}
             inside = inside and lo >= lo_tol and hi <= hi_tol
-        cpu = [r["cpu_ratio"] for r in rows]
-        entry["cpu_ratio"] = {"median": float(np.median(cpu)), "max": float(max(cpu))}
+        cpu = [r["cpu_ratio"] for r in rows if math.isfinite(r["cpu_ratio"])]
+        entry["cpu_ratio"] = {
+            "median": float(np.median(cpu)) if cpu else math.nan,
+            "max": float(max(cpu)) if cpu else math.nan,
+        }
         entry["at_the_mean"] = bool(inside and entry["runs_cpu"] == len(rows))
         out.append(entry)
     return out
