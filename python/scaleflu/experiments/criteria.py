@@ -51,7 +51,10 @@ def sweep_row(
         "timing": (res.get("details") or {}).get("timing"),
         "val_acc_before_recovery": (res.get("details") or {}).get("val_acc_before_recovery"),
         "time_ratio": c["wall_s"] / max(rc["wall_s"], 1e-9),
-        "cpu_ratio": (c.get("cpu_s") or 0.0) / max(rc.get("cpu_s") or 0.0, 1e-9),
+        # None where either CPU time was not recorded (a cell from before it was): no pass
+        "cpu_ratio": (
+            c["cpu_s"] / max(rc["cpu_s"], 1e-9) if c.get("cpu_s") and rc.get("cpu_s") else None
+        ),
         "d_ra": (m["ra"] - rm["ra"]) if m.get("ra") is not None else None,
         # RA on D_r's clean images and true labels: RA "as held" also scores the memorised
         # canaries and label flips the protocol plants in the remaining clients
@@ -105,7 +108,7 @@ def sweep_row(
             and row["d_ra_control"] >= -SWEEP_RA_TOL
         )
     ok["time"] = row["time_ratio"] <= SWEEP_TIME
-    ok["cpu"] = row["cpu_ratio"] <= SWEEP_TIME
+    ok["cpu"] = row["cpu_ratio"] is not None and row["cpu_ratio"] <= SWEEP_TIME
     row["ok"] = ok
     return row
 

@@ -51,6 +51,7 @@ BANDS = {
     "d_ra_clean": (-SWEEP_RA_TOL, math.inf),
     "d_forget": (-math.inf, MEMBERSHIP_FORGET_TOL),
 }
+BAND_NAMES = {"d_audit_auc": "AUC", "d_audit_tpr": "TPR", "d_ra_clean": "RA", "d_forget": "FA"}
 
 
 def load_cells(outs: Iterable[str | Path]) -> dict[Cell, dict[str, Any]]:
@@ -91,8 +92,7 @@ def parity_rows(results: Mapping[Cell, Mapping[str, Any]]) -> list[dict[str, Any
     row lists the alphas and seeds it pooled, the per-run counts (``audit``, ``membership``,
     ``cpu``, ``all``: membership and cpu) and per difference the mean with its 95 % interval.
     """
-    groups: dict[tuple[str, str, str, str], list[dict[str, Any]]] = {}
-    runs: dict[tuple[str, str, str, str], list[RunKey]] = {}
+    groups: dict[tuple[str, str, str, str], list[tuple[RunKey, dict[str, Any]]]] = {}
     for cell, res in sorted(results.items()):
         if cell.method == REFERENCE:
             continue
@@ -100,47 +100,44 @@ def parity_rows(results: Mapping[Cell, Mapping[str, Any]]) -> list[dict[str, Any
         if ref is None:
             continue
         row = sweep_row(res, ref)
-        if row["d_audit_auc"] is None:
-            continue
-        if not (res["cost"].get("cpu_s") and ref["cost"].get("cpu_s")):
-            # a CPU time not recorded (a cell from before it was) is no pass of the cost
-            row["ok"]["cpu"], row["cpu_ratio"] = False, float("nan")
-        key = (cell.run.dataset, cell.run.model, cell.scenario, cell.method)
-        groups.setdefault(key, []).append(row)
-        runs.setdefault(key, []).append(cell.run)
+        if row["d_audit_auc"] is not None:
+            key = (cell.run.dataset, cell.run.model, cell.scenario, cell.method)
+            groups.setdefault(key, []).append((cell.run, row))
     out = []
-    for key, rows in groups.items():
-        ds, model, scenario, method = key
+    for (ds, model, scenario, method), pairs in groups.items():
+        rows = [row for _, row in pairs]
+        ok = [r["ok"] for r in rows]
         entry: dict[str, Any] = {
             "dataset": ds,
             "model": model,
             "scenario": scenario,
             "method": method,
             "n": len(rows),
-            "alphas": sorted({r.alpha for r in runs[key]}),
-            "seeds": sorted({r.seed for r in runs[key]}),
+            "alphas": sorted({run.alpha for run, _ in pairs}),
+            "seeds": sorted({run.seed for run, _ in pairs}),
+            "runs_audit": sum(bool(o["audit"]) for o in ok),
+            "runs_membership": sum(bool(o["membership"]) for o in ok),
+            "runs_cpu": sum(bool(o["cpu"]) for o in ok),
+            "runs_all": sum(bool(o["membership"] and o["cpu"]) for o in ok),
         }
-        ok = [r["ok"] for r in rows]
-        entry["runs_audit"] = sum(bool(o["audit"]) for o in ok)
-        entry["runs_membership"] = sum(bool(o["membership"]) for o in ok)
-        entry["runs_cpu"] = sum(bool(o["cpu"]) for o in ok)
-        entry["runs_all"] = sum(bool(o["membership"] and o["cpu"]) for o in ok)
-        inside = True
+        misses = []  # the targets the mean misses, by name
         for name, (lo_tol, hi_tol) in BANDS.items():
             vals = [r[name] for r in rows if r[name] is not None]
-            if not vals:
-                entry[name] = None
-                inside = False
-                continue
-            mean, lo, hi = _ci(vals)
-            entry[name] = {"mean": mean, "lo": lo, "hi": hi, "n": len(vals)}
-            inside = inside and lo >= lo_tol and hi <= hi_tol
-        cpu = [r["cpu_ratio"] for r in rows if math.isfinite(r["cpu_ratio"])]
+            entry[name] = None
+            if vals:
+                mean, lo, hi = _ci(vals)
+                entry[name] = {"mean": mean, "lo": lo, "hi": hi, "n": len(vals)}
+            if not vals or lo < lo_tol or hi > hi_tol:
+                misses.append(BAND_NAMES[name])
+        if entry["runs_cpu"] < len(rows):
+            misses.append("cost")
+        cpu = [r["cpu_ratio"] for r in rows if r["cpu_ratio"] is not None]
         entry["cpu_ratio"] = {
             "median": float(np.median(cpu)) if cpu else math.nan,
             "max": float(max(cpu)) if cpu else math.nan,
         }
-        entry["at_the_mean"] = bool(inside and entry["runs_cpu"] == len(rows))
+        entry["misses"] = misses
+        entry["at_the_mean"] = not misses
         out.append(entry)
     return out
 
@@ -151,24 +148,6 @@ def _fmt_ci(d: Mapping[str, float] | None) -> str:
     lo = "-inf" if math.isinf(d["lo"]) else f"{d['lo']:+.3f}"
     hi = "inf" if math.isinf(d["hi"]) else f"{d['hi']:+.3f}"
     return f"{d['mean']:+.3f} [{lo}, {hi}]"
-
-
-def _why_not(e: Mapping[str, Any]) -> str:
-    """The targets a row misses at the mean, by name."""
-    names = {
-        "d_audit_auc": "AUC",
-        "d_audit_tpr": "TPR",
-        "d_ra_clean": "RA",
-        "d_forget": "FA",
-    }
-    miss = []
-    for key, (lo_tol, hi_tol) in BANDS.items():
-        d = e[key]
-        if d is None or d["lo"] < lo_tol or d["hi"] > hi_tol:
-            miss.append(names[key])
-    if e["runs_cpu"] < e["n"]:
-        miss.append("cost")
-    return ", ".join(miss)
 
 
 def parity_table(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | None = None) -> str:
@@ -202,7 +181,7 @@ def parity_table(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | 
         elif n < 2:
             verdict = "no (one run: no interval)"
         else:
-            verdict = f"no ({_why_not(e)})"
+            verdict = f"no ({', '.join(e['misses'])})"
         lines.append(
             "| "
             + " | ".join(

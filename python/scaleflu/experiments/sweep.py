@@ -306,7 +306,7 @@ def federation_rows(
         )
         for r in methods:
             log.info(
-                "%s %s %s: acc %s RA %s forget %s time %.3f cpu %.3f ok %s",
+                "%s %s %s: acc %s RA %s forget %s time %.3f cpu %s ok %s",
                 fed.name,
                 scen,
                 r["method"],
@@ -314,7 +314,7 @@ def federation_rows(
                 fmt_value(r["ra"]),
                 fmt_value(r["forget"]),
                 r["time_ratio"],
-                r["cpu_ratio"],
+                fmt_value(r["cpu_ratio"]),
                 r["ok"],
             )
     return rows
