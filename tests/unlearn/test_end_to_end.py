@@ -383,6 +383,62 @@ def test_healing_with_dropout_does_not_depend_on_the_process_history(
         assert torch.equal(runs[0][k], runs[1][k]), k
 
 
+def test_healing_until_the_accuracy_before_unlearning(
+    loaded_run: LoadedRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``scale.heal_until: original`` stops the healing at the first epoch whose selection
+    accuracy reaches the model before unlearning's and keeps that epoch; ``best`` (the
+    default) runs the same seeded epochs on, by patience alone; a bad value is named."""
+    from scaleflu.config import ConfigError
+    from scaleflu.fl.device import infer
+    from scaleflu.unlearn.heal import heal, split_selection_and_heal
+
+    def ctx(until: str, epochs: int = 12) -> UnlearnContext:
+        over = [*FAST_SCALE, "scale.heal_loss=ce", "scale.heal_patience=0"]
+        over += [f"scale.heal_epochs={epochs}", f"scale.heal_until={until}"]
+        return UnlearnContext.from_run_dir(
+            None, "client:2", "default", None, over, progress=False, run=loaded_run
+        )
+
+    c = ctx("original")
+    select, part = split_selection_and_heal(c)
+    assert part is not None
+    theta = c.original_state()
+    before = c.new_model(theta).eval()
+    goal = float((infer(before, select.inputs()).argmax(1) == select.labels).float().mean())
+    # a cut: nine in ten weights of the first layer zeroed
+    k = next(iter(theta))
+    mask = torch.ones_like(theta[k], dtype=torch.bool)
+    mask.view(-1)[::10] = False
+    cut = {**theta, k: torch.where(mask, torch.zeros_like(theta[k]), theta[k])}
+    # by patience alone (none here): every epoch, the best kept
+    _, full = heal(ctx("best"), cut, part, select)
+    t = full["select_acc_trace"]
+    assert full["epochs_run"] == 12 and full["original_select_acc"] is None
+    assert t[0] < goal, (t, goal)  # the cut took accuracy
+
+    def first(level: float) -> int:
+        """The first epoch that improves on every earlier one and reaches ``level`` (else the
+        budget: the option changes nothing)."""
+        return next((e for e in range(1, 13) if t[e] > max(t[:e]) and t[e] >= level), 12)
+
+    out, info = heal(c, cut, part, select)
+    assert info["until"] == "original" and info["original_select_acc"] == pytest.approx(goal)
+    assert info["select_acc_trace"] == t[: first(goal) + 1]  # the same seeded epochs
+    assert info["epochs_run"] == first(goal)
+    # a model before unlearning no better than the cut one: the first epoch that improves on
+    # it (the first: 0.24 -> 0.72 of 128 images here) reaches it, and is kept
+    monkeypatch.setattr(c, "original_state", lambda: cut)
+    out, info = heal(c, cut, part, select)
+    stop = first(t[0])
+    assert stop < 12 and info["best_epoch"] == info["epochs_run"] == stop, (t, info)
+    # ... what it keeps is that epoch's model, as a healing that ran only that far
+    upto, _ = heal(ctx("best", stop), cut, part, select)
+    assert all(torch.equal(out[n], upto[n]) for n in out)
+    with pytest.raises(ConfigError, match="heal_until"):
+        heal(ctx("never"), cut, part, select)
+
+
 def test_distillation_healing(loaded_run: LoadedRun) -> None:
     """Healing by distillation from the model before unlearning on the server's samples."""
     from scaleflu.config import ConfigError

@@ -141,12 +141,18 @@ def heal(
     ``fl.lr``), all parameters trained, seeded. With ``select`` (the disjoint selection part)
     the state after the epoch with the best selection accuracy is kept (the unhealed model
     counts as epoch 0) and healing stops after ``scale.heal_patience`` epochs without
-    improvement. Costs no client and no link time. Returns the state and a summary.
+    improvement; with ``scale.heal_until: original`` it also stops at the first epoch (after
+    at least one) whose selection accuracy is at least the model before unlearning's: the
+    accuracy the cut took is back. Costs no client and no link time. Returns the state and a
+    summary.
     """
     sc = ctx.scale_cfg
     fl = ctx.cfg.fl
     lr = float(sc.heal_lr or fl.lr)
     patience = int(sc.heal_patience or 0)
+    until = str(sc.get("heal_until") or "best")
+    if until not in ("best", "original"):
+        raise ConfigError(f"scale.heal_until must be best or original, got {until!r}")
     loss_kind = heal_loss_kind(ctx)
     temp = sc.heal_temperature
     temp = 1.0 if temp is None else float(temp)
@@ -209,6 +215,13 @@ def heal(
         return float((infer(model, sx).argmax(1) == sy).float().mean())
 
     best = score() if sx is not None else -1.0
+    goal = None  # heal_until original: the model before unlearning's selection accuracy
+    if until == "original" and sx is not None:
+        before = teacher
+        if before is None:  # (a new model's initial draw leaves the caller's generator alone)
+            with torch.random.fork_rng(devices=_cuda_devices(ctx.device)):
+                before = ctx.new_model(ctx.original_state()).to(ctx.device).eval()
+        goal = float((infer(before, sx).argmax(1) == sy).float().mean())
     trace = [best] if sx is not None else []
     best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     best_epoch, bs, since = 0, int(fl.batch_size), 0
@@ -256,6 +269,8 @@ def heal(
             if acc > best:
                 best, best_epoch, since = acc, ep, 0
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+                if goal is not None and acc >= goal:
+                    break  # the accuracy the cut took is back
             else:
                 since += 1
                 if patience and since >= patience:
@@ -269,6 +284,8 @@ def heal(
         "select_acc_trace": trace,
         "loss": loss_kind,
         "class_images": n_class,
+        "until": until,
+        "original_select_acc": goal,
     }
 
 
