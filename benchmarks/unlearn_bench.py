@@ -404,7 +404,9 @@ def main(argv: list[str] | None = None) -> int:
         for r in (r for r in results if r["scenario"] == scen):
             m, rm = r["metrics"], ref["metrics"]
             tr = r["cost"]["wall_s"] / max(ref["cost"]["wall_s"], 1e-9)
-            cr = (r["cost"].get("cpu_s") or 0.0) / max(ref["cost"].get("cpu_s") or 0.0, 1e-9)
+            # None where either CPU time was not recorded: no pass (as criteria.sweep_row)
+            c_s, ref_s = r["cost"].get("cpu_s"), ref["cost"].get("cpu_s")
+            cr = c_s / max(ref_s, 1e-9) if c_s and ref_s else None
             br = r["cost"]["bytes"] / max(ref["cost"]["bytes"], 1)
             d_ra = m["ra"] - rm["ra"]
             fa_key = "fa_protocol" if m.get("fa_protocol") is not None else "fa"
@@ -413,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ra": abs(d_ra) <= 0.02,
                 "fa": d_fa <= 0.02,
                 "time": tr <= 0.05,
-                "cpu": cr <= 0.05,
+                "cpu": cr is not None and cr <= 0.05,
             }
             r["vs_retrain"] = {
                 "time_ratio": tr,
@@ -427,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
             tick = " ".join(f"{k}:{'y' if v else 'n'}" for k, v in ok.items())
             cells = [scen, r["variant"]] + [fmt_value(m[k]) for k in KEYS[:4]]
             cells += [fmt_value(m[k]) for k in ("fr", "mia_loss_auc", "backdoor_asr")]
-            cells += [f"{r['cost']['wall_s']:.1f}", f"{tr:.3f}", f"{cr:.3f}", f"{br:.4f}"]
+            cells += [f"{r['cost']['wall_s']:.1f}", f"{tr:.3f}", fmt_value(cr), f"{br:.4f}"]
             cells += [f"{d_ra:+.3f}", f"{d_fa:+.3f}", tick if r["variant"] != "retrain" else ""]
             lines.append("| " + " | ".join(cells) + " |")
     lines += [
