@@ -142,9 +142,9 @@ def heal(
     the state after the epoch with the best selection accuracy is kept (the unhealed model
     counts as epoch 0) and healing stops after ``scale.heal_patience`` epochs without
     improvement; with ``scale.heal_until: original`` it also stops at the first epoch (after
-    at least one) whose selection accuracy is at least the model before unlearning's: the
-    accuracy the cut took is back. Costs no client and no link time. Returns the state and a
-    summary.
+    at least one) whose selection accuracy improves on every earlier one's and is at least the
+    model before unlearning's: the accuracy the cut took is back. Costs no client and no link
+    time. Returns the state and a summary.
     """
     sc = ctx.scale_cfg
     fl = ctx.cfg.fl
