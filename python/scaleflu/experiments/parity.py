@@ -39,6 +39,7 @@ from scaleflu.experiments.criteria import (
     SWEEP_TIME,
     sweep_row,
 )
+from scaleflu.experiments.markdown import table_head, table_row
 from scaleflu.plots import pyplot
 
 __all__ = ["load_cells", "parity_rows", "parity_table", "plot_parity"]
@@ -168,12 +169,7 @@ def parity_table(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | 
         "CPU / Retrain median / max",
         "at the mean",
     ]
-    lines = [
-        "### Against Retrain's level (paired per run)",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
+    lines = table_head("Against Retrain's level (paired per run)", head)
     for e in sorted(rows, key=lambda r: (r["dataset"], r["model"], r["scenario"], r["method"])):
         n = e["n"]
         if e["at_the_mean"]:
@@ -183,8 +179,7 @@ def parity_table(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | 
         else:
             verdict = f"no ({', '.join(e['misses'])})"
         lines.append(
-            "| "
-            + " | ".join(
+            table_row(
                 [
                     e["model"],
                     e["scenario"],
@@ -200,7 +195,6 @@ def parity_table(rows: Sequence[Mapping[str, Any]], labels: Mapping[str, str] | 
                     verdict,
                 ]
             )
-            + " |"
         )
     lines += [
         "",

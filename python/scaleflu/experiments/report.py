@@ -14,6 +14,7 @@ import numpy as np
 
 from scaleflu.config import Config, as_config
 from scaleflu.experiments.cells import Cell, plan_cells, read_result
+from scaleflu.experiments.markdown import table_head, table_row
 from scaleflu.experiments.paper import paper_value
 from scaleflu.experiments.parity import parity_rows, parity_table, plot_parity
 
@@ -230,7 +231,7 @@ def markdown_table(cfg: Config, rows: Sequence[Mapping[str, Any]], title: str) -
     head = ["Dataset", "Scenario", "Model"]
     for metric, arrow in (("RA", "↑"), ("FA", "↓"), ("Avg AoI (s)", "↓")):
         head += [f"{metric} {arrow} {METHOD_LABELS.get(m, m)}" for m in methods]
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head(title, head)
     for ds in exp.datasets:
         for sc in exp.scenarios:
             for model in exp.models:
@@ -245,7 +246,7 @@ def markdown_table(cfg: Config, rows: Sequence[Mapping[str, Any]], title: str) -
                         if m != "retrain" and r["n"]:
                             txt += _fmt_delta(r["delta_mean"], digits)
                         cells.append(txt + _fmt_paper(ds, sc, model, m, metric, digits))
-                lines.append("| " + " | ".join(cells) + " |")
+                lines.append(table_row(cells))
     lines.append("")
     lines.append(
         "Values: mean over seeds (± sample std when more than one seed); in parentheses the "
@@ -274,12 +275,7 @@ def protocol_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
         ("test_acc", "test acc"),
     ]
     head = ["Dataset", "Scenario", "Model", "Method", *[c[1] for c in cols]]
-    lines = [
-        "### Protocol with power",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
+    lines = table_head("Protocol with power", head)
     for ds in exp.datasets:
         for sc in exp.scenarios:
             for model in exp.models:
@@ -294,7 +290,7 @@ def protocol_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
                         r = idx.get((ds, model, sc, m, metric))
                         txt = _fmt_row(r, 3)
                         cells.append(txt + _fmt_paper(ds, sc, model, m, metric, 2))
-                    lines.append("| " + " | ".join(cells) + " |")
+                    lines.append(table_row(cells))
     lines.append("")
     lines.append(
         "Original = the trained model before unlearning; Retrain and Original are the anchors. "
@@ -327,12 +323,7 @@ def audit_table(
         "TPR @ 1 % FPR",
         "TPR @ 0.1 % FPR",
     ]
-    lines = [
-        "### Membership audit (per example, offline LiRA on shadow federations)",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
+    lines = table_head("Membership audit (per example, offline LiRA on shadow federations)", head)
     any_row = False
     for ds in exp.datasets:
         for sc in exp.scenarios:
@@ -352,8 +343,7 @@ def audit_table(
                     if m not in ("retrain", ORIGINAL) and r["n"]:
                         delta = _fmt_delta(r["delta_mean"], 3).strip(" ()")
                     lines.append(
-                        "| "
-                        + " | ".join(
+                        table_row(
                             [
                                 ds,
                                 sc,
@@ -367,7 +357,6 @@ def audit_table(
                                 _fmt_row(idx.get((ds, model, sc, m, "AUDIT_TPR01")), 3),
                             ]
                         )
-                        + " |"
                     )
     if not any_row:
         return ""
@@ -500,20 +489,14 @@ def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
         "audit AUC ctl",
         "verdict",
     ]
-    lines = [
-        "### Against the control",
-        "",
-        "| " + " | ".join(head) + " |",
-        "|" + "---|" * len(head),
-    ]
+    lines = table_head("Against the control", head)
 
     def f(x: float | None) -> str:
         return "--" if x is None else f"{x:.3f}"
 
     for v in verdicts:
         lines.append(
-            "| "
-            + " | ".join(
+            table_row(
                 [
                     v["scenario"],
                     v["model"],
@@ -532,7 +515,6 @@ def verdict_table(verdicts: Sequence[Mapping[str, Any]]) -> str:
                     v["verdict"],
                 ]
             )
-            + " |"
         )
     return "\n".join(lines)
 
@@ -553,7 +535,7 @@ def cost_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
         "FL rounds",
         "test acc",
     ]
-    lines = ["### Cost", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = table_head("Cost", head)
     for ds in exp.datasets:
         for sc in exp.scenarios:
             for model in exp.models:
@@ -566,8 +548,7 @@ def cost_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
                         return _fmt(r["mean"] * scale, r["std"] * scale, r["n"], digits)
 
                     lines.append(
-                        "| "
-                        + " | ".join(
+                        table_row(
                             [
                                 ds,
                                 sc,
@@ -581,7 +562,6 @@ def cost_table(cfg: Config, rows: Sequence[Mapping[str, Any]]) -> str:
                                 g("test_acc", 1.0, 3),
                             ]
                         )
-                        + " |"
                     )
     return "\n".join(lines)
 
