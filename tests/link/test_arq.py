@@ -323,6 +323,23 @@ def test_pacing_limits_throughput_in_simulation() -> None:
 
 
 # ---------------------------------------------------------------------------- robustness
+def test_a_busy_node_takes_waiting_frames_in_order_when_its_stall_ends() -> None:
+    # SimNetwork's busy_after_message: after each delivered message node 1 processes nothing
+    # for 0.5 s; the second message (sent at once behind the first) is delivered after that
+    # stall, whole and in order, and a negative stall is refused
+    net = SimNetwork(ChannelModel(delay=0.001, rate_bytes_per_s=1e6), seed=0)
+    a = net.add_endpoint(0)
+    got: list[tuple[float, bytes]] = []
+    net.add_endpoint(1, on_message=lambda src, m: got.append((net.now, m)), busy_after_message=0.5)
+    h1, h2 = a.send(1, b"x" * 20_000), a.send(1, b"y" * 20_000)
+    assert net.run_until(lambda: h1.done() and h2.done())
+    assert h1.status is h2.status is SendStatus.DELIVERED
+    assert [m for _, m in got] == [b"x" * 20_000, b"y" * 20_000]
+    assert got[0][0] + 0.5 <= got[1][0] < got[0][0] + 0.6
+    with pytest.raises(ValueError, match="busy_after_message"):
+        net.add_endpoint(2, busy_after_message=-1.0)
+
+
 def test_send_argument_checks() -> None:
     ep = ArqEndpoint(1, lambda raw: None)
     with pytest.raises(ValueError):

@@ -93,6 +93,7 @@ class SimNetwork:
         self._n = 0
         self._busy_until = 0.0
         self._last_arrival: dict[tuple[int, int], float] = {}
+        self._stalled_until: dict[int, float] = {}  # node -> end of its application's stall
 
     def clock(self) -> float:
         """Virtual time in seconds."""
@@ -103,14 +104,29 @@ class SimNetwork:
         node_id: int,
         config: ArqConfig | None = None,
         on_message: Callable[[int, bytes], None] | None = None,
+        busy_after_message: float = 0.0,
         **overrides: Any,
     ) -> ArqEndpoint:
-        """Create an endpoint attached to the medium; delivered messages go to ``inbox[node]``."""
+        """Create an endpoint attached to the medium; delivered messages go to ``inbox[node]``.
+
+        ``busy_after_message``: the node's application holds its CPU this long after each
+        delivered message (a server checking an upload): frames reaching the node meanwhile wait
+        in order and its timers wait, so its ACKs leave late, after frames they do not show.
+        """
+        if busy_after_message < 0:
+            raise ValueError(f"busy_after_message must be >= 0, got {busy_after_message}")
         self.inbox[node_id] = []
         if on_message is None:
 
             def on_message(src: int, payload: bytes, _n: int = node_id) -> None:
                 self.inbox[_n].append((src, payload))
+
+        if busy_after_message > 0:
+            handler = on_message
+
+            def on_message(src: int, payload: bytes, _n: int = node_id) -> None:
+                handler(src, payload)
+                self._stalled_until[_n] = self.now + busy_after_message
 
         ep = ArqEndpoint(
             node_id,
@@ -147,22 +163,31 @@ class SimNetwork:
     def step(self) -> bool:
         """Advance to the next event or timer and process it; False when nothing is left."""
         t_event = self._events[0][0] if self._events else None
-        deadlines = [
-            d for d in (ep.next_deadline() for ep in self.endpoints.values()) if d is not None
-        ]
+        deadlines = [d for d in (self._deadline(n) for n in self.endpoints) if d is not None]
         t_timer = min(deadlines) if deadlines else None
         candidates = [t for t in (t_event, t_timer) if t is not None]
         if not candidates:
             return False
         self.now = max(self.now, min(candidates))
         while self._events and self._events[0][0] <= self.now:
-            _, _, node, data = heapq.heappop(self._events)
+            _, n, node, data = heapq.heappop(self._events)
+            until = self._stalled_until.get(node, 0.0)
+            if until > self.now:  # the node is busy: the frame waits (order kept by n)
+                heapq.heappush(self._events, (until, n, node, data))
+                continue
             self.endpoints[node].on_frame(data)
-        for ep in list(self.endpoints.values()):
-            d = ep.next_deadline()
+        for node, ep in list(self.endpoints.items()):
+            d = self._deadline(node)
             if d is not None and d <= self.now:
                 ep.poll()
         return True
+
+    def _deadline(self, node: int) -> float | None:
+        """When the node's timers next need it (not before its application's stall ends)."""
+        d = self.endpoints[node].next_deadline()
+        if d is None:
+            return None
+        return max(d, self._stalled_until.get(node, 0.0))
 
     def run_until(self, done: Callable[[], bool], max_time: float = 3600.0) -> bool:
         """Step until ``done()`` or virtual ``max_time``; True if done."""

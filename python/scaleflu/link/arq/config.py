@@ -36,8 +36,9 @@ class ArqConfig:
     # the most fragments timing out together that get rto_copies copies)
     tail_fragments: int = TAIL_FRAGMENTS
     # an ACK showing a fragment missing whose latest copy left more than one round trip ago
-    # (SRTT + 4 RTTVAR + ack_delay: no min_rto floor, no backoff) marks it lost, also after a
-    # timeout retransmission, whose loss the order-based rule cannot prove (Karn)
+    # (SRTT + 4 RTTVAR + ack_delay: no min_rto floor, no backoff) marks it lost where the
+    # order-based rule cannot see: at the tail (every fragment sent once) and after a timeout
+    # retransmission (Karn). A suspicion, not proof: the ACK may be late (a busy receiver)
     rack_rtt: bool = True
     # RFC 6298 (5.3), while a message still has fragments never sent: an ACK that acknowledges
     # new data restarts the timers of its fragments in flight (none expires sooner than one

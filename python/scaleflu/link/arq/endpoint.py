@@ -152,6 +152,10 @@ class _Outgoing:
         self.max_acked_order = -1
         self.max_acked_tx = -1e300  # transmission time of the newest acknowledged copy
         self.timed_out: set[int] = set()  # fragments whose latest copy was lost by timeout
+        # fragments whose next copy / whose latest copy is a timeout retransmission (the
+        # time-based loss rule judges those: an ACK of an earlier copy proves nothing, Karn)
+        self.rto_due: set[int] = set()
+        self.rto_copy: set[int] = set()
         # fragments whose earlier copies an ACK proved lost: an ACK of the latest copy is then
         # unambiguous (only that copy can have got through)
         self.proven_lost: set[int] = set()
@@ -510,6 +514,7 @@ class ArqEndpoint:
                     break
                 if tail:
                     o.timed_out.add(seq)
+                o.rto_due.add(seq)
                 self._requeue(o, seq, front=True)
         for dst in backed_off:  # one doubling per round (one RTO) of timeouts
             p = self._peer(dst)
@@ -816,17 +821,28 @@ class ArqEndpoint:
                 - (p.srtt + max(4 * p.rttvar, self.config.rto_granularity))
                 - (self.config.ack_delay)
             )
+        tail = o.n_sent == n  # every fragment sent once: nothing new follows the last ones
         for seq in [s for s in o.in_flight if s < end]:
             order = o.order[seq]
-            if (
-                order + tol < o.max_acked_order
-                or (order < o.max_acked_order and o.tx_time[seq] + wnd < o.max_acked_tx)
-                or (rtt_old is not None and o.tx_time[seq] < rtt_old)
-            ):
+            by_order = order + tol < o.max_acked_order or (
+                order < o.max_acked_order and o.tx_time[seq] + wnd < o.max_acked_tx
+            )
+            # By time alone only where the order rule cannot see (the tail, or a timeout
+            # retransmission), and never as proof: the ACK may be late (a receiver stalled
+            # behind a queue of our frames sends ACKs that predate them), and taking an ACK
+            # of the earlier copy as one of this copy then made every frame sent before it
+            # look lost (a retransmission storm, docs/link.md).
+            by_time = (
+                rtt_old is not None and o.tx_time[seq] < rtt_old and (tail or seq in o.rto_copy)
+            )
+            if by_order or by_time:
                 self._leave_flight(o, seq)
                 self.stats.fast_retransmissions += 1
                 p.loss += LOSS_GAIN * (1.0 - p.loss)
-                o.proven_lost.add(seq)
+                if by_order:
+                    o.proven_lost.add(seq)
+                else:  # the copy judged may still arrive: an ACK of this seq stays ambiguous
+                    o.proven_lost.discard(seq)
                 self._requeue(o, seq, front=True)
 
     def _on_nack(self, frame: Frame, now: float) -> None:
@@ -985,6 +1001,11 @@ class ArqEndpoint:
                 for s, exp in o.in_flight.items():
                     o.in_flight[s] = min(exp, o.tx_time[s] + rto)
         o.copies[seq] += 1
+        if seq in o.rto_due:
+            o.rto_due.discard(seq)
+            o.rto_copy.add(seq)
+        else:
+            o.rto_copy.discard(seq)
         if o.copies[seq] > 1:
             self.stats.retransmissions += 1
             o.handle.retransmissions += 1
