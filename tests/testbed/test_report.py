@@ -87,4 +87,12 @@ def test_demo_config_compares_retrain_and_control() -> None:
     assert u["compare"] == ["retrain", "finetune"] and u["method"] == "scale" and u["erase"]
     args.method, args.overrides = "retrain", ["testbed.unlearn.compare=[]"]
     u = build_config(args)["testbed"]["unlearn"]
-    assert u["method"] == "retrain" and u["compare"] == []
+    assert u["method"] == "retrain" and u["compare"] == [] and u["wait_s"] == 120.0
+    # --unlearn none: no robot the launcher starts will ask, the server does not wait for one
+    # (it waited the default 120 s after the last round); an explicit setting still wins
+    args.unlearn = "none"
+    assert build_config(args)["testbed"]["unlearn"]["wait_s"] == 0.0
+    args.overrides = ["testbed.unlearn.wait_s=7"]
+    assert build_config(args)["testbed"]["unlearn"]["wait_s"] == 7.0
+    args.unlearn = "class"
+    assert build_config(args)["testbed"]["unlearn"]["wait_s"] == 7.0

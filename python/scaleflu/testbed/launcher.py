@@ -226,6 +226,11 @@ def build_config(args: argparse.Namespace) -> Config:
     # the demo serves the request with one method and runs Retrain and the fine-tune control on
     # it too (cheap at the demo's size): the summary prints them side by side
     demo["testbed"]["unlearn"] = {"compare": ["retrain", "finetune"]}
+    if getattr(args, "unlearn", None) == "none":
+        # no robot it starts will ask: the server does not wait for a request after the last
+        # round (testbed.unlearn.wait_s, 120 s by default, for robots started elsewhere; a
+        # file or --set still sets it)
+        demo["testbed"]["unlearn"]["wait_s"] = 0.0
     if args.method:
         demo["testbed"]["unlearn"]["method"] = args.method
     cfg = merge(default_config(), demo)
@@ -315,11 +320,15 @@ def run_testbed(args: argparse.Namespace) -> int:
         f"testbed: {args.robots} robots, {args.rounds} rounds, link {args.link}, "
         f"run folder {run_dir}\n"
     )
+    asks = (
+        "no robot asks to be forgotten (--unlearn none)"
+        if args.unlearn == "none"
+        else f"it asks to be forgotten ({args.unlearn}) after round "
+        f"{args.unlearn_after_round or args.rounds}"
+    )
     out.write(
         f"robot {args.backdoor_robot} carries the backdoor trigger "
-        f"(target label {cfg.data.poison.target_label}) and asks to be "
-        f"forgotten ({args.unlearn}) after round "
-        f"{args.unlearn_after_round or args.rounds}\n"
+        f"(target label {cfg.data.poison.target_label}); {asks}\n"
     )
 
     hub = None
